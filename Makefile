@@ -10,5 +10,6 @@ sweep: setup
 	$(PY) -m service.sweep tune_configs/quant.yaml
 
 # The whole test suite, as CI runs it.
-test: setup
+test:
+	@./scripts/setup.sh --test
 	$(PY) -m pytest

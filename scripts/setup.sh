@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv and installs the project with everything the sweep and the tests need.
 # Idempotent: re-running after a change to pyproject.toml reinstalls; otherwise it is a no-op.
+#   scripts/setup.sh            the sweep's environment (.venv)
+#   scripts/setup.sh --test     also the system packages the tests use (headless Chromium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -10,10 +12,22 @@ fi
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing into .venv (first time: about 4 minutes)" >&2
-  .venv/bin/python -m pip install --quiet --upgrade pip
+  # (this machine's pip config names find-links folders that may not exist: drop that noise only)
+  pipq() { .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+  pipq --upgrade pip
   # torch first, pinned: the CPU wheel this machine keeps on disk (installs in seconds).
-  .venv/bin/python -m pip install --quiet "torch==2.13.0"
-  .venv/bin/python -m pip install --quiet -e ".[service,dev]"
+  pipq "torch==2.13.0"
+  pipq -e ".[service,dev]"
+  .venv/bin/python -c "import torch, ray, mlflow, hooks" # fail loudly if the install did not take
   rm -f .venv/.installed-*
   touch "$stamp"
+fi
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
+  # report.html is checked in a real headless browser (Debian's chromium package).
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's chromium for the report tests" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: chromium is missing; install it (e.g. apt-get install chromium) for the report tests" >&2
+  fi
 fi
