@@ -1,0 +1,1 @@
+"""The sweep service: Ray Tune over Ray Train DDP trials, every trial recorded in MLflow."""

@@ -1,0 +1,637 @@
+"""WHERE THE YAML IS VALIDATED: the sweep's typed configuration, its presets and its trial grid.
+
+    cfg, path = load_config("tune_configs/quant.yaml")   # or a preset name: "quant", "configs/quant.yaml"
+    for trial in cfg.trials():                            # hooks x parameter combos x world_size x seed
+        print(trial.describe())
+
+Everything a user can get wrong in a config file is caught here, before Ray starts or MLflow is
+touched, and reported as one `ConfigError` line that names the field, the problem and what is
+allowed. `load_config` lets nothing else escape (a hypothesis test holds it to that), because the
+CLI turns ConfigError into exit status 2 and anything else would be a traceback in a user's face.
+
+The hook names and parameters come from the hooks library (`hooks.available()`,
+`hooks.validate()`), and workload names from `service.workloads.check_workload()`, so this module
+never keeps a second list of either.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "tune_configs"
+
+# Upper bounds that no sensible sweep reaches: they turn a typo (an extra zero or three) into a
+# clear error instead of a sweep that runs for a month or a batch that exhausts memory.
+MAX_STEPS = 1_000_000
+MAX_GLOBAL_BATCH = 1_048_576
+MAX_GRAD_ACCUMULATION = 1024
+MAX_WORLD_SIZE = 1024
+MAX_SEED = 2**32 - 1
+MAX_LR = 10.0
+MAX_TRIALS = 10_000
+MAX_FILE_BYTES = 1_000_000
+# A config is a few dozen values; YAML aliases can expand a small file into billions of nodes.
+MAX_YAML_NODES = 100_000
+
+Scalar = Union[bool, int, float, str]
+
+
+class ConfigError(Exception):
+    """A config the sweep cannot run. str() is a single line: where, what is wrong, what is allowed."""
+
+    def __init__(self, message: str, *, field: str | None = None, source: str | Path | None = None):
+        self.problem = _one_line(message)
+        self.field = field
+        self.source = str(source) if source is not None else None
+        parts = [p for p in (self.source, field) if p]
+        super().__init__(": ".join(parts + [self.problem]))
+
+
+class FieldProblem(ValueError):
+    """Raised inside validators: `field` is relative to the model being validated.
+
+    pydantic keeps the exception in the error's ctx, so the formatter can append `field` to the
+    error's location and report e.g. `search.hooks[2].chunk_size` rather than `search.hooks[2]`.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------------------------
+# The schema. Strict types: YAML already yields ints, floats, bools and strings, so "300" for a
+# step count is a mistake worth naming, not something to coerce.
+
+_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class WorkloadConfig(BaseModel):
+    model_config = _STRICT
+
+    name: str = Field(min_length=1, description="built-in workload or 'package.module:function'")
+    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps per trial")
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="held fixed across world sizes")
+    grad_accumulation: int = Field(1, ge=1, le=MAX_GRAD_ACCUMULATION, description="micro-batches per step")
+    lr: float = Field(gt=0, le=MAX_LR)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
+    warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
+
+    @field_validator("name")
+    @classmethod
+    def _known_workload(cls, name: str) -> str:
+        from service.workloads import check_workload  # imported late: it pulls in torch
+
+        try:
+            check_workload(name)
+        except Exception as exc:  # a user's module may raise anything while it imports
+            raise ValueError(_exception_text(exc)) from None
+        return name
+
+    @model_validator(mode="after")
+    def _some_steps_are_measured(self) -> "WorkloadConfig":
+        if self.warmup_steps >= self.steps:
+            raise FieldProblem(
+                "warmup_steps",
+                f"{self.warmup_steps} warm-up steps leave none of the {self.steps} steps to measure "
+                f"throughput on; allowed: 0 to {self.steps - 1}",
+            )
+        return self
+
+
+class HookEntry(BaseModel):
+    """One line of `search.hooks`: a hook name, or {name, param: value-or-list-of-values}."""
+
+    model_config = _STRICT
+
+    name: str = Field(min_length=1)
+    params: dict[str, tuple[Scalar, ...]] = Field(default_factory=dict)  # every value as a sweep list
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml_shape(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return {"name": raw, "params": {}}
+        if not isinstance(raw, dict):
+            raise ValueError(
+                f"a hook entry is a hook name or a mapping {{name: ..., param: value}}, got {_short(raw)}"
+            )
+        if "name" not in raw:
+            raise FieldProblem("name", "missing: every hook entry needs a name")
+        params = {}
+        for key, value in raw.items():
+            if key == "name":
+                continue
+            if not isinstance(key, str):
+                raise FieldProblem(str(key), "a hook parameter's name must be a string")
+            values = value if isinstance(value, list) else [value]
+            if not values:
+                raise FieldProblem(key, "an empty list sweeps nothing; give a value or a list of values")
+            for v in values:
+                if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
+                    raise FieldProblem(
+                        key, f"{_short(v)} is not allowed; a parameter is a number, bool or string, or a list of them"
+                    )
+            if len(set(map(repr, values))) != len(values):
+                raise FieldProblem(key, f"the list {_short(values)} repeats a value")
+            params[key] = tuple(values)
+        return {"name": raw["name"], "params": params}
+
+    @model_validator(mode="after")
+    def _known_hook_and_params(self) -> "HookEntry":
+        import hooks  # imported late: it pulls in torch
+
+        available = hooks.available()
+        if self.name not in available:
+            raise FieldProblem("name", f"unknown hook {self.name!r}{_did_you_mean(self.name, available)}; "
+                                       f"allowed: {', '.join(available)}")
+        known = dict(getattr(available[self.name], "params", {}) or {})
+        for key, values in self.params.items():
+            if key not in known:
+                allowed = ", ".join(known) if known else f"none ({self.name} takes no parameters)"
+                raise FieldProblem(key, f"unknown parameter of {self.name}{_did_you_mean(key, known)}; "
+                                        f"allowed: {allowed}")
+            for value in values:
+                _validate_hook(self.name, {key: value}, field=key)
+        for combo in self.combos():
+            _validate_hook(self.name, combo, field=None)
+        return self
+
+    def combos(self) -> list[dict[str, Scalar]]:
+        """Every combination of this entry's parameter values, in the order the YAML lists them."""
+        keys = list(self.params)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.params[k] for k in keys))]
+
+
+def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None) -> dict[str, Scalar]:
+    import hooks
+
+    try:
+        return dict(hooks.validate(name, **params))
+    except Exception as exc:  # the library promises ValueError; anything else still gets one line
+        raise FieldProblem(field or "", _exception_text(exc)) from None
+
+
+def _scalar_to_list(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
+
+
+class SearchConfig(BaseModel):
+    model_config = _STRICT
+
+    hooks: list[HookEntry] = Field(min_length=1)
+    world_size: list[int] = Field(min_length=1)
+    seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+    @field_validator("world_size", "seed", mode="before")
+    @classmethod
+    def _scalar_allowed(cls, value: Any) -> Any:
+        return _scalar_to_list(value)
+
+    @field_validator("world_size")
+    @classmethod
+    def _world_sizes(cls, sizes: list[int]) -> list[int]:
+        for i, size in enumerate(sizes):
+            if not 1 <= size <= MAX_WORLD_SIZE:
+                raise FieldProblem(f"[{i}]", f"{size} is not allowed; a world size is 1 to {MAX_WORLD_SIZE}")
+        _no_repeats(sizes)
+        return sizes
+
+    @field_validator("seed")
+    @classmethod
+    def _seeds(cls, seeds: list[int]) -> list[int]:
+        for i, seed in enumerate(seeds):
+            if not 0 <= seed <= MAX_SEED:
+                raise FieldProblem(f"[{i}]", f"{seed} is not allowed; a seed is 0 to {MAX_SEED}")
+        _no_repeats(seeds)
+        return seeds
+
+
+def _no_repeats(values: list[int]) -> None:
+    seen: set[int] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise FieldProblem(f"[{i}]", f"{v} is listed twice; each value runs once")
+        seen.add(v)
+
+
+class ResourcesConfig(BaseModel):
+    model_config = _STRICT
+
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="logical CPUs per worker; fractional allowed")
+    use_gpu: bool = Field(False, description="true: NCCL backend, one GPU per worker")
+    max_concurrent_trials: int = Field(1, ge=1, le=1024)
+
+
+class StopConfig(BaseModel):
+    model_config = _STRICT
+
+    on_nan: bool = Field(True, description="end a trial, all ranks together, at its first non-finite step")
+
+
+class Fault(BaseModel):
+    """A fault injected on purpose (issue 4): off unless the config lists one."""
+
+    model_config = _STRICT
+
+    kind: Literal["nan_grad", "scale_grad", "crash"]
+    step: int = Field(ge=1, le=MAX_STEPS, description="optimizer step at which it fires")
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE, description="the rank it hits")
+    factor: float | None = Field(None, description="gradient multiplier; scale_grad only")
+
+    @model_validator(mode="after")
+    def _factor_only_for_scale(self) -> "Fault":
+        if self.kind == "scale_grad":
+            if self.factor is None:
+                raise FieldProblem("factor", "missing: scale_grad needs a factor, a finite number such as 1.0e6")
+            if self.factor == 0:
+                raise FieldProblem("factor", "0 is not allowed; scale_grad needs a non-zero factor")
+        elif self.factor is not None:
+            raise FieldProblem("factor", f"only scale_grad takes a factor, not {self.kind}")
+        return self
+
+
+class CheckpointConfig(BaseModel):
+    model_config = _STRICT
+
+    every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0 = off")
+    max_failures: int = Field(0, ge=0, le=100, description="restarts of a crashed trial from its last checkpoint")
+
+
+class TrackingConfig(BaseModel):
+    model_config = _STRICT
+
+    flush_seconds: float = Field(5.0, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
+    fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity every N hook calls; 0 = off")
+
+
+class TrialSpec(BaseModel):
+    """One trial of the grid. Passed through Ray as a plain dict (to_dict / from_dict)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    hook: str
+    hook_params: dict[str, Union[Scalar, None]]  # full: defaults from hooks.validate included
+    world_size: int = Field(ge=1)
+    seed: int = Field(ge=0)
+
+    @property
+    def run_name(self) -> str:
+        """`{hook}-c{chunk_size}-w{world_size}-s{seed}`, the -c part only for hooks with a chunk size.
+
+        Other parameters appear only when they differ from the hook's default (e.g. a swept
+        PowerSGD rank: `powersgd-rank4-w2-s0`), so the names in a grid stay distinct.
+        """
+        parts = [self.hook]
+        if "chunk_size" in self.hook_params:
+            parts.append(f"c{self.hook_params['chunk_size']}")
+        defaults = _hook_defaults(self.hook)
+        for key, value in self.hook_params.items():
+            if key == "chunk_size" or (key in defaults and defaults[key] == value):
+                continue
+            if isinstance(value, bool):
+                parts.append(key if value else f"no_{key}")
+            else:
+                parts.append(f"{key}{value}")
+        parts += [f"w{self.world_size}", f"s{self.seed}"]
+        return "-".join(parts)
+
+    @property
+    def key(self) -> str:
+        """A stable identifier (every parameter spelled out): how --resume tells trials apart."""
+        params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
+        return f"{self.hook}[{params}]-w{self.world_size}-s{self.seed}"
+
+    def describe(self) -> str:
+        """The --dry-run line: hook, its parameters, world size, seed."""
+        params = " ".join(f"{k}={v}" for k, v in self.hook_params.items()) or "-"
+        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
+        return cls.model_validate(data)
+
+
+def _hook_defaults(name: str) -> dict[str, Any]:
+    import hooks
+
+    spec = hooks.available().get(name)
+    return dict(getattr(spec, "params", {}) or {})
+
+
+class SweepConfig(BaseModel):
+    model_config = _STRICT
+
+    name: str = Field(min_length=1, max_length=200, description="MLflow experiment name")
+    workload: WorkloadConfig
+    search: SearchConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+    faults: list[Fault] = Field(default_factory=list)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, name: str) -> str:
+        if not name.strip() or any(not ch.isprintable() for ch in name):
+            raise ValueError(f"{name!r} is not allowed; an experiment name is printable text on one line")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SweepConfig":
+        wl = self.workload
+        per_step = wl.grad_accumulation
+        for i, world in enumerate(self.search.world_size):
+            if wl.global_batch_size % (world * per_step):
+                raise FieldProblem(
+                    "workload.global_batch_size",
+                    f"{wl.global_batch_size} does not split into world_size {world} x grad_accumulation "
+                    f"{per_step} equal micro-batches; allowed: a multiple of {_lcm_of_splits(self)}",
+                )
+        largest = max(self.search.world_size)
+        for i, fault in enumerate(self.faults):
+            if fault.rank >= largest:
+                raise FieldProblem(f"faults[{i}].rank", f"rank {fault.rank} never exists: the largest world size "
+                                                         f"is {largest}; allowed: 0 to {largest - 1}")
+            if fault.step > wl.steps:
+                raise FieldProblem(f"faults[{i}].step", f"step {fault.step} never runs: trials stop after "
+                                                         f"{wl.steps} steps; allowed: 1 to {wl.steps}")
+        if self.checkpoint.every > wl.steps:
+            raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
+                                                   f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
+        n_trials = sum(len(e.combos()) for e in self.search.hooks) * len(self.search.world_size) * len(self.search.seed)
+        if n_trials > MAX_TRIALS:
+            raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(self.search.hooks):
+            for combo in entry.combos():
+                key = _trial_key_prefix(entry.name, combo)
+                if key in seen and seen[key] != i:
+                    raise FieldProblem(f"search.hooks[{i}]", f"repeats the trials of search.hooks[{seen[key]}] "
+                                                             f"({key}); each hook configuration runs once")
+                seen[key] = i
+        return self
+
+    def trials(self) -> list[TrialSpec]:
+        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size x seed."""
+        out = []
+        for entry in self.search.hooks:
+            for combo in entry.combos():
+                full = _validate_hook(entry.name, combo, field=None)
+                for world in self.search.world_size:
+                    for seed in self.search.seed:
+                        out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed))
+        return out
+
+
+def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:
+    full = _validate_hook(hook, combo, field=None)
+    return TrialSpec(hook=hook, hook_params=full, world_size=1, seed=0).key.rsplit("-w", 1)[0]
+
+
+def _lcm_of_splits(cfg: SweepConfig) -> int:
+    return math.lcm(*(w * cfg.workload.grad_accumulation for w in cfg.search.world_size))
+
+
+# --------------------------------------------------------------------------------------------
+# Loading: path or preset name -> YAML (safe loader) -> SweepConfig, with every failure as one line.
+
+
+def list_presets() -> list[str]:
+    """Preset names (file stems in tune_configs/), sorted."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(arg: str | Path) -> Path:
+    """An existing file, or a preset named by file name (`configs/quant.yaml`, `quant.yaml`, `quant`)."""
+    text = str(arg)
+    if not text.strip():
+        raise ConfigError(f"no config given; give a YAML file or a preset: {', '.join(list_presets())}")
+    path = Path(text).expanduser()
+    if "\x00" not in text and path.exists():
+        return path.resolve()
+    stem = path.stem if path.suffix in (".yaml", ".yml") else path.name
+    preset = PRESETS_DIR / f"{stem}.yaml"
+    if stem and "\x00" not in text and preset.is_file():
+        print(f"note: using the preset {_display(preset)} ({text} is not a file here)", file=sys.stderr)
+        return preset.resolve()
+    raise ConfigError(f"no such file, and not a preset name; presets: {', '.join(list_presets())}", source=text)
+
+
+def load_config(arg: str | Path) -> tuple[SweepConfig, Path]:
+    """Read, parse and validate a sweep config. Raises ConfigError (one line) and nothing else."""
+    try:
+        return _load(arg)
+    except ConfigError:
+        raise
+    except Exception as exc:  # a bug of ours must still reach the user as one line, not a traceback
+        raise ConfigError(f"could not load the config ({_exception_text(exc)})", source=str(arg)) from exc
+
+
+def _load(arg: str | Path) -> tuple[SweepConfig, Path]:
+    path = resolve_config_path(arg)
+    shown = _display(path)
+    if path.is_dir():
+        raise ConfigError("is a directory; give a YAML file", source=shown)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read it ({exc.strerror or exc})", source=shown) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ConfigError(f"is {len(data)} bytes; a config is at most {MAX_FILE_BYTES}", source=shown)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"is not UTF-8 text (byte {exc.start})", source=shown) from None
+    raw = _parse_yaml(text, shown)
+    if raw is None:
+        raise ConfigError("is empty; a config needs at least name, workload and search", source=shown)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the top level must be a mapping (name:, workload:, search:, ...), "
+                          f"got {_type_name(raw)}", source=shown)
+    try:
+        cfg = SweepConfig.model_validate(raw)
+    except ValidationError as exc:
+        field, problem = _first_problem(exc)
+        raise ConfigError(problem, field=field or "(top level)", source=shown) from None
+    return cfg, path
+
+
+class _SafeLoaderNoDuplicates(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice (plain PyYAML silently keeps the last one)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden: not a duplicate
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # unhashable key: let the constructor produce its usual error
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} appears twice in one mapping", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_SafeLoaderNoDuplicates.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# PyYAML follows YAML 1.1, where `1.0e6` and `1e-3` are strings (the exponent needs a sign and the
+# mantissa a dot). Users write them as numbers (issue 4's own example does), so read them as YAML
+# 1.2 does.
+_SafeLoaderNoDuplicates.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                  |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def _parse_yaml(text: str, shown: str) -> Any:
+    try:
+        raw = yaml.load(text, Loader=_SafeLoaderNoDuplicates)  # a SafeLoader: no Python objects built
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        what = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"YAML syntax error at {where}: {what}", source=shown) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"YAML syntax error: {exc}", source=shown) from None
+    except RecursionError:
+        raise ConfigError("YAML nested too deeply", source=shown) from None
+    if _count_nodes(raw, MAX_YAML_NODES) > MAX_YAML_NODES:
+        raise ConfigError(f"expands to more than {MAX_YAML_NODES} values (YAML aliases?); "
+                          "a config is a few dozen", source=shown)
+    return raw
+
+
+def _count_nodes(obj: Any, limit: int) -> int:
+    """Values in a parsed YAML tree, aliases counted each time they are used; stops past `limit`."""
+    count, stack = 0, [obj]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
+
+
+# --------------------------------------------------------------------------------------------
+# Turning pydantic's errors into one line.
+
+
+def _first_problem(exc: ValidationError) -> tuple[str, str]:
+    errors = exc.errors()
+    field, problem = _describe_error(errors[0])
+    if len(errors) > 1:
+        problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return field, problem
+
+
+def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
+    loc = tuple(err.get("loc", ()))
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    cause = ctx.get("error")
+    value = err.get("input")
+    if isinstance(cause, FieldProblem):
+        return _join_path(loc, cause.field), cause.message
+    path = _join_path(loc)
+    if kind == "missing":
+        return path, "missing: this field is required"
+    if kind == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        allowed = list(parent.model_fields) if parent else []
+        return path, (f"unknown key{_did_you_mean(str(loc[-1]), allowed)}; "
+                      f"allowed: {', '.join(allowed)}")
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return path, f"must be a mapping of keys, got {_type_name(value)} {_short(value)}"
+    if kind == "value_error" and cause is not None:
+        return path, _exception_text(cause)
+    msg = str(err.get("msg", "invalid value"))
+    msg = re.sub(r"^(Value error|Assertion failed), ", "", msg)
+    msg = msg.replace("Input should be", "must be").replace("List should have", "must have")
+    if kind in ("int_type", "int_from_float"):
+        msg = "must be a whole number"
+    return path, f"{msg} (got {_short(value)})"
+
+
+def _join_path(loc: tuple, extra: str = "") -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    if extra:
+        out += extra if extra.startswith("[") or not out else f".{extra}"
+    return out
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The schema model a location points into, for listing its valid keys."""
+    current: Any = SweepConfig
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str):
+            field = current.model_fields.get(part)
+            if field is None:
+                return None
+            current = field.annotation
+        elif isinstance(part, int) and get_origin(current) is list:
+            current = get_args(current)[0]
+        else:
+            return None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _did_you_mean(word: str, options) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _exception_text(exc: BaseException) -> str:
+    text = _one_line(str(exc)) or type(exc).__name__
+    return text if isinstance(exc, (ValueError, ConfigError)) else f"{type(exc).__name__}: {text}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = _one_line(repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a bool", int: "an integer",
+            float: "a number", type(None): "nothing (null)"}.get(type(value), type(value).__name__)
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
