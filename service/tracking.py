@@ -1,0 +1,364 @@
+"""WHERE MLFLOW IS WRITTEN: the only module of the project that imports mlflow.
+
+Everything goes through ``MlflowClient`` with explicit run ids, never through mlflow's
+global "active run": the sweep driver and the trial's workers are different processes
+(often on different nodes), and each of them addresses the same runs by id.
+
+What a sweep records (the contract the UI, reports and tests rely on):
+
+- experiment = the config's ``name``;
+- one parent run per sweep invocation (tags ``config_path``, ``git_commit``; the config
+  file as an artifact), created by :func:`start_parent_run`;
+- one child run per trial, nested through the ``mlflow.parentRunId`` tag and named
+  ``trial.run_name``, created by :func:`start_child_run` with the trial's params;
+- rank 0 of the trial logs step metrics and the summary into the child run through a
+  batching :class:`MetricLogger` (a single ``log_metric`` costs ~10 ms on SQLite, a
+  ``log_batch`` of 1000 points ~0.2 s);
+- :func:`end_run` closes a run FINISHED (tag ``status`` ok | nan), FAILED (``status``
+  failed, tag ``error``) or KILLED (``status`` killed).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import time
+from typing import Any, Iterable
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+PARENT_TAG = "mlflow.parentRunId"
+RUN_NAME_TAG = "mlflow.runName"
+END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow's per-request limits (mlflow.utils.validation).
+_MAX_METRICS_PER_BATCH = 1000
+_MAX_PARAMS_TAGS_PER_BATCH = 100
+_MAX_TAG_VALUE = 8000
+_MAX_PARAM_VALUE = 6000
+
+
+# --------------------------------------------------------------------------- store
+
+
+def resolve_tracking_uri() -> str:
+    """The tracking URI a sweep writes to.
+
+    ``MLFLOW_TRACKING_URI`` when set (the standard variable), otherwise MLflow's own
+    default store, SQLite ``mlflow.db`` in the working directory. Local paths are made
+    absolute, because Ray starts workers in other working directories.
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri:
+        return f"sqlite:///{os.path.abspath('mlflow.db')}"
+    return absolute_uri(uri)
+
+
+def absolute_uri(uri: str) -> str:
+    """``uri`` with a relative SQLite or file path made absolute (others unchanged)."""
+    if uri.startswith("sqlite:///"):
+        path = uri[len("sqlite:///"):]
+        if path and not os.path.isabs(path) and path != ":memory:":
+            return f"sqlite:///{os.path.abspath(path)}"
+        return uri
+    if uri.startswith("file:"):
+        return uri
+    if "://" not in uri:  # a bare path means a file store
+        return "file://" + os.path.abspath(uri)
+    return uri
+
+
+def is_local_store(uri: str) -> bool:
+    """True for stores that live on this node's disk (SQLite, file): a multi-node Ray
+    cluster's workers on other nodes cannot write them."""
+    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
+
+
+def client(tracking_uri: str | None = None) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri or resolve_tracking_uri())
+
+
+def _artifact_location(tracking_uri: str, experiment_name: str) -> str | None:
+    """Artifacts next to a SQLite database (not in whatever the cwd is); None lets the
+    store (a server, a file store) choose."""
+    if tracking_uri.startswith("sqlite:///"):
+        db_dir = os.path.dirname(tracking_uri[len("sqlite:///"):]) or os.getcwd()
+        return "file://" + os.path.join(db_dir, "mlruns", _safe_name(experiment_name))
+    return None
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "experiment"
+
+
+def get_or_create_experiment(name: str, tracking_uri: str | None = None) -> str:
+    """The experiment id of ``name``, created (with artifacts beside a SQLite store) if
+    it does not exist yet."""
+    uri = tracking_uri or resolve_tracking_uri()
+    c = client(uri)
+    exp = c.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            c.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return c.create_experiment(name, artifact_location=_artifact_location(uri, name))
+    except MlflowException:  # created concurrently by another process
+        exp = c.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def git_commit(path: str | None = None) -> str | None:
+    """The commit of the git checkout holding ``path`` (default: this project), or None."""
+    where = path or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(where):
+        where = os.path.dirname(where)
+    try:
+        out = subprocess.run(
+            ["git", "-C", where, "rev-parse", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = None) -> str:
+    """Create the sweep's parent run in experiment ``cfg.name``; returns its run id.
+
+    Tags: ``config_path`` and ``git_commit`` (when the project is a git checkout); the
+    config file itself is logged as an artifact.
+    """
+    uri = tracking_uri or resolve_tracking_uri()
+    c = client(uri)
+    experiment_id = get_or_create_experiment(cfg.name, uri)
+    tags = {"role": "sweep", "status": "running"}
+    if config_path:
+        tags["config_path"] = os.path.abspath(str(config_path))
+    commit = git_commit()
+    if commit:
+        tags["git_commit"] = commit
+        tags["mlflow.source.git.commit"] = commit
+    run = c.create_run(experiment_id, tags=tags, run_name=cfg.name)
+    if config_path and os.path.isfile(str(config_path)):
+        c.log_artifact(run.info.run_id, str(config_path))
+    return run.info.run_id
+
+
+def trial_params(trial, cfg) -> dict[str, Any]:
+    """The params of a trial's run: the hook, every hook parameter by its own name, the
+    grid coordinates, the workload settings, the backend and the library versions."""
+    wl = cfg.workload
+    use_gpu = bool(getattr(getattr(cfg, "resources", None), "use_gpu", False))
+    params: dict[str, Any] = {"hook": trial.hook}
+    params.update(dict(trial.hook_params or {}))
+    params.update({
+        "world_size": trial.world_size,
+        "seed": trial.seed,
+        "workload": wl.name,
+        "global_batch_size": wl.global_batch_size,
+        "steps": wl.steps,
+        "lr": wl.lr,
+        "optimizer": wl.optimizer,
+        "grad_accumulation": wl.grad_accumulation,
+        "backend": "nccl" if use_gpu else "gloo",
+        "torch_version": _version("torch"),
+        "ray_version": _version("ray"),
+    })
+    return params
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def log_trial_params(run_id: str, trial, cfg, tracking_uri: str | None = None) -> None:
+    """Log :func:`trial_params` into ``run_id`` (one batch)."""
+    params = [Param(k, str(v)[:_MAX_PARAM_VALUE]) for k, v in trial_params(trial, cfg).items()]
+    c = client(tracking_uri)
+    for i in range(0, len(params), _MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, params=params[i:i + _MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def start_child_run(parent_run_id: str, trial, cfg, tracking_uri: str | None = None) -> str:
+    """Create a trial's run, nested under the sweep's parent run (same experiment), named
+    ``trial.run_name``, with its params logged; returns its run id."""
+    c = client(tracking_uri)
+    parent = c.get_run(parent_run_id)
+    run = c.create_run(
+        parent.info.experiment_id,
+        tags={PARENT_TAG: parent_run_id, "role": "trial", "status": "running"},
+        run_name=trial.run_name,
+    )
+    log_trial_params(run.info.run_id, trial, cfg, tracking_uri)
+    return run.info.run_id
+
+
+def child_runs(parent_run_id: str, tracking_uri: str | None = None) -> list:
+    """The trial runs nested under ``parent_run_id`` (mlflow ``Run`` objects, oldest first)."""
+    c = client(tracking_uri)
+    parent = c.get_run(parent_run_id)
+    runs = []
+    token = None
+    while True:
+        page = c.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+            max_results=1000,
+            order_by=["attributes.start_time ASC"],
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def end_run(run_id: str, status: str, error: str | None = None,
+            tracking_uri: str | None = None) -> None:
+    """End ``run_id`` as FINISHED, FAILED or KILLED.
+
+    FAILED sets tag ``status`` = failed and ``error`` = the error text (truncated to
+    MLflow's tag limit); KILLED sets ``status`` = killed. FINISHED keeps the ``status``
+    tag the worker wrote (ok | nan), or sets ok if there is none.
+    """
+    status = status.upper()
+    if status not in END_STATUSES:
+        raise ValueError(f"end_run status must be one of {', '.join(END_STATUSES)}, got {status!r}")
+    c = client(tracking_uri)
+    tags: dict[str, str] = {}
+    if status == "FAILED":
+        tags["status"] = "failed"
+        if error:
+            tags["error"] = _tail(str(error), _MAX_TAG_VALUE)
+    elif status == "KILLED":
+        tags["status"] = "killed"
+    elif c.get_run(run_id).data.tags.get("status", "running") == "running":
+        tags["status"] = "ok"
+    if tags:
+        c.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+    c.set_terminated(run_id, status=RunStatus.to_string(RunStatus.from_string(status)))
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of ``text`` (a traceback's last lines say what went wrong)."""
+    return text if len(text) <= limit else "..." + text[-(limit - 3):]
+
+
+def run_tags(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
+    return dict(client(tracking_uri).get_run(run_id).data.tags)
+
+
+def set_tags(run_id: str, tracking_uri: str | None = None, **tags: Any) -> None:
+    """Set tags on ``run_id`` right away (one request)."""
+    items = [RunTag(k, _tail(str(v), _MAX_TAG_VALUE)) for k, v in tags.items()]
+    c = client(tracking_uri)
+    for i in range(0, len(items), _MAX_PARAMS_TAGS_PER_BATCH):
+        c.log_batch(run_id, tags=items[i:i + _MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def last_logged_steps(run_id: str, keys: Iterable[str],
+                      tracking_uri: str | None = None) -> dict[str, int]:
+    """For each metric key, the highest step already in ``run_id`` (-1 if none).
+
+    A restarted trial uses this to log each step exactly once: points a crashed attempt
+    already flushed are not logged again.
+    """
+    c = client(tracking_uri)
+    out = {}
+    for key in keys:
+        history = c.get_metric_history(run_id, key)
+        out[key] = max((m.step for m in history), default=-1)
+    return out
+
+
+# --------------------------------------------------------------------------- logger
+
+
+class MetricLogger:
+    """Batching metric logger for one run (used by rank 0 of a trial).
+
+    ``log(step, **metrics)`` buffers points; the buffer goes out as ``log_batch`` requests
+    when ``flush_seconds`` have passed since the last flush, on ``flush()`` and on
+    ``close()``. Within each key, points are sent in step order, so a crash leaves a prefix
+    of each key's history in the store. ``skip_through`` ({key: step}) drops points at or
+    below a step that a previous attempt of the trial already logged.
+    """
+
+    def __init__(self, run_id: str, tracking_uri: str | None = None, flush_seconds: float = 5.0,
+                 skip_through: dict[str, int] | None = None):
+        self.run_id = run_id
+        self.tracking_uri = tracking_uri or resolve_tracking_uri()
+        self.flush_seconds = float(flush_seconds)
+        self.skip_through = dict(skip_through or {})
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._buffer: list[Metric] = []
+        self._last_flush = time.monotonic()
+        self.points_logged = 0
+        self.flush_seconds_spent = 0.0
+
+    def log(self, step: int, **metrics: float) -> None:
+        """Buffer one point per metric at ``step``; flush if it is time."""
+        now_ms = int(time.time() * 1000)
+        for key, value in metrics.items():
+            if step <= self.skip_through.get(key, -1):
+                continue
+            self._buffer.append(Metric(key, float(value), now_ms, int(step)))
+        if time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def log_summary(self, step: int = 0, **metrics: float) -> None:
+        """Log summary metrics (one value each) and flush."""
+        now_ms = int(time.time() * 1000)
+        self._buffer.extend(Metric(k, float(v), now_ms, int(step)) for k, v in metrics.items())
+        self.flush()
+
+    def set_tags(self, **tags: Any) -> None:
+        """Set tags right away (rare: status, provenance)."""
+        set_tags(self.run_id, self.tracking_uri, **tags)
+
+    def log_dict(self, dictionary: dict, artifact_file: str) -> None:
+        """Store ``dictionary`` as a JSON (or YAML) artifact of the run."""
+        self._client.log_dict(self.run_id, dictionary, artifact_file)
+
+    def flush(self) -> None:
+        """Send the buffered points, at most 1000 per request."""
+        started = time.monotonic()
+        while self._buffer:
+            chunk = self._buffer[:_MAX_METRICS_PER_BATCH]
+            self._send(chunk)
+            del self._buffer[:len(chunk)]
+            self.points_logged += len(chunk)
+        self._last_flush = time.monotonic()
+        self.flush_seconds_spent += self._last_flush - started
+
+    def _send(self, chunk: list[Metric], attempts: int = 3) -> None:
+        # A shared SQLite file can be briefly locked by another writer (the driver, another
+        # trial): retry a couple of times before giving up.
+        for attempt in range(attempts):
+            try:
+                self._client.log_batch(self.run_id, metrics=chunk)
+                return
+            except MlflowException:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "MetricLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
