@@ -1,0 +1,92 @@
+"""Exact and cast-compression hooks: allreduce, allgather_then_aggregate, fp16/bf16_compress.
+
+Each hook is a plain function ``(state, bucket) -> Future[Tensor]`` whose result is the mean of
+the bucket over the ranks of ``state.group``, written back into the bucket's buffer.
+"""
+
+import torch
+import torch.distributed as dist
+
+from .state import HookState
+
+
+class CastState(HookState):
+    """State of fp16_compress / bf16_compress: the wire dtype."""
+
+    def __init__(self, dtype: torch.dtype, process_group=None, error_feedback: bool = False):
+        super().__init__(process_group, error_feedback)
+        self.dtype = dtype
+
+
+def allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Mean by ring allreduce: divide by W, allreduce in place, return the collective's future.
+
+    Exact (equal to torch's ``allreduce_hook`` bit for bit). Wire: 2(W-1)/W * 4N bytes per rank.
+    """
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    buf.div_(state.world_size())
+    state.account("allreduce", buf.numel() * buf.element_size())
+    fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
+    # DDP's Python hook path needs a future holding a tensor; the collective's own future holds
+    # a list of tensors (DDP asserts on it), so unwrap it: the result is the bucket itself.
+    return state.finish(fut.then(_first), t0)
+
+
+def _first(fut: torch.futures.Future) -> torch.Tensor:
+    return fut.value()[0]
+
+
+def allgather_then_aggregate(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Mean by allgather: every rank receives every bucket and averages locally.
+
+    Exact to float rounding (sum of W vectors, divided by W). Wire: (W-1) * 4N bytes per rank,
+    W/2 times a ring allreduce's: this hook is the baseline the allgather-based quantizers pay.
+    """
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    w = state.world_size()
+    gathered = buf.new_empty((w * buf.numel(),))
+    state.account("allgather", buf.numel() * buf.element_size())
+    fut = dist.all_gather_single(gathered, buf, group=state.group, async_op=True).get_future()
+
+    def aggregate(_fut):
+        torch.sum(gathered.view(w, -1), dim=0, out=buf)
+        return buf.div_(w)
+
+    return state.finish(fut.then(aggregate), t0)
+
+
+def cast_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Mean by allreduce in a 16-bit dtype: cast to ``state.dtype``, divide by W, allreduce, cast back.
+
+    Same operations as torch's ``fp16_compress_hook`` / ``bf16_compress_hook`` (bit for bit).
+    Lossy: relative error about 2^-11 (fp16) / 2^-8 (bf16) per element and per addition; fp16
+    turns values beyond +-65504 into inf. Wire: 2(W-1)/W * 2N bytes per rank.
+    With error feedback, the rounding error of this rank's contribution is carried into the next step.
+    """
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    w = state.world_size()
+    x = state.add_residual(bucket, buf)
+    compressed = x.to(state.dtype).div_(w)
+    if state.error_feedback:
+        state.store_residual(bucket, x - compressed.to(x.dtype) * w)
+    state.account("allreduce", compressed.numel() * compressed.element_size())
+    fut = dist.all_reduce(compressed, group=state.group, async_op=True).get_future()
+
+    def decompress(_fut):
+        # Decompress in place into the bucket (as torch does): DDP copies the result into the grads.
+        return buf.copy_(compressed)
+
+    return state.finish(fut.then(decompress), t0)
+
+
+def fp16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """fp16 cast compression (see :func:`cast_compress`)."""
+    return cast_compress(state, bucket)
+
+
+def bf16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """bf16 cast compression (see :func:`cast_compress`)."""
+    return cast_compress(state, bucket)

@@ -1,0 +1,131 @@
+"""PowerSGD: torch's ``PowerSGDState`` + ``powerSGD_hook``, wrapped for our accounting and checkpoints.
+
+Algorithm (Vogels et al. 2019, torch's implementation): for the first ``start_iter`` iterations a
+plain allreduce; afterwards each weight matrix M (n x m) of the bucket is approximated as
+P Q^T with P (n x rank), Q (m x rank): P = M Q allreduced, orthogonalized, Q = M^T P allreduced;
+vectors and matrices too small to gain are allreduced uncompressed. Three allreduces per bucket.
+Error feedback keeps M - P Q^T for the next step; warm start reuses Q.
+
+Wire per rank: 2(W-1)/W * 4 * (U + sum (n + m) * rank) bytes, U = uncompressed elements.
+Lossy and biased (a low-rank approximation), exact while ``iter < start_iter``.
+"""
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+
+from .state import HookState, _param_layout
+
+
+class PowerSGDHookState(HookState):
+    """Our accounting around torch's :class:`PowerSGDState` (kept in ``self.powersgd``)."""
+
+    def __init__(
+        self,
+        process_group=None,
+        rank: int = 1,
+        start_iter: int = 10,
+        error_feedback: bool = True,
+        warm_start: bool = True,
+        orthogonalization_epsilon: float = 1e-8,
+    ):
+        super().__init__(process_group, error_feedback=False)  # PowerSGD keeps its own error memory
+        self.powersgd = PowerSGDState(
+            process_group=process_group,
+            matrix_approximation_rank=rank,
+            start_powerSGD_iter=start_iter,
+            use_error_feedback=error_feedback,
+            warm_start=warm_start,
+            # > 0 so an all-zero column (e.g. a layer with zero gradient) cannot divide 0 by 0.
+            orthogonalization_epsilon=orthogonalization_epsilon,
+            random_seed=0,
+        )
+        # bucket index -> (layout, error, p, q) restored from a checkpoint, installed when a bucket
+        # with the same layout arrives (DDP's first iteration may still use its initial layout).
+        self._restored_powersgd: dict[int, tuple] = {}
+
+    def _prepare(self, bucket) -> None:
+        ps, idx, n = self.powersgd, bucket.index(), bucket.buffer().numel()
+        restored = self._restored_powersgd.get(idx)
+        if restored is not None and restored[0] == _param_layout(bucket.parameters()):
+            dev = bucket.buffer().device
+            _, err, p, q = self._restored_powersgd.pop(idx)
+            for store, t in ((ps.error_dict, err), (ps.p_memory_dict, p), (ps.q_memory_dict, q)):
+                if t is not None:
+                    store[idx] = t.to(dev)
+        # Memory from another bucket layout would crash torch's hook (size mismatch): start afresh.
+        err = ps.error_dict.get(idx)
+        if err is not None and err.numel() != n:
+            for store in (ps.error_dict, ps.p_memory_dict, ps.q_memory_dict):
+                store.pop(idx, None)
+
+    def _account(self, bucket) -> None:
+        ps, buf = self.powersgd, bucket.buffer()
+        esize = buf.element_size()
+        if ps.iter < ps.start_powerSGD_iter:
+            self.account("allreduce", buf.numel() * esize)
+            return
+        uncompressed = p_total = q_total = 0
+        for t in bucket.gradients():  # the same split as torch's hook (_should_compress)
+            n = t.shape[0]
+            m = t.numel() // n
+            r = min(n, m, ps.matrix_approximation_rank)
+            if (n + m) * r * ps.min_compression_rate < n * m:
+                p_total += n * r
+                q_total += m * r
+            else:
+                uncompressed += t.numel()
+        for count in (uncompressed, p_total, q_total):
+            self.account("allreduce", count * esize)
+
+    def state_dict(self) -> dict:
+        import numpy as np  # torch's PowerSGDState needs numpy; `import hooks` must not
+
+        ps = self.powersgd
+        _, keys, pos, has_gauss, cached = ps.rng.get_state()
+        buckets = {}
+        for idx in set(ps.error_dict) | set(ps.p_memory_dict):
+            buckets[idx] = {
+                "layout": _param_layout(self._bucket_params.get(idx, [])),
+                "error": _cpu(ps.error_dict.get(idx)),
+                "p": _cpu(ps.p_memory_dict.get(idx)),
+                "q": _cpu(ps.q_memory_dict.get(idx)),
+            }
+        for idx, (layout, err, p, q) in self._restored_powersgd.items():
+            buckets.setdefault(idx, {"layout": layout, "error": err, "p": p, "q": q})
+        return {
+            "base": super().state_dict(),
+            "iter": ps.iter,
+            "rng": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)},
+            "numel_before": ps.total_numel_before_compression,
+            "numel_after": ps.total_numel_after_compression,
+            "buckets": buckets,
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        import numpy as np
+
+        super().load_state_dict(d["base"])
+        ps = self.powersgd
+        ps.iter = d["iter"]
+        rng = d["rng"]
+        ps.rng.set_state(("MT19937", rng["keys"].numpy().astype(np.uint32), rng["pos"], rng["has_gauss"], rng["cached"]))
+        ps.total_numel_before_compression = d["numel_before"]
+        ps.total_numel_after_compression = d["numel_after"]
+        for store in (ps.error_dict, ps.p_memory_dict, ps.q_memory_dict):
+            store.clear()
+        self._restored_powersgd = {
+            int(idx): (tuple(map(tuple, b["layout"])), b["error"], b["p"], b["q"]) for idx, b in d["buckets"].items()
+        }
+
+
+def _cpu(t):
+    return None if t is None else t.detach().cpu().clone()
+
+
+def powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """PowerSGD low-rank compression (torch's ``powerSGD_hook``) with our accounting."""
+    t0 = state.begin(bucket)
+    state._prepare(bucket)
+    state._account(bucket)
+    return state.finish(powerSGD_hook(state.powersgd, bucket), t0)

@@ -1,0 +1,271 @@
+"""The state object every hook carries: byte accounting, timing, NaN/inf flags, error feedback.
+
+A DDP comm hook is a plain function ``hook(state, bucket) -> Future[Tensor]`` (PyTorch's
+ddp_comm_hooks shape). Everything a hook needs to remember between calls lives in its state,
+an instance of :class:`HookState` (or a subclass). The hook calls, in order::
+
+    t0 = state.begin(bucket)               # counts the call, raw bytes, flags NaN/inf (no host sync)
+    x = state.add_residual(bucket, buf)    # error feedback, only if enabled
+    state.account("allreduce", nbytes)     # once per collective, with the bytes handed to it
+    return state.finish(fut, t0)           # records hook-entry -> future-completion seconds
+
+Accounting follows the standard algorithm of each collective (see ``hooks.cost``):
+ring allreduce sends 2(W-1)/W * n bytes per rank, ring allgather (W-1) * n, all_to_all (W-1)/W * n.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from . import cost
+
+# Collective kinds whose payload bytes and call counts are kept separately, so that the
+# cost model (hooks.cost) can re-price a measured run on another network.
+COLLECTIVES = ("allreduce", "allgather", "all_to_all")
+
+
+class NonfiniteBucket(NamedTuple):
+    """A bucket whose hook input held NaN or inf (since the last pop)."""
+
+    bucket_index: int
+    parameters: list  # list[torch.Tensor]: the model parameters whose gradients share the bucket
+
+
+def _param_layout(params: list) -> tuple:
+    """A process-independent description of a bucket's layout: the parameter shapes in order."""
+    return tuple(tuple(p.shape) for p in params)
+
+
+class HookState:
+    """State shared by all calls of one hook on one rank.
+
+    Holds the process group, the cumulative statistics (:meth:`stats`), the per-bucket NaN/inf
+    flags (:meth:`pop_nonfinite_buckets`) and, when ``error_feedback`` is on, the per-bucket
+    residuals (what this rank meant to contribute minus what its compressed contribution carried).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, error_feedback: bool = False):
+        self.process_group = process_group
+        self.error_feedback = bool(error_feedback)
+        self._lock = threading.Lock()  # seconds are added from the collective's completion thread
+        self.reset_stats()
+        # bucket index -> 0-dim int64 tensor on the bucket's device: calls whose input was not finite.
+        self._nonfinite_counts: dict[int, torch.Tensor] = {}
+        self._bucket_params: dict[int, list] = {}
+        self._nonfinite_popped = 0
+        # error feedback: bucket index -> (parameters, residual); residuals loaded from a checkpoint
+        # wait in _restored until a bucket with the same index and layout arrives.
+        self._residuals: dict[int, tuple[list, torch.Tensor]] = {}
+        self._restored: dict[int, tuple[tuple, torch.Tensor]] = {}
+
+    # ---------------------------------------------------------------- group
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    # ---------------------------------------------------------------- per call
+    def begin(self, bucket) -> float:
+        """Count the call and its raw bytes; flag a non-finite input without a host sync."""
+        t0 = time.perf_counter()
+        buf = bucket.buffer()
+        idx = bucket.index()
+        self._calls += 1
+        self._raw_bytes += buf.numel() * buf.element_size()
+        # One fused reduction over the bucket; min/max propagate NaN and expose +-inf exactly.
+        # The result stays a device tensor: it is read once, in pop_nonfinite_buckets()/stats().
+        lo, hi = torch.aminmax(buf)
+        bad = (torch.isfinite(lo) & torch.isfinite(hi)).logical_not()
+        count = self._nonfinite_counts.get(idx)
+        if count is None or count.device != buf.device:
+            self._nonfinite_counts[idx] = bad.to(torch.int64)
+        else:
+            count.add_(bad)
+        self._bucket_params[idx] = bucket.parameters()
+        return t0
+
+    def account(self, kind: str, nbytes: int) -> None:
+        """Record one collective of ``kind`` that this rank hands ``nbytes`` bytes to."""
+        w = self.world_size()
+        self._payload_bytes += nbytes
+        self._wire_bytes += cost.wire_bytes(kind, nbytes, w)
+        self._per_kind[kind][0] += 1
+        self._per_kind[kind][1] += nbytes
+
+    def finish(self, fut: torch.futures.Future, t0: float) -> torch.futures.Future:
+        """Record hook-entry -> future-completion time when the future completes (no waiting here)."""
+
+        def _done(_f, t0=t0):
+            with self._lock:
+                self._seconds += time.perf_counter() - t0
+
+        fut.add_done_callback(_done)
+        return fut
+
+    # ---------------------------------------------------------------- statistics
+    def stats(self) -> dict[str, float]:
+        """Cumulative statistics since build or the last :meth:`reset_stats`.
+
+        calls, raw_bytes (uncompressed bucket bytes), payload_bytes (bytes handed to collectives,
+        scales included), wire_bytes (bytes this rank sends under each collective's standard
+        algorithm), seconds (hook entry to future completion, summed), nonfinite_inputs (calls
+        whose input held NaN/inf, pending flags included), and per collective kind
+        ``{kind}_calls`` / ``{kind}_bytes``. One host sync (to read the pending NaN flags).
+        """
+        with self._lock:
+            seconds = self._seconds
+        out: dict[str, float] = {
+            "calls": self._calls,
+            "raw_bytes": self._raw_bytes,
+            "payload_bytes": self._payload_bytes,
+            "wire_bytes": self._wire_bytes,
+            "seconds": seconds,
+            "nonfinite_inputs": self._nonfinite_popped - self._nonfinite_at_reset + self._pending_nonfinite(),
+        }
+        for kind in COLLECTIVES:
+            out[f"{kind}_calls"] = self._per_kind[kind][0]
+            out[f"{kind}_bytes"] = self._per_kind[kind][1]
+        return out
+
+    def reset_stats(self) -> None:
+        self._calls = 0
+        self._raw_bytes = 0
+        self._payload_bytes = 0
+        self._wire_bytes = 0.0
+        with self._lock:
+            self._seconds = 0.0
+        self._per_kind = {kind: [0, 0] for kind in COLLECTIVES}
+        # nonfinite_inputs restarts from zero too: remember what had been counted so far.
+        popped = getattr(self, "_nonfinite_popped", 0)
+        pending = self._pending_nonfinite() if hasattr(self, "_nonfinite_counts") else 0
+        self._nonfinite_at_reset = popped + pending
+
+    def _pending_nonfinite(self) -> int:
+        if not self._nonfinite_counts:
+            return 0
+        counts = [c.to("cpu", non_blocking=False) for c in self._nonfinite_counts.values()]
+        return int(torch.stack(counts).sum())
+
+    # ---------------------------------------------------------------- NaN provenance
+    def pop_nonfinite_buckets(self) -> list[NonfiniteBucket]:
+        """Buckets whose hook input held NaN/inf since the last pop (one host sync)."""
+        if not self._nonfinite_counts:
+            return []
+        indices = list(self._nonfinite_counts)
+        counts = torch.stack([self._nonfinite_counts[i].cpu() for i in indices]).tolist()
+        found = []
+        for idx, n in zip(indices, counts):
+            if n:
+                self._nonfinite_popped += n
+                self._nonfinite_counts[idx].zero_()
+                found.append(NonfiniteBucket(idx, list(self._bucket_params.get(idx, []))))
+        return found
+
+    # ---------------------------------------------------------------- error feedback
+    def add_residual(self, bucket, x: torch.Tensor) -> torch.Tensor:
+        """Add this bucket's residual from the previous step into ``x`` (in place); return ``x``.
+
+        The residual is kept per bucket. DDP rebuilds its buckets after the first iteration
+        (new parameter order and sizes), so a residual whose bucket layout changed is redistributed
+        parameter by parameter; one restored from a checkpoint is applied once a bucket with the
+        same index and parameter shapes arrives.
+        """
+        if not self.error_feedback:
+            return x
+        idx = bucket.index()
+        params = bucket.parameters()
+        entry = self._residuals.get(idx)
+        if entry is not None and _same_params(entry[0], params):
+            x.add_(entry[1].to(x.dtype))
+            return x
+        if self._residuals:
+            self._redistribute(x, params)
+        restored = self._restored.get(idx)
+        if restored is not None and restored[0] == _param_layout(params) and restored[1].numel() == x.numel():
+            x.add_(restored[1].to(device=x.device, dtype=x.dtype))
+            del self._restored[idx]
+        return x
+
+    def _redistribute(self, x: torch.Tensor, params: list) -> None:
+        """Move residual slices of parameters in this bucket from older bucket layouts into ``x``."""
+        wanted = {id(p): p for p in params}
+        offsets, off = {}, 0
+        for p in params:
+            offsets[id(p)] = off
+            off += p.numel()
+        for old_idx in list(self._residuals):
+            old_params, old_res = self._residuals[old_idx]
+            o, moved = 0, False
+            for p in old_params:
+                if id(p) in wanted:
+                    start = offsets[id(p)]
+                    x[start : start + p.numel()].add_(old_res[o : o + p.numel()].to(x.dtype))
+                    moved = True
+                o += p.numel()
+            if moved:
+                # The old bucket's slices now live in this bucket's residual; drop them there.
+                keep = [p for p in old_params if id(p) not in wanted]
+                if keep:
+                    parts, o = [], 0
+                    for p in old_params:
+                        if id(p) not in wanted:
+                            parts.append(old_res[o : o + p.numel()])
+                        o += p.numel()
+                    self._residuals[old_idx] = (keep, torch.cat(parts))
+                else:
+                    del self._residuals[old_idx]
+
+    def store_residual(self, bucket, residual: torch.Tensor) -> None:
+        """Remember ``residual`` (input minus what the compressed contribution carried)."""
+        self._residuals[bucket.index()] = (bucket.parameters(), residual)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume exactly: plain dicts of CPU tensors and numbers (picklable)."""
+        residuals = {
+            idx: {"layout": _param_layout(params), "residual": res.detach().cpu().clone()}
+            for idx, (params, res) in self._residuals.items()
+        }
+        for idx, (layout, res) in self._restored.items():
+            residuals.setdefault(idx, {"layout": layout, "residual": res.clone()})
+        with self._lock:
+            seconds = self._seconds
+        return {
+            "residuals": residuals,
+            "stats": {
+                "calls": self._calls,
+                "raw_bytes": self._raw_bytes,
+                "payload_bytes": self._payload_bytes,
+                "wire_bytes": self._wire_bytes,
+                "seconds": seconds,
+                "per_kind": {k: list(v) for k, v in self._per_kind.items()},
+                "nonfinite_popped": self._nonfinite_popped + self._pending_nonfinite(),
+                "nonfinite_at_reset": self._nonfinite_at_reset,
+            },
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self._residuals = {}
+        self._restored = {int(i): (tuple(map(tuple, e["layout"])), e["residual"].clone()) for i, e in d.get("residuals", {}).items()}
+        s = d.get("stats")
+        if s:
+            self._calls = s["calls"]
+            self._raw_bytes = s["raw_bytes"]
+            self._payload_bytes = s["payload_bytes"]
+            self._wire_bytes = s["wire_bytes"]
+            with self._lock:
+                self._seconds = s["seconds"]
+            self._per_kind = {k: list(v) for k, v in s["per_kind"].items()}
+            self._nonfinite_counts = {}
+            self._nonfinite_popped = s["nonfinite_popped"]
+            self._nonfinite_at_reset = s["nonfinite_at_reset"]
+
+
+def _same_params(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
