@@ -516,7 +516,9 @@ def _parse_yaml(text: str, shown: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         what = exc.problem or exc.context or "invalid YAML"
-        raise ConfigError(f"YAML syntax error at {where}: {what}", source=shown) from None
+        # the constructor sees well-formed YAML it will not build (a duplicate key, a python tag)
+        label = "YAML error" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+        raise ConfigError(f"{label} at {where}: {what}", source=shown) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"YAML syntax error: {exc}", source=shown) from None
     except RecursionError:
@@ -546,7 +548,8 @@ def _count_nodes(obj: Any, limit: int) -> int:
 
 
 def _first_problem(exc: ValidationError) -> tuple[str, str]:
-    errors = exc.errors()
+    # An unknown key first: `worklaod:` is one typo, though pydantic also reports workload missing.
+    errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
     field, problem = _describe_error(errors[0])
     if len(errors) > 1:
         problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
@@ -571,6 +574,9 @@ def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
                       f"allowed: {', '.join(allowed)}")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return path, f"must be a mapping of keys, got {_type_name(value)} {_short(value)}"
+    if kind in ("too_short", "string_too_short"):
+        return path, (f"must not be empty (got {_short(value)})" if ctx.get("min_length") == 1
+                      else f"must have at least {ctx.get('min_length')} items (got {_short(value)})")
     if kind == "value_error" and cause is not None:
         return path, _exception_text(cause)
     msg = str(err.get("msg", "invalid value"))
@@ -607,7 +613,10 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
 
 
 def _did_you_mean(word: str, options) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    options = [str(o) for o in options]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close and len(word) >= 3:  # a shortened name: `fp16` for fp16_compress
+        close = [o for o in options if word.lower() in o.lower()][:1]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

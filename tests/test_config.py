@@ -1,0 +1,367 @@
+"""service.config: every malformed config is one ConfigError line; presets resolve; the grid expands.
+
+These load real YAML files through load_config, with the real hooks library and workload registry.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import yaml
+
+import hooks
+from service.config import (
+    PRESETS_DIR,
+    ConfigError,
+    SweepConfig,
+    TrialSpec,
+    list_presets,
+    load_config,
+)
+
+# A small valid config; each bad case below changes one thing in it.
+BASE = {
+    "name": "unit",
+    "workload": {
+        "name": "mlp_digits",
+        "steps": 30,
+        "global_batch_size": 64,
+        "lr": 0.05,
+        "optimizer": "sgd",
+        "eval_every": 10,
+    },
+    "search": {
+        "hooks": ["allreduce", {"name": "quantization_perchannel", "chunk_size": [128, 512]}],
+        "world_size": [1, 2],
+        "seed": [0],
+    },
+}
+
+
+def write(tmp_path: Path, data, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def changed(path: str, value, base=BASE):
+    """BASE with the value at a dotted path replaced (value DELETE removes the key)."""
+    cfg = copy.deepcopy(base)
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node = cfg
+    for p in parents:
+        node = node[p]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return cfg
+
+
+DELETE = object()
+
+
+def load_error(path) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert "Traceback" not in message
+    return message
+
+
+# (id, config (dict or YAML text), fragments the one-line message must contain)
+BAD_CONFIGS = [
+    ("empty file", "", ["is empty"]),
+    ("only comments", "# nothing here\n", ["is empty"]),
+    ("yaml syntax", "name: x\nworkload: {steps: 3\nsearch: 1\n", ["YAML syntax error at line"]),
+    ("tab indentation", "name: x\nworkload:\n\tsteps: 3\n", ["YAML syntax error at line 3"]),
+    ("duplicate key", "name: a\nname: b\n", ["YAML error at line 2", "key 'name' appears twice"]),
+    ("top-level list", "- 1\n- 2\n", ["top level must be a mapping", "a list"]),
+    ("top-level scalar", "hello\n", ["top level must be a mapping"]),
+    ("missing search", changed("search", DELETE), ["search: missing"]),
+    ("missing name", changed("name", DELETE), ["name: missing"]),
+    ("empty name", changed("name", ""), ["name: must not be empty"]),
+    ("name with newline", changed("name", "a\nb"), ["name:", "printable text on one line"]),
+    ("workload not a mapping", changed("workload", 5), ["workload: must be a mapping", "an integer"]),
+    ("unknown top-level key", changed("serach", {}), ["serach: unknown key", "did you mean 'search'", "allowed: name"]),
+    ("typo in workload key", changed("workload.step", 3), ["workload.step: unknown key", "did you mean 'steps'"]),
+    ("typo in a section name", {("worklaod" if k == "workload" else k): v for k, v in BASE.items()},
+     ["worklaod: unknown key", "did you mean 'workload'", "(and 1 more problem)"]),
+    ("typo in resources key", changed("resources", {"cpu_per_worker": 1}),
+     ["resources.cpu_per_worker: unknown key", "did you mean 'cpus_per_worker'"]),
+    ("steps as a string", changed("workload.steps", "300"), ["workload.steps: must be a whole number", "'300'"]),
+    ("steps as a float", changed("workload.steps", 30.5), ["workload.steps: must be a whole number"]),
+    ("steps zero", changed("workload.steps", 0), ["workload.steps", "greater than or equal to 1"]),
+    ("steps absurd", changed("workload.steps", 10**12), ["workload.steps", "less than or equal to 1000000"]),
+    ("steps bool", changed("workload.steps", True), ["workload.steps: must be a whole number"]),
+    ("negative batch", changed("workload.global_batch_size", -64), ["workload.global_batch_size", "greater than"]),
+    ("batch not divisible by world size", changed("search.world_size", [1, 2, 3]),
+     ["workload.global_batch_size", "world_size 3", "multiple of 6"]),
+    ("batch not divisible by accumulation", changed("workload.grad_accumulation", 3),
+     ["workload.global_batch_size", "grad_accumulation 3", "multiple of 6"]),
+    ("zero accumulation", changed("workload.grad_accumulation", 0), ["workload.grad_accumulation"]),
+    ("lr zero", changed("workload.lr", 0), ["workload.lr", "greater than 0"]),
+    ("lr nan", "name: x\nworkload: {name: mlp_digits, steps: 3, global_batch_size: 8, lr: .nan}\n"
+     "search: {hooks: [allreduce], world_size: 1}\n", ["workload.lr", "finite"]),
+    ("lr as text", changed("workload.lr", "fast"), ["workload.lr: must be a valid number"]),
+    ("unknown optimizer", changed("workload.optimizer", "adam"), ["workload.optimizer", "'sgd' or 'adamw'", "'adam'"]),
+    ("warm-up eats every step", changed("workload.warmup_steps", 30), ["workload.warmup_steps", "allowed: 0 to 29"]),
+    ("eval_every zero", changed("workload.eval_every", 0), ["workload.eval_every"]),
+    ("unknown workload", changed("workload.name", "mlp_digit"), ["workload.name", "mlp_digit"]),
+    ("custom workload that cannot import", changed("workload.name", "no_such_pkg_xyz.models:build"),
+     ["workload.name", "no_such_pkg_xyz"]),
+    ("unknown hook", changed("search.hooks.0", "fp16"),
+     ["search.hooks[0].name: unknown hook 'fp16'", "did you mean 'fp16_compress'", "allowed: ", "allreduce"]),
+    ("hook param typo", changed("search.hooks.1", {"name": "quantization_perchannel", "chunksize": 512}),
+     ["search.hooks[1].chunksize: unknown parameter", "did you mean 'chunk_size'"]),
+    ("param on a hook without params", changed("search.hooks.0", {"name": "allreduce", "chunk_size": 8}),
+     ["search.hooks[0].chunk_size", "allreduce takes no parameters"]),
+    ("chunk_size zero", changed("search.hooks.1.chunk_size", 0), ["search.hooks[1].chunk_size"]),
+    ("chunk_size negative in a sweep list", changed("search.hooks.1.chunk_size", [128, -1]),
+     ["search.hooks[1].chunk_size"]),
+    ("chunk_size text", changed("search.hooks.1.chunk_size", "big"), ["search.hooks[1].chunk_size"]),
+    ("chunk_size empty list", changed("search.hooks.1.chunk_size", []), ["search.hooks[1].chunk_size", "empty list"]),
+    ("chunk_size mapping", changed("search.hooks.1.chunk_size", {"a": 1}), ["search.hooks[1].chunk_size", "not allowed"]),
+    ("chunk_size repeated", changed("search.hooks.1.chunk_size", [512, 512]), ["search.hooks[1].chunk_size", "repeats"]),
+    ("powersgd rank zero", changed("search.hooks.1", {"name": "powersgd", "rank": 0}), ["search.hooks[1].rank"]),
+    ("hook entry without a name", changed("search.hooks.1", {"chunk_size": 512}), ["search.hooks[1].name: missing"]),
+    ("hook entry a number", changed("search.hooks.1", 5), ["search.hooks[1]", "a hook name or a mapping"]),
+    ("no hooks", changed("search.hooks", []), ["search.hooks: must not be empty"]),
+    ("same trials twice", changed("search.hooks", ["quantization_perchannel", {"name": "quantization_perchannel",
+                                                                                "chunk_size": 512}]),
+     ["search.hooks[1]", "repeats the trials of search.hooks[0]"]),
+    ("world size zero", changed("search.world_size", [0, 2]), ["search.world_size[0]", "1 to 1024"]),
+    ("world size absurd", changed("search.world_size", 100000), ["search.world_size[0]", "1 to 1024"]),
+    ("world size as text", changed("search.world_size", "2"), ["search.world_size[0]: must be a whole number"]),
+    ("world size repeated", changed("search.world_size", [2, 2]), ["search.world_size[1]", "listed twice"]),
+    ("negative seed", changed("search.seed", -1), ["search.seed[0]"]),
+    ("grid too large", changed("search.seed", list(range(6000))), ["search", "at most 10000"]),
+    ("cpus zero", changed("resources", {"cpus_per_worker": 0}), ["resources.cpus_per_worker", "greater than 0"]),
+    ("use_gpu text", changed("resources", {"use_gpu": "maybe"}), ["resources.use_gpu", "valid boolean"]),
+    ("concurrency zero", changed("resources", {"max_concurrent_trials": 0}), ["resources.max_concurrent_trials"]),
+    ("on_nan number", changed("stop", {"on_nan": 3}), ["stop.on_nan", "valid boolean"]),
+    ("fault kind", changed("faults", [{"kind": "explode", "step": 3, "rank": 0}]),
+     ["faults[0].kind", "'nan_grad', 'scale_grad' or 'crash'"]),
+    ("fault rank never exists", changed("faults", [{"kind": "nan_grad", "step": 3, "rank": 2}]),
+     ["faults[0].rank", "never exists", "largest world size is 2", "0 to 1"]),
+    ("fault after the last step", changed("faults", [{"kind": "crash", "step": 31, "rank": 0}]),
+     ["faults[0].step", "never runs", "1 to 30"]),
+    ("fault step zero", changed("faults", [{"kind": "crash", "step": 0, "rank": 0}]), ["faults[0].step"]),
+    ("factor on nan_grad", changed("faults", [{"kind": "nan_grad", "step": 3, "rank": 0, "factor": 2.0}]),
+     ["faults[0].factor", "only scale_grad"]),
+    ("scale_grad without factor", changed("faults", [{"kind": "scale_grad", "step": 3, "rank": 0}]),
+     ["faults[0].factor", "needs a factor"]),
+    ("faults not a list", changed("faults", {"kind": "crash"}), ["faults", "valid list"]),
+    ("checkpoint beyond the run", changed("checkpoint", {"every": 31}), ["checkpoint.every", "0 (off) to 30"]),
+    ("negative retries", changed("checkpoint", {"max_failures": -1}), ["checkpoint.max_failures"]),
+    ("flush every 0 s", changed("tracking", {"flush_seconds": 0}), ["tracking.flush_seconds"]),
+    ("fidelity negative", changed("tracking", {"fidelity_every": -5}), ["tracking.fidelity_every"]),
+    ("empty storage path", changed("storage_path", ""), ["storage_path: must not be empty"]),
+    ("alias bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
+     ["expands to more than"]),
+    ("deep nesting", "name: " + "[" * 5000 + "]" * 5000 + "\n", ["cfg.yaml"]),
+    ("python object tag", "name: !!python/object/apply:os.system ['echo pwned']\n", ["YAML error at line 1", "python/object"]),
+]
+
+
+@pytest.mark.parametrize("config, fragments", [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_is_one_clear_line(tmp_path, config, fragments):
+    message = load_error(write(tmp_path, config))
+    assert message.startswith(str(tmp_path / "cfg.yaml")) or message.startswith("cfg.yaml"), message
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} not in {message!r}"
+
+
+def test_base_config_is_valid(tmp_path):
+    cfg, path = load_config(str(write(tmp_path, BASE)))
+    assert path == (tmp_path / "cfg.yaml").resolve()
+    assert isinstance(cfg, SweepConfig)
+    # defaults of the schema the other modules rely on
+    assert cfg.workload.grad_accumulation == 1 and cfg.workload.warmup_steps == 5
+    assert cfg.resources.cpus_per_worker == 1.0 and cfg.resources.use_gpu is False
+    assert cfg.resources.max_concurrent_trials == 1 and cfg.stop.on_nan is True
+    assert cfg.faults == [] and cfg.checkpoint.every == 0 and cfg.checkpoint.max_failures == 0
+    assert cfg.tracking.flush_seconds == 5.0 and cfg.tracking.fidelity_every == 0
+    assert cfg.storage_path is None
+
+
+def test_missing_file_lists_the_presets(tmp_path):
+    message = load_error(tmp_path / "nope.yaml")
+    assert "no such file, and not a preset" in message
+    for preset in ("quant", "smoke", "faults"):
+        assert preset in message
+
+
+def test_directory_and_binary_files(tmp_path):
+    assert "is a directory" in load_error(tmp_path)
+    binary = tmp_path / "bin.yaml"
+    binary.write_bytes(b"name: \xff\xfe\x00\x01")
+    assert "not UTF-8" in load_error(binary)
+
+
+def test_more_problems_are_counted_on_the_same_line(tmp_path):
+    bad = changed("workload.steps", 0, changed("workload.lr", -1.0))
+    message = load_error(write(tmp_path, bad))
+    assert "workload.steps" in message and "(and 1 more problem)" in message
+
+
+def test_config_is_frozen(tmp_path):
+    cfg, _ = load_config(str(write(tmp_path, BASE)))
+    with pytest.raises(Exception):
+        cfg.workload.steps = 5
+
+
+# ---- presets -------------------------------------------------------------------------------
+
+
+def test_presets_are_listed():
+    assert {"quant", "fp16", "all_hooks", "smoke", "faults"} <= set(list_presets())
+    assert PRESETS_DIR == Path(__file__).resolve().parent.parent / "tune_configs"
+
+
+@pytest.mark.parametrize("preset", sorted(p.stem for p in PRESETS_DIR.glob("*.yaml")))
+def test_every_preset_loads_and_expands(preset):
+    cfg, path = load_config(str(PRESETS_DIR / f"{preset}.yaml"))
+    assert cfg.name == preset and path == PRESETS_DIR / f"{preset}.yaml"
+    trials = cfg.trials()
+    assert trials and len({t.run_name for t in trials}) == len(trials)
+    assert len({t.key for t in trials}) == len(trials)
+
+
+@pytest.mark.parametrize("arg", ["configs/quant.yaml", "quant.yaml", "quant", "quant.yml"])
+def test_preset_name_resolves_with_a_note(arg, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no such files here
+    cfg, path = load_config(arg)
+    assert path == PRESETS_DIR / "quant.yaml" and cfg.name == "quant"
+    note = capsys.readouterr().err
+    assert note.count("\n") == 1 and "note:" in note and "quant.yaml" in note and arg in note
+
+
+def test_an_existing_file_wins_over_the_preset(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").mkdir()
+    write(tmp_path / "configs", changed("name", "mine"), name="quant.yaml")
+    cfg, path = load_config("configs/quant.yaml")
+    assert cfg.name == "mine" and path == (tmp_path / "configs" / "quant.yaml").resolve()
+    assert capsys.readouterr().err == ""
+
+
+def test_quant_preset_is_the_designed_grid():
+    cfg, _ = load_config("quant")
+    assert cfg.workload.name == "mlp_digits" and cfg.workload.steps == 300
+    names = [t.run_name for t in cfg.trials()]
+    expected = [f"{h}-w{w}-s0" for h in ("allreduce", "quantization_pertensor") for w in (1, 2, 4)]
+    expected += [f"quantization_perchannel-c{c}-w{w}-s0" for c in (128, 512, 2048) for w in (1, 2, 4)]
+    assert names == expected
+
+
+def test_smoke_preset_is_small():
+    cfg, _ = load_config("smoke")
+    trials = cfg.trials()
+    assert len({t.hook for t in trials}) == 2 and sorted({t.world_size for t in trials}) == [1, 2]
+    assert cfg.workload.steps <= 50 and cfg.workload.name == "mlp_digits"
+
+
+def test_faults_preset_injects_both_gradient_faults():
+    cfg, _ = load_config("faults")
+    assert {t.hook for t in cfg.trials()} == {"allreduce", "fp16_compress", "quantization_perchannel"}
+    kinds = {f.kind: f for f in cfg.faults}
+    assert set(kinds) == {"nan_grad", "scale_grad"}
+    assert kinds["scale_grad"].factor == 1.0e6  # YAML 1.1 would have read `1.0e6` as a string
+
+
+def test_all_hooks_preset_covers_every_hook_of_the_library():
+    cfg, _ = load_config("all_hooks")
+    assert {t.hook for t in cfg.trials()} == set(hooks.available())
+
+
+# ---- the grid ------------------------------------------------------------------------------
+
+
+def test_grid_order_run_names_and_full_params(tmp_path):
+    data = changed("search.seed", [0, 1])
+    cfg, _ = load_config(str(write(tmp_path, data)))
+    trials = cfg.trials()
+    assert [t.run_name for t in trials] == [
+        "allreduce-w1-s0", "allreduce-w1-s1", "allreduce-w2-s0", "allreduce-w2-s1",
+        "quantization_perchannel-c128-w1-s0", "quantization_perchannel-c128-w1-s1",
+        "quantization_perchannel-c128-w2-s0", "quantization_perchannel-c128-w2-s1",
+        "quantization_perchannel-c512-w1-s0", "quantization_perchannel-c512-w1-s1",
+        "quantization_perchannel-c512-w2-s0", "quantization_perchannel-c512-w2-s1",
+    ]
+    for t in trials:  # hook_params is the full dict the library validates, defaults included
+        assert t.hook_params == hooks.validate(t.hook, **t.hook_params)
+    assert trials[4].hook_params["chunk_size"] == 128
+
+
+def test_default_params_are_filled_in(tmp_path):
+    data = changed("search.hooks", ["quantization_perchannel", "powersgd"])
+    cfg, _ = load_config(str(write(tmp_path, data)))
+    per_channel, powersgd = cfg.trials()[0], cfg.trials()[2]
+    assert per_channel.hook_params == hooks.validate("quantization_perchannel")
+    assert per_channel.run_name == f"quantization_perchannel-c{per_channel.hook_params['chunk_size']}-w1-s0"
+    assert powersgd.hook_params == hooks.validate("powersgd") and powersgd.run_name == "powersgd-w1-s0"
+
+
+def test_a_swept_param_without_chunk_size_keeps_run_names_distinct(tmp_path):
+    data = changed("search.hooks", [{"name": "powersgd", "rank": [1, 2, 4]}])
+    cfg, _ = load_config(str(write(tmp_path, data)))
+    names = [t.run_name for t in cfg.trials() if t.world_size == 2]
+    default_rank = hooks.validate("powersgd")["rank"]
+    assert len(set(names)) == 3
+    assert f"powersgd-w2-s0" in names if default_rank in (1, 2, 4) else True
+    assert all(n.startswith("powersgd-") and n.endswith("-w2-s0") for n in names)
+
+
+def test_scalars_for_world_size_and_seed(tmp_path):
+    data = changed("search.world_size", 2, changed("search.seed", 7))
+    cfg, _ = load_config(str(write(tmp_path, data)))
+    assert cfg.search.world_size == [2] and cfg.search.seed == [7]
+    assert [t.run_name for t in cfg.trials()] == [
+        "allreduce-w2-s7", "quantization_perchannel-c128-w2-s7", "quantization_perchannel-c512-w2-s7"]
+
+
+def test_describe_is_the_dry_run_line(tmp_path):
+    cfg, _ = load_config(str(write(tmp_path, BASE)))
+    line = cfg.trials()[2].describe()
+    assert "\n" not in line
+    assert line.split()[0] == "quantization_perchannel"
+    assert "chunk_size=128" in line and "world_size=1" in line and "seed=0" in line
+
+
+def test_trial_spec_travels_as_a_plain_dict(tmp_path):
+    cfg, _ = load_config(str(write(tmp_path, BASE)))
+    for trial in cfg.trials():
+        data = json.loads(json.dumps(trial.to_dict()))  # what survives Ray's and MLflow's plumbing
+        again = TrialSpec.from_dict(data)
+        assert again == trial and again.key == trial.key and again.run_name == trial.run_name
+        assert pickle.loads(pickle.dumps(trial)) == trial
+    with pytest.raises(Exception):
+        TrialSpec.from_dict({"hook": "allreduce", "hook_params": {}, "world_size": 0, "seed": 0})
+
+
+def test_keys_are_stable_and_unique(tmp_path):
+    first = [t.key for t in load_config(str(write(tmp_path, BASE)))[0].trials()]
+    second = [t.key for t in load_config(str(write(tmp_path, BASE, name="again.yaml")))[0].trials()]
+    assert first == second and len(set(first)) == len(first)
+
+
+def test_yaml_niceties(tmp_path):
+    text = """
+defaults: &wl {name: mlp_digits, steps: 30, global_batch_size: 64, lr: 1e-2}
+"""
+    # unknown top-level keys are refused even when they only hold an anchor ...
+    bad = text + "name: x\nworkload: *wl\nsearch: {hooks: [allreduce], world_size: 1}\n"
+    assert "defaults: unknown key" in load_error(write(tmp_path, bad))
+    # ... but merge keys may be overridden, and 1e-2 is a number
+    ok = ("name: x\nworkload:\n  <<: {name: mlp_digits, steps: 30, global_batch_size: 64, lr: 1}\n  lr: 1e-2\n"
+          "search: {hooks: [allreduce], world_size: 1}\n")
+    cfg, _ = load_config(str(write(tmp_path, ok, name="ok.yaml")))
+    assert cfg.workload.lr == 0.01 and cfg.workload.steps == 30
