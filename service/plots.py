@@ -1,0 +1,176 @@
+"""Drawings of the report's data (service.report computes it; this module only draws).
+
+matplotlib with the Agg backend: no display needed. Every plot keeps the same visual code:
+colour = hook, line style = chunk size, so one legend reads across all figures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+# Fixed colours for the hooks we know, so a hook keeps its colour from sweep to sweep.
+_KNOWN_HOOKS = ["allreduce", "fp16", "bf16", "quantization_pertensor", "quantization_perchannel",
+                "powersgd", "batched_powersgd", "noop"]
+_PALETTE = plt.get_cmap("tab10").colors
+_LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+
+
+def hook_colour(hook: str):
+    if hook == "allreduce":
+        return "black"
+    if hook in _KNOWN_HOOKS:
+        return _PALETTE[_KNOWN_HOOKS.index(hook) % len(_PALETTE)]
+    return _PALETTE[int(hashlib.md5(hook.encode()).hexdigest(), 16) % len(_PALETTE)]
+
+
+class ChunkStyles:
+    """Line style per chunk size: solid for no chunk size, then by increasing chunk size."""
+
+    def __init__(self, chunk_sizes):
+        self.order = sorted({c for c in chunk_sizes if c is not None})
+
+    def __call__(self, chunk_size):
+        if chunk_size is None:
+            return "-"
+        return _LINESTYLES[(1 + self.order.index(chunk_size)) % len(_LINESTYLES)]
+
+
+def _empty(ax, text):
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
+    """curves: {world_size: [LossCurve]} from service.report.loss_curve_data."""
+    world_sizes = list(curves) or [None]
+    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.2 * len(world_sizes) + 0.5, 4.6),
+                             squeeze=False, sharey=True)
+    chunk_style = ChunkStyles(c.chunk_size for cs in curves.values() for c in cs)
+    all_values = np.concatenate([c.mean for cs in curves.values() for c in cs] or [np.array([])])
+    positive = all_values[all_values > 0]
+    log_y = (len(positive) == len(all_values) and len(positive) > 0
+             and positive.max() / positive.min() > 10)
+    legend: dict[str, tuple] = {}
+    any_stop = {"nan": False, "failed": False}
+    for ax, world_size in zip(axes[0], world_sizes):
+        if world_size is None:
+            _empty(ax, "no trial has logged a loss yet")
+            continue
+        for c in curves[world_size]:
+            colour, ls = hook_colour(c.hook), chunk_style(c.chunk_size)
+            legend.setdefault(c.config, (colour, ls))
+            if len(c.steps) == 0:
+                continue
+            ax.plot(c.steps, c.mean, color=colour, linestyle=ls, lw=1.5, alpha=0.9)
+            band = c.count > 1
+            if band.any():
+                ax.fill_between(c.steps, np.where(band, c.mean - c.std, np.nan),
+                                np.where(band, c.mean + c.std, np.nan), color=colour, alpha=0.15,
+                                lw=0)
+            for _, step, value, kind in c.stops:
+                any_stop[kind] = True
+                ax.plot([step], [value], marker="X" if kind == "nan" else "P", ms=11,
+                        color=colour, markeredgecolor="red" if kind == "nan" else "black",
+                        markeredgewidth=1.5, linestyle="none", zorder=5)
+        ax.set_title(f"world size {world_size}")
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if log_y:
+            ax.set_yscale("log")
+    axes[0][0].set_ylabel("training loss" + (" (log scale)" if log_y else ""))
+    if any_stop["nan"]:
+        legend["went NaN: stopped here"] = None
+    if any_stop["failed"]:
+        legend["failed here"] = None
+    handles = []
+    for label, style in legend.items():
+        if style is None:
+            nan = label.startswith("went NaN")
+            handles.append(Line2D([], [], marker="X" if nan else "P", ms=10, linestyle="none",
+                                  color="white", markeredgecolor="red" if nan else "black",
+                                  markeredgewidth=1.5))
+        else:
+            handles.append(Line2D([], [], color=style[0], linestyle=style[1], lw=2))
+    if handles:
+        fig.legend(handles, list(legend), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(4, len(handles)), frameon=False, fontsize=9)
+    fig.suptitle(f"{title}: loss against step" if title else "loss against step")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_throughput(lines: list, path: Path, title: str = "") -> Path:
+    """lines: [ThroughputLine] from service.report.throughput_data."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if not lines:
+        _empty(ax, "no trial has finished ok yet")
+    chunk_style = ChunkStyles(line.chunk_size for line in lines)
+    world_sizes = sorted({w for line in lines for w in line.world_sizes})
+    for line in lines:
+        ax.errorbar(line.world_sizes, line.mean, yerr=line.std if any(line.std) else None,
+                    color=hook_colour(line.hook), linestyle=chunk_style(line.chunk_size),
+                    marker="o", capsize=3, lw=1.6, label=line.config)
+    if lines:
+        ax.set_xticks(world_sizes)
+        ax.set_xlabel("world size (workers)")
+        ax.set_ylabel("samples / s (after warm-up)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        ax.set_ylim(bottom=0)
+    ax.set_title(f"{title}: throughput" if title else "throughput")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = "") -> Path:
+    """points: {world_size: [TradeoffPoint]} from service.report.tradeoff_data."""
+    world_sizes = list(points) or [None]
+    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.6 * len(world_sizes) + 0.5, 4.8),
+                             squeeze=False)
+    ylabel = "final eval accuracy" if quality_metric == "final_eval_accuracy" else "final loss"
+    for ax, world_size in zip(axes[0], world_sizes):
+        if world_size is None:
+            _empty(ax, "no trial with bytes/step and a final metric yet")
+            continue
+        group = points[world_size]
+        for p in group:
+            ax.errorbar([p.bytes_per_step], [p.quality], yerr=[p.quality_std] if p.quality_std
+                        else None, marker="o" if p.on_front else "s", ms=8 if p.on_front else 6,
+                        color=hook_colour(p.hook), markeredgecolor="black" if p.on_front
+                        else "none", capsize=3, linestyle="none")
+            ax.annotate(p.config, (p.bytes_per_step, p.quality), textcoords="offset points",
+                        xytext=(5, 4), fontsize=7)
+        front = sorted((p for p in group if p.on_front), key=lambda p: p.bytes_per_step)
+        if front:
+            ax.plot([p.bytes_per_step for p in front], [p.quality for p in front],
+                    color="green", lw=1.5, alpha=0.6, drawstyle="steps-post",
+                    label="Pareto front")
+            ax.legend(fontsize=8, loc="lower right" if quality_metric == "final_eval_accuracy"
+                      else "upper right")
+        values = [p.bytes_per_step for p in group if p.bytes_per_step > 0]
+        if values and max(values) / min(values) > 8:
+            ax.set_xscale("log")
+        ax.set_title(f"world size {world_size}")
+        ax.set_xlabel("bytes per step on the wire (per rank)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.margins(x=0.15, y=0.1)
+    fig.suptitle(f"{title}: quality against communication" if title
+                 else "quality against communication")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,882 @@
+"""The sweep report: plots, summary tables and report.html, rebuilt from MLflow alone.
+
+    python -m service.report EXPERIMENT_OR_PARENT_RUN_ID [--out DIR] [--no-attach]
+
+Everything here is derived from what the sweep recorded in MLflow (the contract in issue 3):
+one parent run per sweep, one nested child run per trial with params `hook`, the hook's own
+parameters, `world_size`, `seed`; step metrics `loss`, `eval_accuracy`; summary metrics
+`samples_per_s`, `comm_bytes_per_step`, ...; tag `status` (ok | nan | failed). So a report
+can be rebuilt for a finished sweep, one still running, or one that was interrupted.
+
+The layers, top to bottom:
+    MlflowReader      the MLflow read/attach calls the report needs (and nothing else)
+    load_sweep()      -> Sweep: the parent run and one Trial per child run, histories included
+    *_data()          the numbers every plot and table is drawn from (tests compare these
+                      with what MLflow holds)
+    service.plots     matplotlib (Agg) drawings of that data
+    build_report()    writes every file into out_dir and attaches them to the parent run
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import html
+import io
+import math
+import os
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+# Params every trial logs that are not hook parameters (issue 3's contract, plus a few the
+# driver may add). Used only when the hooks library cannot say which params a hook takes.
+_TRIAL_PARAMS = {
+    "hook", "world_size", "seed", "workload", "global_batch_size", "steps", "lr", "optimizer",
+    "grad_accumulation", "backend", "torch_version", "ray_version", "eval_every",
+    "cpus_per_worker", "use_gpu", "on_nan", "config", "config_path", "git_commit",
+    "mlflow_version", "python_version", "warmup_steps", "micro_batch_size", "per_worker_batch_size",
+}
+SUMMARY_METRICS = (
+    "samples_per_s", "step_time_ms_median", "comm_bytes_per_step", "compression_ratio",
+    "hook_time_ms", "final_loss", "final_eval_accuracy", "nan_detected", "first_nan_step",
+)
+BASELINE_HOOK = "allreduce"
+# "Matches the baseline" in the recommendation: eval accuracy within this many points of
+# allreduce's (absolute), or, without accuracy, final loss within this fraction of it.
+ACCURACY_TOLERANCE = 0.01
+LOSS_TOLERANCE = 0.05
+REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
+                "report.html")
+
+
+class ReportError(Exception):
+    """A problem the user can fix (unknown id, unreachable store): printed as one line."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading MLflow
+# --------------------------------------------------------------------------------------------
+
+class MlflowReader:
+    """The few MLflow calls the report makes. (They could move into service/tracking.py, the
+    module that writes MLflow; they live here so the report has no other dependency.)"""
+
+    def __init__(self, tracking_uri: str | None = None):
+        from mlflow import MlflowClient  # imported here: `--help` should not wait for mlflow
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = self.client.tracking_uri
+
+    def resolve_parent(self, ref: str) -> str:
+        """A parent run id from a parent run id, a child run id, or an experiment name
+        (its most recent parent run)."""
+        from mlflow.exceptions import MlflowException
+
+        if re.fullmatch(r"[0-9a-f]{32}", ref):
+            try:
+                run = self.client.get_run(ref)
+            except MlflowException:
+                run = None
+            if run is not None:
+                return run.data.tags.get("mlflow.parentRunId") or run.info.run_id
+        try:
+            experiment = self.client.get_experiment_by_name(ref)
+        except MlflowException as e:
+            raise ReportError(f"cannot read the MLflow store at {self.tracking_uri}: "
+                              f"{str(e).splitlines()[0]}") from None
+        if experiment is None:
+            names = sorted(e.name for e in self.client.search_experiments() if e.name != "Default")
+            raise ReportError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
+                              f"(experiments there: {', '.join(names) or 'none'})")
+        parents = [r for r in self._search(experiment.experiment_id, "")
+                   if "mlflow.parentRunId" not in r.data.tags]
+        if not parents:
+            raise ReportError(f"experiment {ref!r} has no sweep (parent) run yet")
+        return max(parents, key=lambda r: r.info.start_time or 0).info.run_id
+
+    def get_run(self, run_id: str):
+        return self.client.get_run(run_id)
+
+    def experiment_name(self, experiment_id: str) -> str:
+        return self.client.get_experiment(experiment_id).name
+
+    def child_runs(self, parent) -> list:
+        return self._search(parent.info.experiment_id,
+                            f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+
+    def history(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of a step metric, in step order; empty arrays if never logged."""
+        points = sorted(self.client.get_metric_history(run_id, key),
+                        key=lambda m: (m.step, m.timestamp))
+        return (np.array([m.step for m in points], dtype=np.int64),
+                np.array([m.value for m in points], dtype=np.float64))
+
+    def config_text(self, run_id: str) -> tuple[str, str] | None:
+        """(file name, text) of the sweep config the driver attached, if any."""
+        try:
+            artifacts = self.client.list_artifacts(run_id)
+            yaml_files = [a.path for a in artifacts
+                          if not a.is_dir and a.path.endswith((".yaml", ".yml"))]
+            if not yaml_files:
+                for a in artifacts:  # one level down (e.g. config/quant.yaml)
+                    if a.is_dir:
+                        yaml_files += [b.path for b in self.client.list_artifacts(run_id, a.path)
+                                       if not b.is_dir and b.path.endswith((".yaml", ".yml"))]
+            if not yaml_files:
+                return None
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = self.client.download_artifacts(run_id, yaml_files[0], tmp)
+                return yaml_files[0], Path(local).read_text(errors="replace")
+        except Exception:  # a missing or unreadable config must not stop the report
+            return None
+
+    def attach(self, run_id: str, paths: list[Path]) -> None:
+        for path in paths:
+            self.client.log_artifact(run_id, str(path))
+
+    def _search(self, experiment_id: str, filter_string: str) -> list:
+        from mlflow.entities import ViewType
+
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([experiment_id], filter_string,
+                                           run_view_type=ViewType.ACTIVE_ONLY,
+                                           max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+
+# --------------------------------------------------------------------------------------------
+# The sweep as data
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    """One child run: what it was (hook, params, world size, seed) and what it recorded."""
+
+    run_id: str
+    run_name: str
+    hook: str
+    hook_params: dict[str, str]
+    world_size: int
+    seed: int
+    state: str                     # ok | nan | failed | killed | running
+    error: str | None
+    nan_source: str | None
+    metrics: dict[str, float]      # summary metrics, as logged (latest value)
+    loss: tuple[np.ndarray, np.ndarray]
+    eval_accuracy: tuple[np.ndarray, np.ndarray]
+
+    @property
+    def config(self) -> str:
+        return config_label(self.hook, self.hook_params)
+
+    @property
+    def chunk_size(self) -> int | None:
+        value = self.hook_params.get("chunk_size")
+        return int(float(value)) if value not in (None, "", "None") else None
+
+    def metric(self, key: str) -> float:
+        return self.metrics.get(key, math.nan)
+
+    @property
+    def stop_step(self) -> int | None:
+        """Where a NaN trial stopped: first_nan_step if logged, else its last loss step."""
+        if self.state != "nan":
+            return None
+        first = self.metric("first_nan_step")
+        if math.isfinite(first):
+            return int(first)
+        return int(self.loss[0][-1]) if len(self.loss[0]) else None
+
+
+@dataclass
+class Sweep:
+    experiment: str
+    parent_run_id: str
+    parent_name: str
+    parent_status: str             # MLflow status of the parent run: RUNNING, FINISHED, ...
+    started: str
+    tracking_uri: str
+    config_name: str | None
+    config_text: str | None
+    trials: list[Trial] = field(default_factory=list)
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({t.world_size for t in self.trials})
+
+    @property
+    def complete(self) -> bool:
+        return (self.parent_status == "FINISHED"
+                and all(t.state in ("ok", "nan", "failed") for t in self.trials))
+
+
+def config_label(hook: str, hook_params: dict[str, str]) -> str:
+    """`quantization_perchannel-c512`, `powersgd rank=2`: the run name without -w/-s."""
+    label = hook
+    if hook_params.get("chunk_size") not in (None, "", "None"):
+        label += f"-c{int(float(hook_params['chunk_size']))}"
+    others = [f"{k}={v}" for k, v in sorted(hook_params.items()) if k != "chunk_size"]
+    return " ".join([label] + others)
+
+
+def _hook_param_names(hook: str) -> set[str] | None:
+    try:
+        import hooks
+
+        spec = hooks.available().get(hook)
+        return set(spec.params) if spec is not None else None
+    except Exception:  # hooks library absent or different: fall back to the params list
+        return None
+
+
+def _trial_state(run) -> str:
+    tag = run.data.tags.get("status")
+    mlflow_status = run.info.status
+    if mlflow_status == "RUNNING":
+        return "running"
+    if mlflow_status == "KILLED":
+        return "killed"
+    if mlflow_status == "FAILED":
+        return "failed"
+    if tag in ("ok", "nan", "failed"):
+        return tag
+    return "nan" if run.data.metrics.get("nan_detected", 0) >= 1 else "ok"
+
+
+def load_sweep(reader: MlflowReader, parent_run_id: str) -> Sweep:
+    parent = reader.get_run(parent_run_id)
+    config = reader.config_text(parent_run_id)
+    sweep = Sweep(
+        experiment=reader.experiment_name(parent.info.experiment_id),
+        parent_run_id=parent_run_id,
+        parent_name=parent.info.run_name or parent_run_id,
+        parent_status=parent.info.status,
+        started=datetime.fromtimestamp((parent.info.start_time or 0) / 1000, timezone.utc)
+        .strftime("%Y-%m-%d %H:%M UTC"),
+        tracking_uri=reader.tracking_uri,
+        config_name=config[0] if config else None,
+        config_text=config[1] if config else None,
+    )
+    for run in reader.child_runs(parent):
+        params = run.data.params
+        hook = params.get("hook") or (run.info.run_name or "?").split("-")[0]
+        names = _hook_param_names(hook)
+        hook_params = {k: v for k, v in params.items()
+                       if (k in names if names is not None else k not in _TRIAL_PARAMS)
+                       and k != "hook"}
+        sweep.trials.append(Trial(
+            run_id=run.info.run_id,
+            run_name=run.info.run_name or run.info.run_id,
+            hook=hook,
+            hook_params=hook_params,
+            world_size=int(float(params.get("world_size", 1))),
+            seed=int(float(params.get("seed", 0))),
+            state=_trial_state(run),
+            error=run.data.tags.get("error"),
+            nan_source=run.data.tags.get("nan_source"),
+            metrics={k: v for k, v in run.data.metrics.items() if k in SUMMARY_METRICS},
+            loss=reader.history(run.info.run_id, "loss"),
+            eval_accuracy=reader.history(run.info.run_id, "eval_accuracy"),
+        ))
+    sweep.trials.sort(key=_trial_order)
+    return sweep
+
+
+def _config_order(hook: str, hook_params: dict[str, str]):
+    chunk = hook_params.get("chunk_size")
+    chunk_key = float(chunk) if chunk not in (None, "", "None") else -1.0
+    return (hook != BASELINE_HOOK, hook, chunk_key, sorted(hook_params.items()))
+
+
+def _trial_order(t: Trial):
+    return (t.world_size, _config_order(t.hook, t.hook_params), t.seed)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float, int]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, 0
+    return (float(np.mean(finite)), float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+            len(finite))
+
+
+# --------------------------------------------------------------------------------------------
+# The data the plots and tables are drawn from
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class LossCurve:
+    """One line of loss_curves.png: a configuration at a world size, over its seeds."""
+
+    config: str
+    hook: str
+    chunk_size: int | None
+    world_size: int
+    run_ids: list[str]
+    steps: np.ndarray              # every step at which some seed logged a finite loss
+    mean: np.ndarray               # mean over the seeds with a finite loss at that step
+    std: np.ndarray                # sample std over those seeds (0 where only one)
+    count: np.ndarray              # how many seeds contribute at that step
+    stops: list[tuple[str, int, float, str]]   # (run_id, step, loss there, "nan" | "failed")
+
+
+def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
+    """Per world size, one LossCurve per configuration (seeds averaged, band = ±std)."""
+    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    for t in sweep.trials:
+        groups[(t.world_size, t.config)].append(t)
+    curves: dict[int, list[LossCurve]] = defaultdict(list)
+    for (world_size, config), trials in groups.items():
+        by_step: dict[int, list[float]] = defaultdict(list)
+        stops = []
+        for t in trials:
+            steps, values = t.loss
+            finite = np.isfinite(values)
+            for s, v in zip(steps[finite], values[finite]):
+                by_step[int(s)].append(float(v))
+            if t.state in ("nan", "failed") and finite.any():
+                last = int(np.flatnonzero(finite)[-1])
+                stop = t.stop_step if t.state == "nan" else int(steps[last])
+                stops.append((t.run_id, stop if stop is not None else int(steps[last]),
+                              float(values[last]), t.state))
+        ordered = sorted(by_step)
+        curves[world_size].append(LossCurve(
+            config=config, hook=trials[0].hook, chunk_size=trials[0].chunk_size,
+            world_size=world_size, run_ids=[t.run_id for t in trials],
+            steps=np.array(ordered, dtype=np.int64),
+            mean=np.array([np.mean(by_step[s]) for s in ordered]),
+            std=np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0
+                          for s in ordered]),
+            count=np.array([len(by_step[s]) for s in ordered], dtype=np.int64),
+            stops=stops,
+        ))
+    for world_size in curves:
+        curves[world_size].sort(key=lambda c: _config_order(c.hook, _params_of(sweep, c)))
+    return dict(sorted(curves.items()))
+
+
+def _params_of(sweep: Sweep, curve: LossCurve) -> dict[str, str]:
+    return next(t.hook_params for t in sweep.trials if t.run_id == curve.run_ids[0])
+
+
+@dataclass
+class SummaryRow:
+    """One configuration at one world size, over its seeds. Metrics average the trials that
+    ended ok; `states` says what happened to the others."""
+
+    config: str
+    hook: str
+    hook_params: dict[str, str]
+    world_size: int
+    seeds: list[int]
+    states: dict[str, int]
+    run_ids: list[str]
+    stats: dict[str, tuple[float, float, int]]   # metric -> (mean, std, n); incl. loss_gap
+
+    @property
+    def n_ok(self) -> int:
+        return self.states.get("ok", 0)
+
+    @property
+    def all_ok(self) -> bool:
+        return self.n_ok == sum(self.states.values())
+
+    def mean(self, key: str) -> float:
+        return self.stats.get(key, (math.nan, math.nan, 0))[0]
+
+    def std(self, key: str) -> float:
+        return self.stats.get(key, (math.nan, math.nan, 0))[1]
+
+
+def summary_rows(sweep: Sweep) -> list[SummaryRow]:
+    """The summary table: one row per (configuration, world size), plus `loss_gap` = final
+    loss minus allreduce's at the same world size and seed (paired per seed, then averaged)."""
+    baseline = {(t.world_size, t.seed): t.metric("final_loss") for t in sweep.trials
+                if t.hook == BASELINE_HOOK and not t.hook_params and t.state == "ok"}
+    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    for t in sweep.trials:
+        groups[(t.world_size, t.config)].append(t)
+    rows = []
+    for (world_size, config), trials in groups.items():
+        ok = [t for t in trials if t.state == "ok"]
+        stats = {key: _mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
+                 if key not in ("nan_detected", "first_nan_step")}
+        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, t.seed)]
+                                       for t in ok if (world_size, t.seed) in baseline])
+        stats["first_nan_step"] = _mean_std([t.metric("first_nan_step") for t in trials
+                                             if t.state == "nan"])
+        states: dict[str, int] = defaultdict(int)
+        for t in trials:
+            states[t.state] += 1
+        rows.append(SummaryRow(config=config, hook=trials[0].hook,
+                               hook_params=trials[0].hook_params, world_size=world_size,
+                               seeds=sorted(t.seed for t in trials), states=dict(states),
+                               run_ids=[t.run_id for t in trials], stats=stats))
+    rows.sort(key=lambda r: (r.world_size, _config_order(r.hook, r.hook_params)))
+    return rows
+
+
+@dataclass
+class ThroughputLine:
+    config: str
+    hook: str
+    chunk_size: int | None
+    world_sizes: list[int]
+    mean: list[float]
+    std: list[float]
+
+
+def throughput_data(sweep: Sweep) -> list[ThroughputLine]:
+    """samples/s against world size, one line per configuration (trials that ended ok)."""
+    lines: dict[str, ThroughputLine] = {}
+    for row in summary_rows(sweep):
+        mean, std, n = row.stats["samples_per_s"]
+        if n == 0:
+            continue
+        chunk = row.hook_params.get("chunk_size")
+        line = lines.setdefault(row.config, ThroughputLine(
+            row.config, row.hook, int(float(chunk)) if chunk not in (None, "", "None") else None,
+            [], [], []))
+        line.world_sizes.append(row.world_size)
+        line.mean.append(mean)
+        line.std.append(std)
+    return list(lines.values())
+
+
+@dataclass
+class TradeoffPoint:
+    config: str
+    hook: str
+    world_size: int
+    bytes_per_step: float
+    quality: float                 # eval accuracy (higher is better) or final loss (lower)
+    quality_std: float
+    on_front: bool = False
+
+
+def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
+    """(quality metric name, per world size the points of tradeoff.png with the Pareto front
+    marked). Quality is final eval accuracy, or final loss when no trial logged accuracy.
+    World size 1 is left out when larger ones exist: it sends nothing."""
+    rows = summary_rows(sweep)
+    metric = ("final_eval_accuracy" if any(r.stats["final_eval_accuracy"][2] for r in rows)
+              else "final_loss")
+    points: dict[int, list[TradeoffPoint]] = defaultdict(list)
+    for row in rows:
+        bytes_mean, _, n_bytes = row.stats["comm_bytes_per_step"]
+        quality, quality_std, n_quality = row.stats[metric]
+        if n_bytes and n_quality:
+            points[row.world_size].append(TradeoffPoint(row.config, row.hook, row.world_size,
+                                                        bytes_mean, quality, quality_std))
+    if any(w > 1 for w in points):
+        points.pop(1, None)
+    better = (lambda a, b: a >= b) if metric == "final_eval_accuracy" else (lambda a, b: a <= b)
+    for group in points.values():
+        for p in group:
+            p.on_front = not any(
+                q is not p and q.bytes_per_step <= p.bytes_per_step and better(q.quality, p.quality)
+                and (q.bytes_per_step < p.bytes_per_step or q.quality != p.quality)
+                for q in group)
+    return metric, dict(sorted(points.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Which configuration to use
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Recommendation:
+    world_size: int
+    choice: SummaryRow | None
+    baseline: SummaryRow | None
+    fastest: SummaryRow | None
+    reason: str
+    avoid: list[tuple[str, str]]   # (config, why)
+
+
+def recommendations(sweep: Sweep) -> list[Recommendation]:
+    """Per world size: the configuration sending the fewest bytes per step among those whose
+    every trial ended ok and whose quality matches allreduce's (eval accuracy within
+    ACCURACY_TOLERANCE, or final loss within LOSS_TOLERANCE); ties go to the faster one."""
+    rows = summary_rows(sweep)
+    out = []
+    for world_size in sorted({r.world_size for r in rows}):
+        at_w = [r for r in rows if r.world_size == world_size]
+        baseline = next((r for r in at_w if r.hook == BASELINE_HOOK and not r.hook_params
+                         and r.n_ok), None)
+        avoid, candidates = [], []
+        for r in at_w:
+            bad = {s: n for s, n in r.states.items() if s != "ok"}
+            if bad:
+                avoid.append((r.config, ", ".join(f"{n} {s}" for s, n in sorted(bad.items()))
+                              + f" of {sum(r.states.values())} trial(s)"))
+                continue
+            quality_ok, why = _matches(r, baseline)
+            if not quality_ok:
+                avoid.append((r.config, why))
+                continue
+            if math.isfinite(r.mean("comm_bytes_per_step")):
+                candidates.append(r)
+        choice = min(candidates, default=None,
+                     key=lambda r: (r.mean("comm_bytes_per_step"), -_finite(r.mean("samples_per_s"))))
+        if world_size == 1 and baseline is not None:
+            choice = baseline  # one worker sends nothing: compression has nothing to save
+        fastest = max(candidates, default=None, key=lambda r: _finite(r.mean("samples_per_s")))
+        out.append(Recommendation(world_size, choice, baseline, fastest,
+                                  _reason(choice, baseline, world_size), avoid))
+    return out
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
+
+
+def _matches(row: SummaryRow, baseline: SummaryRow | None) -> tuple[bool, str]:
+    if baseline is None or row is baseline:
+        return True, ""
+    acc, base_acc = row.mean("final_eval_accuracy"), baseline.mean("final_eval_accuracy")
+    if math.isfinite(acc) and math.isfinite(base_acc):
+        if acc >= base_acc - ACCURACY_TOLERANCE:
+            return True, ""
+        return False, f"eval accuracy {acc:.3f} vs {base_acc:.3f} for {BASELINE_HOOK}"
+    loss, base_loss = row.mean("final_loss"), baseline.mean("final_loss")
+    if math.isfinite(loss) and math.isfinite(base_loss):
+        if loss <= base_loss * (1 + LOSS_TOLERANCE):
+            return True, ""
+        return False, f"final loss {loss:.4g} vs {base_loss:.4g} for {BASELINE_HOOK}"
+    return False, "no final quality metric recorded"
+
+
+def _reason(choice: SummaryRow | None, baseline: SummaryRow | None, world_size: int) -> str:
+    if choice is None:
+        return "no configuration finished cleanly with a quality matching the baseline"
+    if world_size == 1:
+        return "one worker sends nothing: any hook only adds work; allreduce is the plain choice"
+    if baseline is None:
+        return (f"no {BASELINE_HOOK} baseline at this world size: {choice.config} sends the "
+                f"fewest bytes per step ({_bytes(choice.mean('comm_bytes_per_step'))}) among "
+                f"trials that finished cleanly")
+    if choice is baseline:
+        return (f"no compressed configuration matched {BASELINE_HOOK}'s quality with fewer bytes:"
+                f" keep {BASELINE_HOOK}")
+    saving = baseline.mean("comm_bytes_per_step") / max(choice.mean("comm_bytes_per_step"), 1e-12)
+    parts = [f"{saving:.1f}x fewer bytes per step than {BASELINE_HOOK} "
+             f"({_bytes(choice.mean('comm_bytes_per_step'))} vs "
+             f"{_bytes(baseline.mean('comm_bytes_per_step'))})"]
+    acc, base_acc = choice.mean("final_eval_accuracy"), baseline.mean("final_eval_accuracy")
+    if math.isfinite(acc) and math.isfinite(base_acc):
+        parts.append(f"eval accuracy {acc:.3f} vs {base_acc:.3f}")
+    else:
+        parts.append(f"final loss {choice.mean('final_loss'):.4g} vs "
+                     f"{baseline.mean('final_loss'):.4g}")
+    speed, base_speed = choice.mean("samples_per_s"), baseline.mean("samples_per_s")
+    if math.isfinite(speed) and math.isfinite(base_speed) and base_speed > 0:
+        parts.append(f"throughput here {speed / base_speed:.2f}x {BASELINE_HOOK}'s")
+    return "; ".join(parts)
+
+
+def headline(recs: list[Recommendation]) -> str:
+    """One sentence: the choice at the largest world size that communicates."""
+    with_comm = [r for r in recs if r.world_size > 1] or recs
+    if not with_comm:
+        return "No trial has finished yet: nothing to recommend."
+    top = with_comm[-1]
+    if top.choice is None:
+        return f"At world size {top.world_size}: {top.reason}."
+    return f"Use {top.choice.config} at world size {top.world_size}: {top.reason}."
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+_COLUMNS = [  # (header, metric, formatter of the mean, formatter of the std)
+    ("final loss", "final_loss", lambda v: f"{v:.4g}", lambda v: f"{v:.2g}"),
+    (f"loss gap to {BASELINE_HOOK}", "loss_gap", lambda v: f"{v:+.3g}", lambda v: f"{v:.2g}"),
+    ("eval accuracy", "final_eval_accuracy", lambda v: f"{v:.3f}", lambda v: f"{v:.3f}"),
+    ("samples/s", "samples_per_s", lambda v: f"{v:,.0f}", lambda v: f"{v:,.0f}"),
+    ("step ms (median)", "step_time_ms_median", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
+    ("bytes/step", "comm_bytes_per_step", lambda v: _bytes(v), lambda v: _bytes(v)),
+    ("compression", "compression_ratio", lambda v: f"{v:.2f}x", lambda v: f"{v:.2f}"),
+    ("hook ms", "hook_time_ms", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
+]
+
+
+def _bytes(v: float) -> str:
+    if not math.isfinite(v):
+        return ""
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if abs(v) >= size:
+            return f"{v / size:.1f} {unit}"
+    return f"{v:.0f} B"
+
+
+def _cell(row: SummaryRow, metric: str, fmt, fmt_std) -> str:
+    mean, std, n = row.stats.get(metric, (math.nan, math.nan, 0))
+    if n == 0:
+        return ""
+    if metric == "loss_gap" and row.hook == BASELINE_HOOK and not row.hook_params:
+        return "baseline"
+    return fmt(mean) + (f" ± {fmt_std(std)}" if n > 1 and std > 0 else "")
+
+
+def _states_text(row: SummaryRow) -> str:
+    return ", ".join(f"{n} {s}" if n > 1 or len(row.states) > 1 else s
+                     for s, n in sorted(row.states.items()))
+
+
+def table_cells(rows: list[SummaryRow]) -> tuple[list[str], list[list[str]]]:
+    header = ["configuration", "world size", "seeds", "status"] + [c[0] for c in _COLUMNS]
+    body = [[r.config, str(r.world_size), ",".join(map(str, r.seeds)), _states_text(r)]
+            + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS]
+            for r in rows]
+    return header, body
+
+
+def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
+    """Machine-readable: every mean and std as its own column (empty when not recorded)."""
+    metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["configuration", "hook", "hook_params", "world_size", "seeds", "trials",
+                         "ok", "nan", "failed", "other"]
+                        + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
+        for r in rows:
+            other = sum(n for s, n in r.states.items() if s not in ("ok", "nan", "failed"))
+            values = []
+            for m in metrics:
+                mean, std, n = r.stats.get(m, (math.nan, math.nan, 0))
+                values += [repr(mean) if n else "", repr(std) if n > 1 else ""]
+            writer.writerow([r.config, r.hook,
+                             ";".join(f"{k}={v}" for k, v in sorted(r.hook_params.items())),
+                             r.world_size, " ".join(map(str, r.seeds)), len(r.run_ids),
+                             r.states.get("ok", 0), r.states.get("nan", 0),
+                             r.states.get("failed", 0), other] + values)
+
+
+def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation]) -> str:
+    header, body = table_cells(rows)
+    lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
+             f"**{headline(recs)}**", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+    lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
+              f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed.",
+              ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# report.html
+# --------------------------------------------------------------------------------------------
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;
+max-width:1200px;padding:0 1em;color:#222;line-height:1.4}
+h1{font-size:1.6em;margin-bottom:.2em} h2{margin-top:1.6em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;font-size:.88em;margin:.6em 0}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:right;vertical-align:top}
+th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
+.meta{color:#555;font-size:.9em} .headline{font-size:1.2em;background:#eef7ee;
+border-left:5px solid #2a8a2a;padding:.6em 1em} .warn{background:#fff4e0;
+border-left:5px solid #e08a00;padding:.5em 1em} .st-nan,.st-failed{color:#b00020;font-weight:bold}
+.st-running,.st-killed{color:#a06000} pre{background:#f6f6f6;padding:1em;overflow:auto}
+img{max-width:100%;border:1px solid #eee} td.left{text-align:left} .pick{background:#eef7ee}
+"""
+
+
+def _img_tag(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
+
+
+def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation],
+                images: dict[str, Path], quality_metric: str) -> str:
+    e = html.escape
+    states: dict[str, int] = defaultdict(int)
+    for t in sweep.trials:
+        states[t.state] += 1
+    out = [f"<!doctype html><html><head><meta charset='utf-8'>"
+           f"<title>Sweep report: {e(sweep.experiment)}</title><style>{_CSS}</style></head><body>",
+           f"<h1>Sweep report: {e(sweep.experiment)}</h1>",
+           f"<p class='meta'>parent run <code>{e(sweep.parent_run_id)}</code> "
+           f"({e(sweep.parent_name)}, {e(sweep.parent_status)}), started {e(sweep.started)}; "
+           f"{len(sweep.trials)} trial(s): "
+           + ", ".join(f"{n} {e(s)}" for s, n in sorted(states.items()))
+           + f"; MLflow store <code>{e(sweep.tracking_uri)}</code></p>"]
+    if not sweep.complete:
+        out.append("<p class='warn'>This sweep is not complete (still running, or interrupted):"
+                   " the report shows the trials recorded so far. Rebuild it with "
+                   f"<code>python -m service.report {e(sweep.parent_run_id)}</code>.</p>")
+
+    out += ["<h2 id='recommendation'>Which configuration to use</h2>",
+            f"<p class='headline'>{e(headline(recs))}</p>",
+            "<table><tr><th>world size</th><th>use</th><th>why</th>"
+            "<th>fastest here</th><th>avoid</th></tr>"]
+    for r in recs:
+        avoid = "<br>".join(f"{e(c)}: {e(why)}" for c, why in r.avoid) or "—"
+        fastest = (f"{e(r.fastest.config)} ({r.fastest.mean('samples_per_s'):,.0f} samples/s)"
+                   if r.fastest is not None and math.isfinite(r.fastest.mean("samples_per_s"))
+                   else "—")
+        out.append(f"<tr><td>{r.world_size}</td><td class='left'><b>"
+                   f"{e(r.choice.config) if r.choice else '—'}</b></td>"
+                   f"<td class='left'>{e(r.reason)}</td><td class='left'>{fastest}</td>"
+                   f"<td class='left'>{avoid}</td></tr>")
+    out.append(
+        "</table><p class='meta'>Rule: among configurations whose every trial ended ok, the one "
+        f"sending the fewest bytes per step while matching {BASELINE_HOOK}'s quality (eval "
+        f"accuracy within {ACCURACY_TOLERANCE:g}, or final loss within "
+        f"{LOSS_TOLERANCE:.0%}). Bytes per step are what a slow network pays for; throughput "
+        "measured here (loopback, gloo, CPU) understates what compression saves on a real "
+        "network and includes the cost of compressing.</p>")
+
+    header, body = table_cells(rows)
+    picks = {(r.choice.config, r.world_size) for r in recs if r.choice is not None}
+    out += ["<h2 id='summary'>Summary</h2><table><tr>"
+            + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
+    for row, cells in zip(rows, body):
+        cls = " class='pick'" if (row.config, row.world_size) in picks else ""
+        status_cls = "" if row.all_ok else f" class='st-{e(next(s for s in row.states if s != 'ok'))}'"
+        out.append(f"<tr{cls}>" + "".join(
+            f"<td{status_cls if i == 3 else ''}>{e(c)}</td>" for i, c in enumerate(cells))
+            + "</tr>")
+    out.append(f"</table><p class='meta'>Mean ± std over seeds of the trials that ended ok. Loss "
+               f"gap: final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
+               f"Highlighted: the recommended configuration per world size. Also in summary.csv "
+               f"and summary.md.</p>")
+
+    captions = {
+        "loss_curves": "Training loss against step, one panel per world size; colour = hook, "
+                       "line style = chunk size; bands = ±std over seeds; ✕ = trial went NaN "
+                       "and stopped there, + = trial failed there.",
+        "throughput": "Samples per second against world size, one line per configuration "
+                      "(trials that ended ok; bars = ±std over seeds).",
+        "tradeoff": f"{'Final eval accuracy' if quality_metric == 'final_eval_accuracy' else 'Final loss'}"
+                    " against bytes per step on the wire (per rank). The line joins the Pareto "
+                    "front: the configurations worth choosing; everything else is beaten on "
+                    "both axes by one of them.",
+    }
+    for name, path in images.items():
+        out += [f"<h2 id='{name}'>{e(name.replace('_', ' ').capitalize())}</h2>",
+                _img_tag(path, name), f"<p class='meta'>{e(captions.get(name, ''))}</p>"]
+
+    out += ["<h2 id='trials'>Trials</h2><table><tr><th>run</th><th>status</th><th>final loss</th>"
+            "<th>eval accuracy</th><th>first NaN step</th><th>NaN source</th><th>error</th>"
+            "<th>run id</th></tr>"]
+    for t in sweep.trials:
+        fl, acc, first = (t.metric("final_loss"), t.metric("final_eval_accuracy"),
+                          t.metric("first_nan_step"))
+        err = (t.error or "").strip().splitlines()
+        out.append(
+            f"<tr><td>{e(t.run_name)}</td><td class='st-{e(t.state)}'>{e(t.state)}</td>"
+            f"<td>{'' if not math.isfinite(fl) else f'{fl:.4g}'}</td>"
+            f"<td>{'' if not math.isfinite(acc) else f'{acc:.3f}'}</td>"
+            f"<td>{'' if not math.isfinite(first) else int(first)}</td>"
+            f"<td class='left'>{e(t.nan_source or '')}</td>"
+            f"<td class='left'>{e(err[-1][:200] if err else '')}</td>"
+            f"<td class='left'><code>{e(t.run_id)}</code></td></tr>")
+    out.append("</table>")
+
+    out.append(f"<h2 id='config'>Sweep config</h2>")
+    if sweep.config_text is not None:
+        out.append(f"<p class='meta'>{e(sweep.config_name or '')}, as attached to the parent run"
+                   f"</p><pre>{e(sweep.config_text)}</pre>")
+    else:
+        out.append("<p class='meta'>The parent run holds no config file.</p>")
+    out.append(f"<p class='meta'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by "
+               f"<code>python -m service.report {e(sweep.parent_run_id)}</code> from MLflow alone."
+               "</p></body></html>")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# Entry points
+# --------------------------------------------------------------------------------------------
+
+def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: Path | None = None,
+                 attach: bool = True) -> Path:
+    """Write every report file for the sweep whose parent run is `parent_run_id` into
+    `out_dir` (default results/report-<id8>), attach them to the parent run when `attach`,
+    and return the path of report.html. Raises ReportError for problems the user can fix."""
+    from service import plots
+
+    reader = MlflowReader(tracking_uri)
+    parent_run_id = reader.resolve_parent(parent_run_id)
+    sweep = load_sweep(reader, parent_run_id)
+    out_dir = Path(out_dir) if out_dir is not None else Path("results") / f"report-{parent_run_id[:8]}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot create {out_dir}: {e.strerror}") from None
+
+    rows = summary_rows(sweep)
+    recs = recommendations(sweep)
+    quality_metric, tradeoff = tradeoff_data(sweep)
+    images = {
+        "loss_curves": plots.plot_loss_curves(loss_curve_data(sweep), out_dir / "loss_curves.png",
+                                              title=sweep.experiment),
+        "throughput": plots.plot_throughput(throughput_data(sweep), out_dir / "throughput.png",
+                                            title=sweep.experiment),
+        "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
+                                        title=sweep.experiment),
+    }
+    write_summary_csv(rows, out_dir / "summary.csv")
+    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs))
+    report = out_dir / "report.html"
+    report.write_text(render_html(sweep, rows, recs, images, quality_metric))
+    if attach:
+        try:
+            reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
+        except Exception as e:
+            raise ReportError(f"report written to {out_dir}, but attaching it to run "
+                              f"{parent_run_id} failed: {str(e).splitlines()[0]}") from None
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m service.report",
+        description="Rebuild a sweep's report from MLflow alone: loss_curves.png, throughput.png, "
+                    "tradeoff.png, summary.csv, summary.md and a self-contained report.html with "
+                    "a 'which configuration to use' section. Works for finished, running and "
+                    "interrupted sweeps.",
+        epilog="The MLflow store is MLFLOW_TRACKING_URI when set, else sqlite mlflow.db in the "
+               "current directory (the sweep's default).")
+    parser.add_argument("sweep", metavar="EXPERIMENT_OR_PARENT_RUN_ID",
+                        help="an experiment name (= the config's `name`; its latest sweep is "
+                             "used) or a sweep's parent run id (a trial's run id also works)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help="where to write the files (default: results/report-<run id[:8]>)")
+    parser.add_argument("--attach", action=argparse.BooleanOptionalAction, default=True,
+                        help="log the files as artifacts of the parent run (default: yes)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or sqlite mlflow.db)")
+    args = parser.parse_args(argv)
+    try:
+        report = build_report(args.sweep, tracking_uri=args.tracking_uri, out_dir=args.out,
+                              attach=args.attach)
+    except ReportError as e:
+        print(f"service.report: error: {e}", file=sys.stderr)
+        return 2
+    print(f"report: {report.resolve()}")
+    if args.attach:
+        print("attached to the parent run's artifacts (open it in `mlflow ui`)")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    sys.exit(main())
