@@ -177,10 +177,7 @@ class Trial:
     metrics: dict[str, float]      # summary metrics, as logged (latest value)
     loss: tuple[np.ndarray, np.ndarray]
     eval_accuracy: tuple[np.ndarray, np.ndarray]
-
-    @property
-    def config(self) -> str:
-        return config_label(self.hook, self.hook_params)
+    config: str = ""               # the run name without -w/-s: one label per configuration
 
     @property
     def chunk_size(self) -> int | None:
@@ -223,8 +220,13 @@ class Sweep:
                 and all(t.state in ("ok", "nan", "failed") for t in self.trials))
 
 
-def config_label(hook: str, hook_params: dict[str, str]) -> str:
-    """`quantization_perchannel-c512`, `powersgd rank=2`: the run name without -w/-s."""
+def config_label(hook: str, hook_params: dict[str, str], run_name: str = "") -> str:
+    """The configuration's name: the trial's run name without its -w/-s part (so
+    `quantization_perchannel-c512`, `powersgd-rank4`: only non-default params appear there),
+    or, for a run not named by the sweep, the hook with its chunk size and other params."""
+    match = re.fullmatch(r"(.+)-w\d+-s\d+", run_name)
+    if match and match.group(1).split("-")[0] == hook:
+        return match.group(1)
     label = hook
     if hook_params.get("chunk_size") not in (None, "", "None"):
         label += f"-c{int(float(hook_params['chunk_size']))}"
@@ -290,6 +292,7 @@ def load_sweep(reader: MlflowReader, parent_run_id: str) -> Sweep:
             metrics={k: v for k, v in run.data.metrics.items() if k in SUMMARY_METRICS},
             loss=reader.history(run.info.run_id, "loss"),
             eval_accuracy=reader.history(run.info.run_id, "eval_accuracy"),
+            config=config_label(hook, hook_params, run.info.run_name or ""),
         ))
     sweep.trials.sort(key=_trial_order)
     return sweep

@@ -66,6 +66,8 @@ def _log_trial(client, exp_id, parent_id, hook, chunk, world_size, seed, loss, a
               "ray_version": "2.60.0"}
     if chunk:
         params["chunk_size"] = chunk
+    if hook.startswith("quantization"):  # the sweep logs every hook param, defaults included
+        params["error_feedback"] = False
     now = int(time.time() * 1000)
     metrics = [Metric("loss", float(v), now + i, i) for i, v in enumerate(loss)]
     metrics += [Metric("step_time_ms", 5.0 + 0.1 * i, now + i, i) for i in range(len(loss))]
