@@ -570,7 +570,7 @@ def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
     if kind == "extra_forbidden":
         parent = _model_at(loc[:-1])
         allowed = list(parent.model_fields) if parent else []
-        return path, (f"unknown key{_did_you_mean(str(loc[-1]), allowed)}; "
+        return path or repr(loc[-1]), (f"unknown key{_did_you_mean(str(loc[-1]), allowed)}; "
                       f"allowed: {', '.join(allowed)}")
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return path, f"must be a mapping of keys, got {_type_name(value)} {_short(value)}"
@@ -590,7 +590,12 @@ def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
 def _join_path(loc: tuple, extra: str = "") -> str:
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not re.fullmatch(r"[A-Za-z_][\w-]*", str(part)):  # an odd key a user typed: quote it
+            out += f"[{str(part)!r}]"
+        else:
+            out += f".{part}" if out else str(part)
     if extra:
         out += extra if extra.startswith("[") or not out else f".{extra}"
     return out
