@@ -166,7 +166,7 @@ BAD_CONFIGS = [
      "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
      "e: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n",
      ["expands to more than"]),
-    ("deep nesting", "name: " + "[" * 5000 + "]" * 5000 + "\n", ["cfg.yaml"]),
+    ("deep nesting", "name: " + "[" * 5000 + "]" * 5000 + "\n", ["nest"]),
     ("python object tag", "name: !!python/object/apply:os.system ['echo pwned']\n", ["YAML error at line 1", "python/object"]),
 ]
 

@@ -115,6 +115,7 @@ def test_any_mutation_loads_or_is_one_config_error(text):
             message = str(exc)
             assert message and "\n" not in message and "Traceback" not in message
             assert message.startswith(str(path)), message  # it names the file
+            assert "could not load the config" not in message, message  # load_config's net for our own bugs
             return
     # accepted: it must then be a config the sweep can run
     assert isinstance(cfg, SweepConfig)
