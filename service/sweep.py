@@ -1,0 +1,470 @@
+"""``python -m service.sweep CONFIG``: sweep DDP communication hooks, one Ray Train run per trial.
+
+The shape of a sweep:
+
+    load_config (validated before anything starts)
+      -> ray.init: a local Ray instance, or the cluster RAY_ADDRESS names
+      -> MLflow parent run (tracking.start_parent_run)
+      -> Ray Tune, one function trial per grid point (_run_trial), max_concurrent_trials at once
+           -> MLflow child run (tracking.start_child_run)
+           -> TorchTrainer(service.worker.train_loop_per_worker).fit(): world_size workers,
+              rank 0 logs the trial into the child run
+           -> the child run ends FINISHED, or FAILED with the error text
+      -> the parent run ends FINISHED; a table of the trials, read back from MLflow
+
+Ray Train V2 (Ray >= 2.43) no longer accepts a trainer inside ``Tuner``: each Tune trial is a
+plain function that builds and fits its own ``TorchTrainer``.
+
+Ray is only here: the workers see plain PyTorch (service/worker.py) and MLflow is only behind
+service/tracking.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import re
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from service.config import ConfigError, SweepConfig, TrialSpec, load_config
+
+log = logging.getLogger("service.sweep")
+
+# The Train controller polls its workers at this interval, and every ray.train.report is a
+# barrier through it: Ray's default of 2 s made each report cost ~1.5 s here, 0.2 s ~0.15 s.
+HEALTH_CHECK_INTERVAL_S = "0.2"
+# A Tune trial only waits on its TorchTrainer: it needs a sliver of a CPU, not a whole one.
+TRIAL_DRIVER_CPUS = 0.01
+# Summary metrics shown in the end-of-sweep table (logged by the worker's rank 0).
+TABLE_METRICS = ("final_loss", "final_eval_accuracy", "samples_per_s", "comm_bytes_per_step",
+                 "compression_ratio")
+
+
+class SweepError(Exception):
+    """A problem the user can fix, reported as one line (e.g. a cluster too small)."""
+
+
+@dataclass
+class SweepOutcome:
+    parent_run_id: str
+    tracking_uri: str
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for r in self.rows if r["status"] not in ("ok", "nan"))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m service.sweep",
+        description=(
+            "Sweep PyTorch DDP gradient-communication hooks: one Ray Tune trial per "
+            "(hook configuration, world size, seed), each a Ray Train TorchTrainer run, every "
+            "trial recorded in MLflow (a parent run per sweep, a nested run per trial). "
+            "The config is validated before anything starts."),
+        epilog=(
+            "Environment: RAY_ADDRESS - run on that Ray cluster instead of starting a local "
+            "Ray instance; MLFLOW_TRACKING_URI - record there instead of ./mlflow.db (SQLite). "
+            "Exit status: 0 every trial finished (ok or nan), 1 some trial failed or the sweep "
+            "itself failed, 2 bad config or an environment that cannot run it, 130 interrupted."),
+    )
+    parser.add_argument(
+        "config", metavar="CONFIG",
+        help="the sweep's YAML file, or the name of a preset in tune_configs/ "
+             "(e.g. smoke, quant, fp16, all_hooks)")
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="print the expanded trial list (hook, its params, world size, seed) and the "
+             "trial count, then exit; starts no Ray and creates no MLflow run")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg, config_path = load_config(args.config)
+        trials = cfg.trials()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        for trial in trials:
+            print(trial.describe())
+        print(f"{len(trials)} trial{'s' if len(trials) != 1 else ''}")
+        return 0
+
+    log_path = _start_log_file(cfg)
+    try:
+        outcome = run_sweep(cfg, config_path, trials)
+    except SweepError as exc:
+        log.error("sweep refused: %s", exc)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug or an unexpected environment: one line here, the traceback in the log
+        log.exception("sweep failed")
+        print(f"error: the sweep failed: {_one_line(exc)} (details: {log_path})", file=sys.stderr)
+        return 1
+
+    print()
+    print(format_table(outcome.rows))
+    print()
+    print(f"{len(outcome.rows)} trials, {outcome.failed} failed. Log: {log_path}")
+    print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
+    if outcome.interrupted:
+        return 130
+    return 1 if outcome.failed else 0
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | None = None, *,
+              out: TextIO = sys.stdout, train_loop: Callable[[dict], None] | None = None) -> SweepOutcome:
+    """Run every trial of ``cfg`` and return the table rows (read back from MLflow).
+
+    ``train_loop`` is the per-worker function given to TorchTrainer (default:
+    ``service.worker.train_loop_per_worker``).
+    """
+    import ray
+    from ray import tune
+
+    from service import tracking
+    from service.progress import ProgressBoard, ProgressPrinter
+
+    trials = cfg.trials() if trials is None else trials
+    if train_loop is None:
+        from service.worker import train_loop_per_worker as train_loop
+
+    tracking_uri = tracking.resolve_tracking_uri()
+    storage = storage_root(cfg)
+
+    started = time.monotonic()
+    _init_ray(cfg, trials)
+    log.info("ray ready in %.1f s", time.monotonic() - started)
+
+    parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
+    print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
+          file=out, flush=True)
+
+    board = ProgressBoard.remote(len(trials))
+    printer = ProgressPrinter(board, out=out).start()
+    sweep_dir = f"{_safe(cfg.name)}-{parent_run_id[:8]}"
+    trainable = tune.with_parameters(
+        tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
+        cfg=cfg, parent_run_id=parent_run_id, tracking_uri=tracking_uri,
+        trials_storage=_join(storage, sweep_dir, "trials"), board=board, train_loop=train_loop,
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
+                                    trial_dirname_creator=_trial_dirname),
+        run_config=tune.RunConfig(name=sweep_dir, storage_path=storage, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+    # Tune's console reporter (a config box, per-trial error banners) would interleave with
+    # the progress lines; the legacy reporter at verbose=0 prints nothing.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    interrupted = False
+    parent_status = "FAILED"
+    try:
+        tuner.fit()
+        parent_status = "FINISHED"
+    except KeyboardInterrupt:
+        interrupted = True
+        parent_status = "KILLED"
+        raise
+    finally:
+        printer.stop()
+        _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
+        tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
+        log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
+
+    rows = trial_rows(parent_run_id, tracking_uri, trials)
+    return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
+
+
+def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_uri: str,
+               trials_storage: str, board, train_loop: Callable[[dict], None]) -> None:
+    """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
+
+    A failing fit ends the run FAILED with the error text and returns normally, so the
+    sweep goes on with the other trials.
+    """
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from service import tracking
+    from service.progress import Publisher
+
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
+    trial = TrialSpec.from_dict(config["trial"])
+    run_id = tracking.start_child_run(parent_run_id, trial, cfg, tracking_uri=tracking_uri)
+    tracking.set_tags(run_id, tracking_uri, trial_key=trial.key)
+    board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
+
+    use_gpu = cfg.resources.use_gpu
+    resources = {"CPU": cfg.resources.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = 1
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={
+            "trial": trial.to_dict(),
+            "sweep": cfg.model_dump(),
+            "tracking_uri": tracking_uri,
+            "run_id": run_id,
+            "progress": Publisher(board, trial.key),
+        },
+        scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
+                                               resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=ray.train.RunConfig(
+            name=trial.run_name, storage_path=trials_storage,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            callbacks=[TuneReportCallback()]),
+    )
+    try:
+        trainer.fit()
+    except Exception as exc:
+        summary, details = describe_failure(exc)
+        tracking.end_run(run_id, "FAILED", error=f"{summary}\n{details}".strip(), tracking_uri=tracking_uri)
+        board.trial_ended.remote(trial.key, f"failed: {summary}")
+        tune.report({"status": "failed", "error": summary, "run_id": run_id})
+        return
+    tracking.end_run(run_id, "FINISHED", tracking_uri=tracking_uri)
+    status = tracking.run_tags(run_id, tracking_uri).get("status", "ok")
+    board.trial_ended.remote(trial.key, status)
+    tune.report({"status": status, "run_id": run_id})
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """(one line naming the failing ranks and their errors, the first rank's traceback)."""
+    failures = getattr(exc, "worker_failures", None)  # ray.train.WorkerGroupError
+    if failures:
+        parts, details = [], ""
+        for rank in sorted(failures):
+            base = getattr(failures[rank], "_base_exc", failures[rank])
+            parts.append(f"rank {rank}: {_one_line(base)}")
+            if not details:
+                details = getattr(failures[rank], "_traceback_str", None) or str(failures[rank])
+        return "; ".join(parts), details
+    inner = getattr(exc, "controller_failure", None)  # ray.train.ControllerError
+    if inner is not None:
+        return f"Ray Train controller: {_one_line(inner)}", ""
+    return _one_line(exc), "".join(traceback.format_exception(exc))
+
+
+def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool) -> None:
+    """No child run is left RUNNING: an interrupted sweep's trials end KILLED; a trial
+    whose process died before it could close its run ends FAILED."""
+    from service import tracking
+
+    for run in tracking.child_runs(parent_run_id, tracking_uri):
+        if run.info.status == "RUNNING":
+            if killed:
+                tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+            else:
+                tracking.end_run(run.info.run_id, "FAILED", tracking_uri=tracking_uri,
+                                 error="the trial's process ended without closing its run "
+                                       "(see the Ray logs of the sweep)")
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def cpus_needed(cfg: SweepConfig, trials: list[TrialSpec]) -> float:
+    """Logical CPUs for max_concurrent_trials of the largest trials running at once."""
+    largest = max(t.world_size for t in trials)
+    concurrent = min(cfg.resources.max_concurrent_trials, len(trials))
+    return concurrent * (largest * cfg.resources.cpus_per_worker + TRIAL_DRIVER_CPUS)
+
+
+def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
+    import ray
+
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    common = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    gpus = None
+    if cfg.resources.use_gpu:
+        gpus = cfg.resources.max_concurrent_trials * max(t.world_size for t in trials)
+    # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
+    ray.init(address="local", num_cpus=max(1, math.ceil(cpus_needed(cfg, trials))), num_gpus=gpus,
+             **common)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -> list[dict[str, Any]]:
+    """One row per trial of the sweep, from its MLflow child run (trials in grid order)."""
+    from service import tracking
+
+    by_key: dict[str, Any] = {}
+    for run in tracking.child_runs(parent_run_id, tracking_uri):
+        key = run.data.tags.get("trial_key") or run.info.run_name
+        by_key[key] = run  # the newest run of a trial wins
+    rows = []
+    for trial in trials:
+        run = by_key.get(trial.key) or by_key.get(trial.run_name)
+        row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
+                               "params": " ".join(f"{k}={v}" for k, v in trial.hook_params.items()),
+                               "world_size": trial.world_size, "seed": trial.seed}
+        if run is None:
+            row.update({m: None for m in TABLE_METRICS}, status="not run", run_id=None, error="")
+        else:
+            row.update({m: run.data.metrics.get(m) for m in TABLE_METRICS})
+            tags = run.data.tags
+            row["status"] = tags.get("status", run.info.status.lower())
+            if tags.get("nan_source"):
+                row["status"] += f" ({tags['nan_source']})"
+            row["error"] = (tags.get("error") or "").splitlines()[0] if tags.get("error") else ""
+            row["run_id"] = run.info.run_id
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The end-of-sweep table: one row per trial."""
+    headers = ["hook", "params", "world", "final loss", "eval acc", "samples/s", "bytes/step",
+               "compression", "status"]
+    body = []
+    for r in rows:
+        body.append([
+            r["hook"], r["params"] or "-", str(r["world_size"]),
+            _num(r["final_loss"], "{:.4f}"), _num(r["final_eval_accuracy"], "{:.3f}"),
+            _num(r["samples_per_s"], "{:,.0f}"), _bytes(r["comm_bytes_per_step"]),
+            _num(r["compression_ratio"], "{:.2f}x"), r["status"],
+        ])
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
+    right = {2, 3, 4, 5, 6, 7}
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(row) for row in body]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"  {r['trial']}: {r['error']}")
+    return "\n".join(out).rstrip()
+
+
+def mlflow_ui_hint(tracking_uri: str) -> str:
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri} in a browser"
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return fmt.format(value)
+
+
+def _bytes(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(value)
+
+
+# --------------------------------------------------------------------------- files and logs
+
+
+def storage_root(cfg: SweepConfig) -> str:
+    """Where Ray Tune and Ray Train keep their state: the config's storage_path (a local
+    directory made absolute, or a URI such as s3://...), default ./results."""
+    where = cfg.storage_path or "results"
+    if "://" in where:
+        return where
+    return str(Path(where).expanduser().resolve())
+
+
+def local_dir(cfg: SweepConfig) -> Path:
+    """A directory on this machine for the sweep's log (storage_path when it is local)."""
+    root = storage_root(cfg)
+    base = Path("results").resolve() if "://" in root else Path(root)
+    return base / _safe(cfg.name)
+
+
+def _start_log_file(cfg: SweepConfig) -> Path:
+    """Send this process's logging (ours and Ray's) to a file instead of the terminal."""
+    directory = local_dir(cfg)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    import ray  # noqa: F401  (Ray installs its own stderr handlers on import: move them to the file)
+
+    for name in ("ray", "ray.tune", "ray.train", "ray.data", "ray.air"):
+        logger = logging.getLogger(name)
+        for h in list(logger.handlers):
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
+                logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.propagate = False
+    return path
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts]) if "://" in root else str(Path(root, *parts))
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "sweep"
+
+
+def _trial_dirname(trial) -> str:
+    spec = trial.config.get("trial", {})
+    try:
+        return f"{TrialSpec.from_dict(spec).run_name}-{trial.trial_id}"
+    except Exception:
+        return trial.trial_id
+
+
+def _one_line(exc: BaseException | str) -> str:
+    if isinstance(exc, BaseException):
+        text = str(exc).strip()
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        first = lines[0].strip() if lines else ""
+        # A traceback's message is its last line ("ValueError: ..."); otherwise the first.
+        if first.startswith("Traceback") and lines:
+            return lines[-1].strip()
+        return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return " ".join(str(exc).split())
+
+
+if __name__ == "__main__":
+    # Run the importable module, not this __main__ copy: Ray pickles _run_trial by reference,
+    # and workers must find it as service.sweep._run_trial.
+    from service.sweep import main as _main
+
+    sys.exit(_main())
