@@ -295,7 +295,7 @@ def _resolve_custom(name: str) -> Callable:
     module_name, func_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as err:  # the user's module may fail in any way: report it in one line
+    except (Exception, SystemExit) as err:  # a user's module may fail any way: one line
         raise ValueError(f"workload {name!r}: cannot import {module_name}: {_one_line(err)}") from None
     func = getattr(module, func_name, None)
     if func is None:
@@ -371,13 +371,18 @@ def fetch_batch(dataset: Dataset, indices: torch.Tensor) -> tuple[torch.Tensor, 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, eval_set: Dataset, loss_fn: LossFn, batch_size: int = 512
+    model: nn.Module,
+    eval_set: Dataset,
+    loss_fn: LossFn,
+    batch_size: int = 512,
+    device: torch.device | str | None = None,
 ) -> tuple[float, float]:
     """(eval_loss, eval_accuracy) over the whole eval set.
 
     eval_loss is loss_fn's mean weighted by the positions in each batch; accuracy is the
     argmax match rate over every position (so classification and the char LM share one
-    eval). Pass the bare module (ddp_model.module) so no DDP collectives run. The model's
+    eval). Pass the bare module (ddp_model.module) so no DDP collectives run. Batches are
+    moved to `device` when given (the model must already be there). The model's
     train/eval mode is restored afterwards.
     """
     was_training = model.training
@@ -387,6 +392,8 @@ def evaluate(
         for start in range(0, len(eval_set), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(eval_set)))
             x, y = fetch_batch(eval_set, idx)
+            if device is not None:
+                x, y = x.to(device), y.to(device)
             logits = model(x)
             n = y.numel()
             total_loss += float(loss_fn(logits, y)) * n

@@ -150,6 +150,9 @@ def test_evaluate_weights_every_position_over_uneven_batches():
     assert loss == pytest.approx(expected, rel=1e-6)
     assert model.seen_training and not any(model.seen_training)  # ran in eval mode
     assert model.training  # and restored train mode afterwards
+    # The device argument moves each batch (checked on CPU: the machines here have no GPU).
+    assert evaluate(model, TensorDataset(x, y), cross_entropy, batch_size=3, device="cpu") == (
+        pytest.approx(expected, rel=1e-6), pytest.approx(0.8))
 
 
 class ListDataset(Dataset):
