@@ -25,6 +25,7 @@ weights and the same train/eval split, as DDP requires.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import re
 import sysconfig
@@ -313,7 +314,9 @@ def check_workload(name: str) -> None:
     if name in BUILTIN_WORKLOADS:
         return
     if ":" not in name:
-        raise ValueError(f"unknown workload {name!r}: expected {_allowed()}")
+        close = difflib.get_close_matches(name, BUILTIN_WORKLOADS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown workload {name!r}: expected {_allowed()}{hint}")
     if not _SPEC.match(name):
         raise ValueError(f"bad workload spec {name!r}: expected 'package.module:function'")
     _resolve_custom(name)

@@ -266,6 +266,7 @@ def one_line_error(fn, *args) -> str:
     "spec, fragments",
     [
         ("resnet50", ["unknown workload 'resnet50'", "mlp_digits", "cnn_digits", "char_lm", "module:function"]),
+        ("mlp_digit", ["unknown workload 'mlp_digit'", "(did you mean 'mlp_digits'?)"]),
         ("", ["mlp_digits", "module:function"]),
         ("userwl.good:", ["bad workload spec", "package.module:function"]),
         ("userwl good:build", ["bad workload spec"]),
