@@ -47,6 +47,9 @@ TABLE_METRICS = ("final_loss", "final_eval_accuracy", "samples_per_s", "comm_byt
                  "compression_ratio")
 
 
+_log_file: Path | None = None  # set by main(): where this process's log records go
+
+
 class SweepError(Exception):
     """A problem the user can fix, reported as one line (e.g. a cluster too small)."""
 
@@ -141,22 +144,29 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     ``train_loop`` is the per-worker function given to TorchTrainer (default:
     ``service.worker.train_loop_per_worker``).
     """
+    from service import tracking
+
+    tracking_uri = tracking.resolve_tracking_uri()
+    check_tracking_store(tracking_uri)  # before Ray: an unreachable store fails in seconds
+
     import ray
     from ray import tune
 
-    from service import tracking
     from service.progress import ProgressBoard, ProgressPrinter
+
+    if _log_file is not None:  # main() keeps the terminal for our own lines
+        _route_ray_logs_to_file()
 
     trials = cfg.trials() if trials is None else trials
     if train_loop is None:
         from service.worker import train_loop_per_worker as train_loop
 
-    tracking_uri = tracking.resolve_tracking_uri()
     storage = storage_root(cfg)
 
     started = time.monotonic()
     _init_ray(cfg, trials)
     log.info("ray ready in %.1f s", time.monotonic() - started)
+    check_cluster(cfg, trials, tracking_uri, storage)
 
     parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
     print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
@@ -288,6 +298,70 @@ def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool)
                                        "(see the Ray logs of the sweep)")
 
 
+# --------------------------------------------------------------------------- checks
+
+
+def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
+    """Fail in the first seconds, naming the URI, when the tracking store does not answer.
+
+    MLflow's client retries an unreachable server for minutes; a server is probed here on
+    its /health endpoint with a short timeout instead. Other stores (SQLite, file) are
+    opened once.
+    """
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s) as reply:
+                if reply.status == 200:
+                    return
+                reason = f"HTTP {reply.status}"
+        except urllib.error.HTTPError as exc:
+            reason = f"HTTP {exc.code}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = _one_line(getattr(exc, "reason", None) or exc) if not isinstance(exc, ValueError) else str(exc)
+        raise SweepError(f"the MLflow tracking server {uri} does not answer ({reason}); start it, "
+                         f"or fix/unset MLFLOW_TRACKING_URI (unset: ./mlflow.db)")
+    from service import tracking
+
+    try:
+        tracking.client(uri).search_experiments(max_results=1)
+    except Exception as exc:
+        raise SweepError(f"cannot open the MLflow tracking store {uri}: {_one_line(exc)}; "
+                         f"fix or unset MLFLOW_TRACKING_URI (unset: ./mlflow.db)") from None
+
+
+def check_cluster(cfg: SweepConfig, trials: list[TrialSpec], tracking_uri: str, storage: str) -> None:
+    """Before any trial starts: the largest trial fits the cluster, and on a multi-host
+    cluster the tracking store and the storage path are reachable from every host."""
+    import ray
+
+    largest = max(t.world_size for t in trials)
+    cpw = cfg.resources.cpus_per_worker
+    total = ray.cluster_resources()
+    nodes = [n for n in ray.nodes() if n.get("Alive", True)]
+    need_cpu = largest * cpw + TRIAL_DRIVER_CPUS
+    biggest_node = max((n.get("Resources", {}).get("CPU", 0) for n in nodes), default=0)
+    if total.get("CPU", 0) + 1e-9 < need_cpu or biggest_node + 1e-9 < cpw:
+        raise SweepError(
+            f"world_size {largest} x cpus_per_worker {cpw:g} needs {need_cpu:g} CPUs but this Ray cluster "
+            f"has {total.get('CPU', 0):g} (largest node {biggest_node:g}): it can never place that trial; "
+            f"lower search.world_size or resources.cpus_per_worker, or add nodes")
+    if cfg.resources.use_gpu and total.get("GPU", 0) < largest:
+        raise SweepError(f"world_size {largest} with use_gpu needs {largest} GPUs but this Ray cluster has "
+                         f"{total.get('GPU', 0):g}; lower search.world_size or set resources.use_gpu: false")
+    try:
+        from service.cluster import ClusterConfigError, check_storage_for_cluster, check_tracking_uri_for_cluster
+    except ImportError:  # pragma: no cover - the cluster checks are optional
+        return
+    try:
+        check_tracking_uri_for_cluster(tracking_uri, nodes)
+        check_storage_for_cluster(storage, nodes)
+    except ClusterConfigError as exc:
+        raise SweepError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------- Ray
 
 
@@ -308,7 +382,13 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
         return
     gpus = None
     if cfg.resources.use_gpu:
-        gpus = cfg.resources.max_concurrent_trials * max(t.world_size for t in trials)
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < max(t.world_size for t in trials):
+            raise SweepError(f"use_gpu with world_size {max(t.world_size for t in trials)} needs that many "
+                             f"GPUs; this machine has {gpus}; lower search.world_size or set "
+                             f"resources.use_gpu: false")
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
     ray.init(address="local", num_cpus=max(1, math.ceil(cpus_needed(cfg, trials))), num_gpus=gpus,
              **common)
@@ -422,16 +502,22 @@ def _start_log_file(cfg: SweepConfig) -> Path:
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    import ray  # noqa: F401  (Ray installs its own stderr handlers on import: move them to the file)
+    global _log_file
+    _log_file = path
+    return path
+
+
+def _route_ray_logs_to_file() -> None:
+    """Ray installs its own stderr handlers when imported; send its records to our log
+    file (the root logger's handlers) instead, so the terminal shows only our progress."""
+    import ray  # noqa: F401
 
     for name in ("ray", "ray.tune", "ray.train", "ray.data", "ray.air"):
         logger = logging.getLogger(name)
         for h in list(logger.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):
                 logger.removeHandler(h)
-        logger.addHandler(handler)
-        logger.propagate = False
-    return path
+        logger.propagate = True
 
 
 def _join(root: str, *parts: str) -> str:

@@ -1,0 +1,114 @@
+"""The command line of the sweep, run the way a user runs it: `python -m service.sweep ...`
+as a subprocess, in a scratch working directory (where mlflow.db would appear)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "tune_configs" / "smoke.yaml"
+
+
+def sweep(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "service.sweep", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    return lines[0]
+
+
+def nothing_started(cwd: Path) -> None:
+    assert not (cwd / "mlflow.db").exists(), "a rejected command must create no MLflow store"
+    assert not (cwd / "mlruns").exists()
+    assert not (cwd / "results").exists(), "a rejected command must start no Ray Tune run"
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("name: x\nworkload: {name: mlp_digits, steps: 10, global_batch_size: 8, lr: 0.1}\n"
+     "search: {hooks: [no_such_hook], world_size: [1]}\n", "no_such_hook"),
+    ("name: x\nworkload: {name: mlp_digits, steps: -3, global_batch_size: 8, lr: 0.1}\n"
+     "search: {hooks: [allreduce], world_size: [1]}\n", "steps"),
+    ("name: [unclosed\n", "YAML"),
+])
+def test_bad_config_exits_2_with_one_line_and_creates_nothing(tmp_path, content, expected):
+    config = tmp_path / "bad.yaml"
+    config.write_text(content)
+    proc = sweep(str(config), cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    line = assert_one_line_error(proc)
+    assert expected.lower() in line.lower()
+    assert proc.stdout == ""
+    nothing_started(tmp_path)
+
+
+def test_missing_config_lists_the_presets(tmp_path):
+    proc = sweep("no_such_config.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    line = assert_one_line_error(proc)
+    for preset in ("smoke", "quant", "fp16", "all_hooks"):
+        assert preset in line
+    nothing_started(tmp_path)
+
+
+def test_dry_run_prints_one_line_per_trial_and_the_count(tmp_path):
+    proc = sweep(str(SMOKE), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    # smoke: allreduce and quantization_perchannel(chunk_size=512) x world sizes 1, 2 x seed 0
+    assert lines[-1] == "4 trials"
+    trial_lines = lines[:-1]
+    assert len(trial_lines) == 4
+    assert [ln.split()[0] for ln in trial_lines] == ["allreduce", "allreduce",
+                                                     "quantization_perchannel", "quantization_perchannel"]
+    assert ["world_size=1" in ln for ln in trial_lines] == [True, False, True, False]
+    assert all("seed=0" in ln for ln in trial_lines)
+    assert all("chunk_size=512" in ln for ln in trial_lines[2:])
+    nothing_started(tmp_path)
+
+
+def test_design_card_path_resolves_to_the_preset(tmp_path):
+    # The design card writes `python -m service.sweep configs/quant.yaml`: no such file here,
+    # so the preset of that name is used, with a one-line note.
+    proc = sweep("configs/quant.yaml", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "quant.yaml" in proc.stderr and "preset" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    # quant: allreduce, per-tensor, per-channel x {128, 512, 2048} = 5 hook configs x 3 world sizes
+    assert proc.stdout.strip().splitlines()[-1] == "15 trials"
+
+
+def test_help_explains_every_option(tmp_path):
+    proc = sweep("--help", cwd=tmp_path)
+    assert proc.returncode == 0
+    text = proc.stdout
+    from service.sweep import build_parser
+
+    for action in build_parser()._actions:
+        names = action.option_strings or [action.metavar or action.dest]
+        assert any(n in text for n in names), f"{names} missing from --help"
+        assert action.help and len(action.help) > 20, f"{names} has no explanation"
+    for word in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "preset", "Exit status"):
+        assert word in text
+
+
+def test_unreachable_tracking_server_fails_fast_naming_it(tmp_path):
+    # Nothing listens on port 9 (discard) of 127.0.0.1 here: the sweep must say so at once,
+    # before Ray starts, instead of MLflow retrying for minutes.
+    uri = "http://127.0.0.1:9"
+    proc = sweep(str(SMOKE), cwd=tmp_path, env={"MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    line = assert_one_line_error(proc)
+    assert uri in line and "does not answer" in line
+    assert not (tmp_path / "mlflow.db").exists()
