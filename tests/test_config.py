@@ -274,7 +274,7 @@ def test_faults_preset_injects_both_gradient_faults():
     assert {t.hook for t in cfg.trials()} == {"allreduce", "fp16_compress", "quantization_perchannel"}
     kinds = {f.kind: f for f in cfg.faults}
     assert set(kinds) == {"nan_grad", "scale_grad"}
-    assert kinds["scale_grad"].factor == 1.0e6  # YAML 1.1 would have read `1.0e6` as a string
+    assert kinds["scale_grad"].factor == 1.0e7  # YAML 1.1 would have read `1.0e7` as a string
 
 
 def test_all_hooks_preset_covers_every_hook_of_the_library():
