@@ -129,13 +129,15 @@ class HookEntry(BaseModel):
             )
         if "name" not in raw:
             raise FieldProblem("name", "missing: every hook entry needs a name")
+        if set(raw) == {"name", "params"} and isinstance(raw["params"], dict):
+            raw = {"name": raw["name"], **raw["params"]}  # model_dump()'s shape: round trips through Ray
         params = {}
         for key, value in raw.items():
             if key == "name":
                 continue
             if not isinstance(key, str):
                 raise FieldProblem(str(key), "a hook parameter's name must be a string")
-            values = value if isinstance(value, list) else [value]
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
             if not values:
                 raise FieldProblem(key, "an empty list sweeps nothing; give a value or a list of values")
             for v in values:

@@ -347,6 +347,16 @@ def test_trial_spec_travels_as_a_plain_dict(tmp_path):
         TrialSpec.from_dict({"hook": "allreduce", "hook_params": {}, "world_size": 0, "seed": 0})
 
 
+@pytest.mark.parametrize("preset", ["quant", "faults", "all_hooks"])
+def test_sweep_config_round_trips_through_its_dump(preset):
+    """The sweep ships cfg.model_dump() to Ray workers, which validate it back."""
+    cfg, _ = load_config(preset)
+    assert SweepConfig.model_validate(cfg.model_dump()) == cfg
+    as_json = json.loads(cfg.model_dump_json())  # tuples become lists on the way through JSON
+    again = SweepConfig.model_validate(as_json)
+    assert again == cfg and [t.key for t in again.trials()] == [t.key for t in cfg.trials()]
+
+
 def test_keys_are_stable_and_unique(tmp_path):
     first = [t.key for t in load_config(str(write(tmp_path, BASE)))[0].trials()]
     second = [t.key for t in load_config(str(write(tmp_path, BASE, name="again.yaml")))[0].trials()]
