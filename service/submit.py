@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import re
 import shlex
 import sys
 import time
+import uuid
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +97,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="python",
         help="Python the job's entrypoint runs with on the head (default: python on its PATH)",
     )
+    p.add_argument(
+        "--storage-path",
+        default=None,
+        help="storage_path for this job, overriding the config's: where Ray Tune/Train keep "
+        "results and checkpoints, a directory every node mounts (absolute) or s3://BUCKET/PATH "
+        "(default: the config's; unset or relative lands in the job's temporary directory)",
+    )
     p.add_argument("--submission-id", default=None, help="job id to use (default: Ray picks one)")
     p.add_argument(
         "--no-wait", action="store_true", help="print the job id and return without following it"
@@ -101,9 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def config_in_project(config_arg: str) -> str:
-    """Validate the config here and return how the job names it (relative to the project).
+def config_in_project(config_arg: str, storage_path: str | None = None) -> tuple[str, Path | None]:
+    """Validate the config here; return how the job names it (relative to the project) and
+    the overlay file written for a --storage-path (None without one; delete it once submitted).
 
+    The overlay is the config's own text with `storage_path` set, written inside the project
+    so that it travels in the working_dir, and validated like any config before it is shipped.
     Raises SubmitError with the config's own one-line error.
     """
     from service.config import ConfigError, load_config
@@ -114,17 +127,70 @@ def config_in_project(config_arg: str) -> str:
             f"to ship as the job's working_dir; install the project editable (pip install -e .)"
         )
     try:
-        _cfg, path = load_config(config_arg)
+        cfg, path = load_config(config_arg)
     except ConfigError as e:
         raise SubmitError(str(e)) from None
     path = Path(path).resolve()
     try:
-        return path.relative_to(PROJECT_ROOT).as_posix()
+        rel = path.relative_to(PROJECT_ROOT).as_posix()
     except ValueError:
         raise SubmitError(
             f"config {path} lies outside the project directory {PROJECT_ROOT}, which is what the "
             f"job receives; put it under {PROJECT_ROOT / 'tune_configs'}"
         ) from None
+    if storage_path is None:
+        if not _lasts(cfg.storage_path):
+            print(
+                f"note: storage_path is {cfg.storage_path or 'unset'}: Ray Tune/Train results land in "
+                f"the job's temporary directory on the head (metrics still go to MLflow); "
+                f"--storage-path sets a lasting one",
+                file=sys.stderr,
+            )
+        return rel, None
+    if not _lasts(storage_path):
+        raise SubmitError(
+            f"--storage-path {storage_path} is relative, so it would resolve inside the job's "
+            f"temporary working_dir; give an absolute path that every node mounts, or s3://BUCKET/PATH"
+        )
+    overlay = _write_overlay(path, storage_path)
+    try:
+        load_config(overlay)
+    except ConfigError as e:
+        remove_overlay(overlay)
+        raise SubmitError(f"--storage-path: {e}") from None
+    return overlay.relative_to(PROJECT_ROOT).as_posix(), overlay
+
+
+def _lasts(storage_path: str | None) -> bool:
+    """A storage path that outlives the job: a URI or an absolute directory."""
+    return bool(storage_path) and ("://" in storage_path or Path(storage_path).is_absolute())
+
+
+OVERLAY_DIR = ".submit"
+
+
+def _write_overlay(config: Path, storage_path: str) -> Path:
+    text = config.read_text()
+    line = f"storage_path: {json.dumps(storage_path)}"  # a JSON string is a YAML string
+    if re.search(r"^storage_path\s*:", text, flags=re.M):
+        text = re.sub(r"^storage_path\s*:.*$", line, text, flags=re.M)
+    else:
+        text = text.rstrip("\n") + f"\n# set by service.submit --storage-path\n{line}\n"
+    directory = PROJECT_ROOT / OVERLAY_DIR
+    directory.mkdir(exist_ok=True)
+    overlay = directory / f"{config.stem}-{uuid.uuid4().hex[:8]}.yaml"
+    overlay.write_text(text)
+    return overlay
+
+
+def remove_overlay(overlay: Path | None) -> None:
+    if overlay is None:
+        return
+    overlay.unlink(missing_ok=True)
+    try:
+        overlay.parent.rmdir()  # only when no other submission's overlay is in it
+    except OSError:
+        pass
 
 
 def check_job_tracking_uri(uri: str | None) -> None:
@@ -200,8 +266,9 @@ def follow(client, job_id: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    overlay = None
     try:
-        config_rel = config_in_project(args.config)
+        config_rel, overlay = config_in_project(args.config, args.storage_path)
         if not args.address:
             raise SubmitError(
                 "no cluster address: pass --address http://HEAD:8265 or set RAY_ADDRESS "
@@ -209,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         env = job_env(args.tracking_uri, args.env)
     except SubmitError as e:
+        remove_overlay(overlay)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_NOT_SUBMITTED
 
@@ -222,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"error: could not submit to {args.address}: {first}", file=sys.stderr)
         return EXIT_NOT_SUBMITTED
+    finally:  # the overlay has been uploaded with the working_dir (or nothing was submitted)
+        remove_overlay(overlay)
 
     dashboard = client.get_address().rstrip("/")
     print(f"submitted job {job_id}: {job['entrypoint']}")

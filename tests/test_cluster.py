@@ -113,6 +113,25 @@ def test_submit_builds_a_job_that_ships_the_project_without_local_state():
         assert local_state in env["excludes"]
 
 
+def test_storage_path_override_ships_a_validated_copy_of_the_config():
+    from service.config import load_config
+
+    rel, overlay = submit.config_in_project("smoke", "/mnt/shared/ray")
+    try:
+        assert rel == overlay.relative_to(ROOT).as_posix() and rel.startswith(".submit/smoke-")
+        cfg, _ = load_config(overlay)
+        original, _ = load_config("smoke")
+        assert cfg.storage_path == "/mnt/shared/ray"
+        assert cfg.model_dump(exclude={"storage_path"}) == original.model_dump(exclude={"storage_path"})
+    finally:
+        submit.remove_overlay(overlay)
+    assert not (ROOT / submit.OVERLAY_DIR).exists()
+    with pytest.raises(submit.SubmitError, match="relative"):
+        submit.config_in_project("smoke", "results")
+    rel, overlay = submit.config_in_project("smoke")
+    assert (rel, overlay) == ("tune_configs/smoke.yaml", None)
+
+
 @pytest.mark.parametrize("uri", [None, "sqlite:///mlflow.db", "mlruns", "file:mlruns"])
 def test_submit_refuses_tracking_that_dies_with_the_jobs_temporary_directory(uri):
     with pytest.raises(submit.SubmitError):
@@ -442,8 +461,9 @@ def test_submit_runs_the_smoke_sweep_on_the_cluster(loopback_cluster):
     before = set(_parent_runs(c, "smoke"))
     env = {**c.env, "MLFLOW_TRACKING_URI": c.tracking_uri}
     started = time.monotonic()
-    res = _run([sys.executable, "-m", "service.submit", SMOKE, "--address", c.dashboard_url],
-               env=env, timeout=840)
+    storage = c.base / "job-storage"
+    res = _run([sys.executable, "-m", "service.submit", SMOKE, "--address", c.dashboard_url,
+                "--storage-path", str(storage)], env=env, timeout=840)
     log = res.stdout + res.stderr
     print(f"service.submit took {time.monotonic() - started:.0f} s")
     assert res.returncode == 0, log[-6000:]
@@ -457,6 +477,11 @@ def test_submit_runs_the_smoke_sweep_on_the_cluster(loopback_cluster):
     [parent] = set(_parent_runs(c, "smoke")) - before
     _assert_sweep_recorded(c, parent, SMOKE)
     _assert_trials_ran_on_the_worker_node(c, job_id)
+    # --storage-path reached the sweep: Tune's and Train's state is there, not in the job's
+    # temporary directory; the submitter's overlay config was not left behind.
+    written = [p for p in storage.rglob("*") if p.is_file()]
+    assert written, f"nothing under the job's storage_path {storage}"
+    assert not list((ROOT / submit.OVERLAY_DIR).glob("smoke-*.yaml"))
 
 
 @pytest.mark.cluster
