@@ -102,10 +102,11 @@ class WorkloadConfig(BaseModel):
     @model_validator(mode="after")
     def _some_steps_are_measured(self) -> "WorkloadConfig":
         if self.warmup_steps >= self.steps:
+            default = "" if "warmup_steps" in self.model_fields_set else " (the default)"
             raise FieldProblem(
                 "warmup_steps",
-                f"{self.warmup_steps} warm-up steps leave none of the {self.steps} steps to measure "
-                f"throughput on; allowed: 0 to {self.steps - 1}",
+                f"{self.warmup_steps} warm-up steps{default} leave none of the {self.steps} steps to "
+                f"measure throughput on; allowed: 0 to {self.steps - 1}",
             )
         return self
 
@@ -559,7 +560,9 @@ def _first_problem(exc: ValidationError) -> tuple[str, str]:
     errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
     field, problem = _describe_error(errors[0])
     if len(errors) > 1:
-        problem += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        others = [_describe_error(e)[0] or "(top level)" for e in errors[1:]]
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        problem += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: {shown})"
     return field, problem
 
 

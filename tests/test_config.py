@@ -91,7 +91,7 @@ BAD_CONFIGS = [
     ("unknown top-level key", changed("serach", {}), ["serach: unknown key", "did you mean 'search'", "allowed: name"]),
     ("typo in workload key", changed("workload.step", 3), ["workload.step: unknown key", "did you mean 'steps'"]),
     ("typo in a section name", {("worklaod" if k == "workload" else k): v for k, v in BASE.items()},
-     ["worklaod: unknown key", "did you mean 'workload'", "(and 1 more problem)"]),
+     ["worklaod: unknown key", "did you mean 'workload'", "(and 1 more problem: workload)"]),
     ("typo in resources key", changed("resources", {"cpu_per_worker": 1}),
      ["resources.cpu_per_worker: unknown key", "did you mean 'cpus_per_worker'"]),
     ("steps as a string", changed("workload.steps", "300"), ["workload.steps: must be a whole number", "'300'"]),
@@ -110,7 +110,9 @@ BAD_CONFIGS = [
      "search: {hooks: [allreduce], world_size: 1}\n", ["workload.lr", "finite"]),
     ("lr as text", changed("workload.lr", "fast"), ["workload.lr: must be a valid number"]),
     ("unknown optimizer", changed("workload.optimizer", "adam"), ["workload.optimizer", "'sgd' or 'adamw'", "'adam'"]),
-    ("warm-up eats every step", changed("workload.warmup_steps", 30), ["workload.warmup_steps", "allowed: 0 to 29"]),
+    ("warm-up eats every step", changed("workload.warmup_steps", 30),
+     ["workload.warmup_steps: 30 warm-up steps leave", "allowed: 0 to 29"]),
+    ("default warm-up eats every step", changed("workload.steps", 5), ["workload.warmup_steps: 5 warm-up steps (the default)"]),
     ("eval_every zero", changed("workload.eval_every", 0), ["workload.eval_every"]),
     ("unknown workload", changed("workload.name", "mlp_digit"), ["workload.name", "mlp_digit"]),
     ("custom workload that cannot import", changed("workload.name", "no_such_pkg_xyz.models:build"),
@@ -209,7 +211,7 @@ def test_directory_and_binary_files(tmp_path):
 def test_more_problems_are_counted_on_the_same_line(tmp_path):
     bad = changed("workload.steps", 0, changed("workload.lr", -1.0))
     message = load_error(write(tmp_path, bad))
-    assert "workload.steps" in message and "(and 1 more problem)" in message
+    assert "workload.steps" in message and "(and 1 more problem: workload.lr)" in message
 
 
 def test_config_is_frozen(tmp_path):
