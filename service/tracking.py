@@ -362,3 +362,30 @@ class MetricLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# --------------------------------------------------------------------------- resume
+# (added by the sweep driver for `python -m service.sweep CONFIG --resume`)
+
+
+def latest_sweep_run(experiment_name: str, tracking_uri: str | None = None):
+    """The most recent parent run (tag ``role`` = sweep) of ``experiment_name``, or None."""
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment_name)
+    if exp is None:
+        return None
+    runs = c.search_runs(
+        [exp.experiment_id],
+        filter_string="tags.role = 'sweep'",
+        max_results=1,
+        order_by=["attributes.start_time DESC"],
+    )
+    return runs[0] if runs else None
+
+
+def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:
+    """Mark an ended run RUNNING again (tag ``status`` = running): a resumed sweep continues
+    its parent run and the runs of its unfinished trials instead of creating new ones."""
+    c = client(tracking_uri)
+    c.log_batch(run_id, tags=[RunTag("status", "running")])
+    c.update_run(run_id, status="RUNNING")
