@@ -160,6 +160,10 @@ class HookEntry(BaseModel):
             raise FieldProblem("name", f"unknown hook {self.name!r}{_did_you_mean(self.name, available)}; "
                                        f"allowed: {', '.join(available)}")
         known = dict(getattr(available[self.name], "params", {}) or {})
+        n_combos = math.prod(len(v) for v in self.params.values())
+        if n_combos > MAX_TRIALS:  # before building them: lists multiply
+            raise FieldProblem(next(iter(self.params)), f"the parameter lists make {n_combos} combinations; "
+                                                        f"allowed: at most {MAX_TRIALS} trials in all")
         for key, values in self.params.items():
             if key not in known:
                 allowed = ", ".join(known) if known else f"none ({self.name} takes no parameters)"
@@ -360,7 +364,7 @@ class SweepConfig(BaseModel):
     def _consistent(self) -> "SweepConfig":
         wl = self.workload
         per_step = wl.grad_accumulation
-        for i, world in enumerate(self.search.world_size):
+        for world in self.search.world_size:
             if wl.global_batch_size % (world * per_step):
                 raise FieldProblem(
                     "workload.global_batch_size",
@@ -378,7 +382,8 @@ class SweepConfig(BaseModel):
         if self.checkpoint.every > wl.steps:
             raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
-        n_trials = sum(len(e.combos()) for e in self.search.hooks) * len(self.search.world_size) * len(self.search.seed)
+        n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
+        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed)
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}

@@ -121,6 +121,7 @@ def test_any_mutation_loads_or_is_one_config_error(text):
     assert isinstance(cfg, SweepConfig)
     trials = cfg.trials()
     assert trials and len({t.key for t in trials}) == len(trials)
+    assert len({t.run_name for t in trials}) == len(trials)
     for trial in trials:
         assert cfg.workload.global_batch_size % (trial.world_size * cfg.workload.grad_accumulation) == 0
         assert TrialSpec.from_dict(trial.to_dict()) == trial
