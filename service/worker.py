@@ -1,0 +1,479 @@
+"""The per-worker training loop of one trial (plain PyTorch; Ray only in the thin wrapper).
+
+``run_training`` is the loop, readable top to bottom: set up (seed, workload, DDP, the
+trial's comm hook, optimizer), then every optimizer step: inject configured faults,
+forward/backward over ``grad_accumulation`` micro-batches (all but the last under
+``no_sync()``), optimizer step, the NaN check (``service.nan``: one tiny all-reduce, so
+all ranks agree), logging (``service.tracking``, rank 0, batched), evaluation every
+``eval_every`` steps, checkpoints every ``checkpoint.every`` steps. It needs an
+initialised process group and nothing else, so tests and users can run it without Ray.
+
+``train_loop_per_worker`` is the function given to Ray Train's ``TorchTrainer``: it reads
+rank and world size from Ray, resumes from Ray's checkpoint after a crash, opens the
+trial's MLflow run for rank 0, and reports to Ray at checkpoints and at the end only
+(``ray.train.report`` is a ~1.5 s barrier here: never per step).
+
+Step numbering: step 1 is the first optimizer step, ``workload.steps`` the last; MLflow
+metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hooks
+from service.nan import NanMonitor
+from service.workloads import Workload, build_workload, evaluate, fetch_batch
+
+STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy")
+PROGRESS_EVERY_S = 2.0
+SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)
+HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
+
+
+@dataclass
+class TrialResult:
+    """What one rank's ``run_training`` returns (``summary`` is what rank 0 logged)."""
+
+    status: str  # "ok" | "nan"
+    steps_done: int  # last optimizer step that ran
+    summary: dict[str, float]
+    nan_report: Optional[dict[str, Any]] = None
+    losses: list[float] = field(default_factory=list)  # mean loss across ranks, per step run
+
+
+@dataclass
+class Start:
+    """Where a (re)started trial begins: a checkpoint to resume from, how many times the
+    trial has been restarted, and which configured faults already fired (by index)."""
+
+    checkpoint: Optional[dict[str, Any]] = None  # {"trainer": ..., "hook_state": ...}
+    restarts: int = 0
+    fired_faults: frozenset[int] = frozenset()
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
+                 start: Optional[Start] = None,
+                 checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
+                 on_fault: Optional[Callable[[int, Any], None]] = None) -> TrialResult:
+    """Train one trial on this rank (the process group is already initialised).
+
+    ``logger`` (rank 0): a ``tracking.MetricLogger`` or None; ``progress(step, loss)``:
+    called on rank 0 at most every ~2 s; ``start``: resume point (``Start``);
+    ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every`` steps
+    with this rank's training state; ``on_fault(index, fault)``: called just before a
+    configured fault fires (a crash fault never returns).
+    """
+    wl_cfg, start = cfg.workload, start or Start()
+    device = torch.device(device)
+
+    # --- setup: same weights and data on every rank, DDP with the trial's hook
+    torch.manual_seed(trial.seed)
+    wl = build_workload(wl_cfg.name, trial.seed)
+    model = DDP(wl.model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    hook_state, hook = hooks.build(trial.hook, process_group=None, **dict(trial.hook_params))
+    model.register_comm_hook(hook_state, hook)
+    optimizer = make_optimizer(wl_cfg, model.parameters())
+    batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
+                            rank, world_size, wl_cfg.grad_accumulation)
+    first_step = restore(start.checkpoint, model, optimizer, hook_state) + 1
+    monitor = NanMonitor(model, hook_state, rank=rank, world_size=world_size, device=device,
+                         hook_name=trial.hook)
+    faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
+    meter = StepMeter(hook_state, wl_cfg.warmup_steps, first_step)
+    reporter = Reporter(logger, progress, rank)
+
+    # --- steps
+    step, eval_metrics = first_step - 1, {}
+    for step in range(first_step, wl_cfg.steps + 1):
+        meter.begin()
+        faults.before_step(step, model.module)
+        loss = train_step(model, optimizer, wl, batches.micro_batches(step), device)
+        check = monitor.check(step, loss)  # one tiny all-reduce: every rank gets the same verdict
+        meter.end(step)
+        reporter.step(step, check.mean_loss, meter.last_ms)
+        if check.nonfinite and cfg.stop.on_nan:
+            break
+        if rank == 0 and (step % wl_cfg.eval_every == 0 or step == wl_cfg.steps):
+            eval_metrics = run_eval(model.module, wl, device)
+            reporter.eval(step, eval_metrics)
+        if checkpoint_fn and cfg.checkpoint.every and step % cfg.checkpoint.every == 0 \
+                and step < wl_cfg.steps:
+            reporter.flush()  # nothing past a checkpoint may be missing from MLflow after a crash
+            checkpoint_fn(step, capture(step, model, optimizer, hook_state, batches, rank))
+
+    # --- summary (rank 0 logs it); "final" eval = the final weights, so none after a NaN stop
+    if check_stopped_on_nan(monitor, cfg):
+        eval_metrics = {}
+    elif rank == 0 and not eval_metrics:
+        eval_metrics = run_eval(model.module, wl, device)
+    summary = meter.summary(wl_cfg.global_batch_size, reporter.last_loss, eval_metrics,
+                            monitor.report, start.restarts)
+    status = "nan" if monitor.report else "ok"
+    reporter.finish(summary, status, monitor.report)
+    return TrialResult(status, step, summary,
+                       monitor.report.to_dict() if monitor.report else None, reporter.losses)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
+    return monitor.report is not None and cfg.stop.on_nan
+
+
+def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
+    if wl_cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=wl_cfg.lr)
+    return torch.optim.SGD(params, lr=wl_cfg.lr)
+
+
+class GlobalBatches:
+    """Which samples each rank trains on at each step, as a pure function of the step.
+
+    The global batch (``global_batch_size`` samples) is the same for every world size: a
+    seeded permutation per epoch, cut into global batches (the tail is dropped); rank r
+    takes the r-th 1/W of it, split into ``grad_accumulation`` equal micro-batches. Because
+    it depends only on (seed, step), resuming at step s needs no sampler state.
+    """
+
+    def __init__(self, n_samples: int, global_batch: int, seed: int, rank: int, world_size: int,
+                 grad_accumulation: int):
+        if global_batch > n_samples:
+            raise ValueError(f"global_batch_size {global_batch} is larger than the "
+                             f"{n_samples} training samples")
+        if global_batch % (world_size * grad_accumulation):
+            raise ValueError(f"global_batch_size {global_batch} does not split into world_size "
+                             f"{world_size} x grad_accumulation {grad_accumulation} micro-batches")
+        self.n, self.global_batch, self.seed = n_samples, global_batch, seed
+        self.rank, self.world_size, self.accumulation = rank, world_size, grad_accumulation
+        self.per_epoch = n_samples // global_batch
+        self._epoch, self._order = -1, None
+
+    def position(self, step: int) -> dict[str, int]:
+        """(epoch, batch within epoch) of ``step``: the data position a checkpoint records."""
+        return {"epoch": (step - 1) // self.per_epoch, "batch": (step - 1) % self.per_epoch}
+
+    def micro_batches(self, step: int) -> list[torch.Tensor]:
+        pos = self.position(step)
+        if pos["epoch"] != self._epoch:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + pos["epoch"])
+            self._epoch, self._order = pos["epoch"], torch.randperm(self.n, generator=g)
+        start = pos["batch"] * self.global_batch
+        per_rank = self.global_batch // self.world_size
+        mine = self._order[start + self.rank * per_rank: start + (self.rank + 1) * per_rank]
+        return list(mine.chunk(self.accumulation))
+
+
+def train_step(model: DDP, optimizer, wl: Workload, micro_batches, device) -> torch.Tensor:
+    """One optimizer step; returns this rank's mean loss over its micro-batches (a tensor).
+
+    All micro-batches but the last run under ``no_sync()`` (gradients accumulate locally);
+    the last backward runs the comm hook, bucket by bucket, and waits for it.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for i, indices in enumerate(micro_batches):
+        x, y = fetch_batch(wl.train_set, indices)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        last = i == len(micro_batches) - 1
+        with (model.no_sync() if not last else _nullcontext()):
+            loss = wl.loss_fn(model(x), y) / len(micro_batches)
+            loss.backward()
+        total += loss.detach()
+    optimizer.step()
+    return total
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def run_eval(module: torch.nn.Module, wl: Workload, device) -> dict[str, float]:
+    """eval_loss and eval_accuracy of the bare module (no DDP collectives) on the eval set."""
+    eval_loss, eval_accuracy = evaluate(module, wl.eval_set, wl.loss_fn, device=device)
+    return {"eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+
+
+class StepMeter:
+    """Step times (rank 0's clock) and the hook's byte/time accounting for the summary."""
+
+    def __init__(self, hook_state, warmup_steps: int, first_step: int):
+        self.hook_state, self.warmup, self.first_step = hook_state, warmup_steps, first_step
+        self.start_stats = _stats(hook_state)
+        self.times_ms: dict[int, float] = {}
+        self.last_ms = 0.0
+        self._t0 = 0.0
+
+    def begin(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def end(self, step: int) -> None:
+        self.last_ms = (time.perf_counter() - self._t0) * 1000.0
+        self.times_ms[step] = self.last_ms
+
+    def summary(self, global_batch: int, final_loss: float, eval_metrics: dict,
+                nan_report, restarts: int) -> dict[str, float]:
+        """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup)."""
+        steps_run = len(self.times_ms)
+        measured = [ms for s, ms in self.times_ms.items() if s > self.warmup]
+        warmup_excluded = steps_run - len(measured)
+        if not measured:  # every step was warm-up: use them all rather than report nothing
+            measured, warmup_excluded = list(self.times_ms.values()), 0
+        now = _stats(self.hook_state)
+        delta = {k: now.get(k, 0) - self.start_stats.get(k, 0) for k in now}
+        out = {
+            "samples_per_s": global_batch * len(measured) / (sum(measured) / 1000.0) if measured else 0.0,
+            "step_time_ms_median": statistics.median(measured) if measured else 0.0,
+            "warmup_steps_excluded": warmup_excluded,
+            "comm_bytes_per_step": delta.get("wire_bytes", 0) / max(steps_run, 1),
+            "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
+                                  if delta.get("payload_bytes") else 1.0),
+            "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
+            "final_loss": final_loss,
+            "nan_detected": 1 if nan_report else 0,
+            "steps_done": max(self.times_ms, default=self.first_step - 1),
+            "restarts": restarts,
+        }
+        if "eval_accuracy" in eval_metrics:
+            out["final_eval_accuracy"] = eval_metrics["eval_accuracy"]
+            out["final_eval_loss"] = eval_metrics["eval_loss"]
+        if nan_report:
+            out["first_nan_step"] = nan_report.first_nan_step
+            out["nan_rank"] = nan_report.nan_rank
+            if nan_report.bucket_index is not None:
+                out["nan_bucket_index"] = nan_report.bucket_index
+        return out
+
+
+def _stats(hook_state) -> dict[str, float]:
+    stats = getattr(hook_state, "stats", None)
+    return dict(stats()) if stats else {}
+
+
+class Reporter:
+    """Rank 0's outputs: MLflow step metrics (batched by the logger), progress, the end."""
+
+    def __init__(self, logger, progress, rank: int):
+        self.logger = logger if rank == 0 else None
+        self.progress = progress if rank == 0 else None
+        self.losses: list[float] = []
+        self.last_loss = float("nan")
+        self._last_progress = 0.0
+
+    def step(self, step: int, loss: float, step_time_ms: float) -> None:
+        self.losses.append(loss)
+        self.last_loss = loss
+        if self.logger:
+            self.logger.log(step, loss=loss, step_time_ms=step_time_ms)
+        if self.progress and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
+            self._last_progress = time.monotonic()
+            _call_quietly(self.progress, step, loss)
+
+    def eval(self, step: int, metrics: dict[str, float]) -> None:
+        if self.logger:
+            self.logger.log(step, **metrics)
+
+    def flush(self) -> None:
+        if self.logger:
+            self.logger.flush()
+
+    def finish(self, summary: dict, status: str, nan_report) -> None:
+        if self.progress:
+            _call_quietly(self.progress, int(summary["steps_done"]), self.last_loss)
+        if not self.logger:
+            return
+        self.logger.log_summary(**summary)
+        tags = {"status": status}
+        if nan_report:
+            tags.update(nan_source=nan_report.nan_source, nan_rank=nan_report.nan_rank,
+                        first_nan_step=nan_report.first_nan_step,
+                        nan_bucket_index=nan_report.bucket_index,
+                        nan_params=",".join(nan_report.param_names))
+            self.logger.log_dict(nan_report.to_dict(), "nan_provenance.json")
+        self.logger.set_tags(**tags)
+        self.logger.close()
+
+
+def _call_quietly(fn, *args) -> None:
+    """Progress is a convenience: its failure must not fail the trial."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - deliberately broad, see docstring
+        pass
+
+
+class FaultInjector:
+    """Configured faults (``cfg.faults``) that hit this rank: off unless configured.
+
+    - ``nan_grad``: this rank's local gradient becomes NaN at that step, *before* the
+      comm hook sees it (a tensor hook on the first parameter's gradient);
+    - ``scale_grad``: this rank's local gradients are multiplied by ``factor`` (large
+      but finite: fp16 overflows, fp32 does not);
+    - ``crash``: this rank's process dies (``os._exit``) at the start of that step, once:
+      ``on_fault`` records it before dying, and a restarted trial skips faults in
+      ``fired`` so it can get past the step.
+    """
+
+    def __init__(self, faults, rank: int, fired=frozenset(), on_fault=None):
+        self.faults = [(i, f) for i, f in enumerate(faults or []) if f.rank == rank and i not in fired]
+        self.on_fault = on_fault
+        self._handles: list = []
+
+    def before_step(self, step: int, module: torch.nn.Module) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for index, fault in self.faults:
+            if fault.step != step:
+                continue
+            if self.on_fault:
+                self.on_fault(index, fault)
+            if fault.kind == "crash":
+                os._exit(17)
+            params = [p for p in module.parameters() if p.requires_grad]
+            if fault.kind == "nan_grad":
+                self._handles.append(params[0].register_hook(_poison))
+            elif fault.kind == "scale_grad":
+                factor = float(fault.factor if fault.factor is not None else 1e6)
+                self._handles += [p.register_hook(_scaler(factor)) for p in params]
+
+
+def _poison(grad: torch.Tensor) -> torch.Tensor:
+    return grad + float("nan")  # fills the whole gradient with NaN
+
+
+def _scaler(factor: float):
+    def scale(grad: torch.Tensor) -> torch.Tensor:
+        return grad * factor
+    return scale
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches,
+            rank: int) -> dict[str, Any]:
+    """This rank's training state at the end of ``step``.
+
+    ``trainer`` (model, optimizer, step, data position) is identical on every rank under
+    DDP, so only rank 0's is kept; ``hook_state`` is per rank (PowerSGD's error-feedback
+    memory is each rank's own residual).
+    """
+    hook_sd = getattr(hook_state, "state_dict", None)
+    state: dict[str, Any] = {"hook_state": hook_sd() if hook_sd else None, "rank": rank}
+    if rank == 0:
+        state["trainer"] = {
+            "model": model.module.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "step": step,
+            "data_position": batches.position(step + 1),
+        }
+    return state
+
+
+def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state) -> int:
+    """Load a checkpoint (``{"trainer": ..., "hook_state": ...}``); returns its step (0: none)."""
+    if not checkpoint:
+        return 0
+    trainer = checkpoint["trainer"]
+    model.module.load_state_dict(trainer["model"])
+    optimizer.load_state_dict(trainer["optimizer"])
+    load = getattr(hook_state, "load_state_dict", None)
+    if load and checkpoint.get("hook_state") is not None:
+        load(checkpoint["hook_state"])
+    return int(trainer["step"])
+
+
+def save_checkpoint_dir(directory: str, state: dict[str, Any]) -> None:
+    """Write one rank's part of a checkpoint into ``directory`` (Ray merges the ranks')."""
+    if "trainer" in state:
+        torch.save(state["trainer"], os.path.join(directory, SHARED_STATE_FILE))
+    torch.save(state["hook_state"], os.path.join(directory, HOOK_STATE_FILE.format(rank=state["rank"])))
+
+
+def load_checkpoint_dir(directory: str, rank: int) -> dict[str, Any]:
+    """This rank's view of a merged checkpoint directory."""
+    hook_file = os.path.join(directory, HOOK_STATE_FILE.format(rank=rank))
+    return {
+        "trainer": torch.load(os.path.join(directory, SHARED_STATE_FILE), weights_only=False),
+        "hook_state": torch.load(hook_file, weights_only=False) if os.path.exists(hook_file) else None,
+    }
+
+
+# ----------------------------------------------------------------------------- Ray wrapper
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """The function given to ``TorchTrainer`` (Ray Train V2).
+
+    config: ``trial`` (TrialSpec.to_dict()), ``sweep`` (SweepConfig.model_dump()),
+    ``tracking_uri``, ``run_id`` (the trial's child run), ``progress`` (callable or None).
+    """
+    import ray.train
+    import ray.train.torch
+
+    from service import tracking
+    from service.config import SweepConfig, TrialSpec
+
+    trial = TrialSpec.from_dict(config["trial"])
+    cfg = SweepConfig.model_validate(config["sweep"])
+    uri, run_id = config["tracking_uri"], config["run_id"]
+    ctx = ray.train.get_context()
+    rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
+    device = ray.train.torch.get_device() if cfg.resources.use_gpu else torch.device("cpu")
+    torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
+
+    # Restarts, faults that already fired and steps already logged live in the MLflow run:
+    # they survive a crash before the first checkpoint, and every node can read them.
+    tags = tracking.run_tags(run_id, uri)
+    attempt = int(tags.get("attempts", "0")) + (1 if rank == 0 else 0)
+    fired = frozenset(int(k.split(".")[1]) for k in tags if k.startswith("fault.") and k.endswith(".fired"))
+    checkpoint = None
+    ray_checkpoint = ray.train.get_checkpoint()
+    if ray_checkpoint is not None:
+        with ray_checkpoint.as_directory() as directory:
+            checkpoint = load_checkpoint_dir(directory, rank)
+    start = Start(checkpoint=checkpoint, restarts=max(attempt - 1, 0), fired_faults=fired)
+
+    logger = None
+    if rank == 0:
+        tracking.set_tags(run_id, uri, attempts=attempt)
+        done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
+        logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
+        if attempt > 1:
+            logger.log(checkpoint["trainer"]["step"] if checkpoint else 0, restarts=attempt - 1)
+
+    def on_fault(index: int, fault) -> None:
+        tracking.set_tags(run_id, uri, **{f"fault.{index}.fired": f"{fault.kind}@step{fault.step}"})
+
+    def checkpoint_fn(step: int, state: dict) -> None:
+        with tempfile.TemporaryDirectory() as directory:
+            save_checkpoint_dir(directory, state)
+            ray.train.report({"step": step, "checkpoint_step": step},
+                             checkpoint=ray.train.Checkpoint.from_directory(directory),
+                             checkpoint_dir_name=f"step_{step:08d}")
+
+    result = run_training(trial, cfg, rank=rank, world_size=world_size, device=device,
+                          logger=logger, progress=config.get("progress"), start=start,
+                          checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
+                          on_fault=on_fault)
+    ray.train.report({**result.summary, "status": result.status,
+                      "nan_source": (result.nan_report or {}).get("nan_source") or ""})
+

@@ -1,0 +1,174 @@
+"""service.worker.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
+processes), the real mlp_digits workload, the real hooks, a temporary SQLite MLflow store
+read back with MlflowClient. No Ray here (the sweep's end-to-end tests cover Ray)."""
+
+from __future__ import annotations
+
+import datetime
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import TensorDataset
+
+from service.config import SweepConfig
+from service.workloads import Workload, cross_entropy
+from service.worker import GlobalBatches, run_training
+from tests.dist_utils import free_port, run_distributed
+
+STEPS = 12
+TINY = "tests.test_worker:tiny_digits"
+
+
+def tiny_digits(seed: int) -> Workload:
+    """A small MLP on the real digits data: the multi-process tests share 2 busy cores.
+    (Custom workloads are imported by name in each worker, as a user's would be.)"""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
+                    cross_entropy)
+
+
+def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), faults=(), on_nan=True,
+             workload: str = TINY, **settings) -> SweepConfig:
+    return SweepConfig.model_validate({
+        "name": "worker-test",
+        "workload": {"name": workload, "steps": steps, "global_batch_size": 32, "lr": 0.05,
+                     "eval_every": 5, "warmup_steps": 2, **settings},
+        "search": {"hooks": list(hooks), "world_size": list(world_sizes), "seed": [0]},
+        "stop": {"on_nan": on_nan},
+        "faults": list(faults),
+        "tracking": {"flush_seconds": 0.5},
+    })
+
+
+def trial_of(cfg: SweepConfig, world_size: int, hook: str = "allreduce"):
+    return next(t for t in cfg.trials() if t.world_size == world_size and t.hook == hook)
+
+
+@pytest.fixture
+def single_rank_group():
+    """A real gloo process group of one rank in this process."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=60))
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A temporary SQLite MLflow store."""
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+def test_single_rank_loop_logs_every_step_and_the_summary(single_rank_group, store):
+    from mlflow.tracking import MlflowClient  # here, not at the top: spawned ranks import this module
+
+    from service import tracking
+
+    cfg = make_cfg(workload="mlp_digits")  # a built-in workload, as the sweep runs it
+    trial = trial_of(cfg, 1)
+    parent = tracking.start_parent_run(cfg, None, tracking_uri=store)
+    run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=store)
+    seen = []
+    logger = tracking.MetricLogger(run_id, store, cfg.tracking.flush_seconds)
+
+    result = run_training(trial, cfg, rank=0, world_size=1, device="cpu", logger=logger,
+                          progress=lambda step, loss: seen.append((step, loss)))
+
+    client = MlflowClient(store)
+    loss = client.get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in loss) == list(range(1, STEPS + 1))  # one point per optimizer step
+    assert sorted(m.step for m in client.get_metric_history(run_id, "step_time_ms")) == list(range(1, STEPS + 1))
+    assert sorted(m.step for m in client.get_metric_history(run_id, "eval_accuracy")) == [5, 10, 12]
+    run = client.get_run(run_id)
+    summary = run.data.metrics
+    for key in ("samples_per_s", "step_time_ms_median", "comm_bytes_per_step", "compression_ratio",
+                "hook_time_ms", "final_loss", "final_eval_accuracy", "nan_detected"):
+        assert key in summary, key
+    assert summary["nan_detected"] == 0 and "first_nan_step" not in summary
+    assert summary["samples_per_s"] > 0 and summary["warmup_steps_excluded"] == 2
+    assert summary["compression_ratio"] == pytest.approx(1.0)  # allreduce sends float32 as is
+    assert run.data.tags["status"] == "ok"
+    # the loss went down on real digits, and what was logged is what the loop computed
+    by_step = {m.step: m.value for m in loss}
+    assert by_step[STEPS] < by_step[1]
+    assert result.status == "ok" and result.steps_done == STEPS
+    assert result.losses == pytest.approx([by_step[s] for s in range(1, STEPS + 1)])
+    assert summary["final_loss"] == pytest.approx(by_step[STEPS])
+    assert seen and seen[-1][0] == STEPS  # progress: first step, then at most every ~2 s, and the end
+
+
+def test_gradient_accumulation_keeps_the_global_batch(single_rank_group):
+    """grad_accumulation=4 (three micro-batches under no_sync) trains the same model as 1."""
+    plain = run_training(trial_of(make_cfg(steps=6), 1), make_cfg(steps=6), rank=0, world_size=1,
+                         device="cpu")
+    cfg = make_cfg(steps=6, grad_accumulation=4)
+    accumulated = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    assert accumulated.losses == pytest.approx(plain.losses, rel=1e-4)
+
+
+def test_global_batches_partition_the_global_batch_across_ranks():
+    world = [GlobalBatches(100, 16, seed=3, rank=r, world_size=4, grad_accumulation=2) for r in range(4)]
+    one = GlobalBatches(100, 16, seed=3, rank=0, world_size=1, grad_accumulation=1)
+    for step in (1, 6, 7, 13):  # 6 batches per epoch: 7 and 13 start new epochs
+        parts = [torch.cat(b.micro_batches(step)) for b in world]
+        assert all(len(m) == 2 for b in world for m in b.micro_batches(step))
+        assert torch.equal(torch.cat(parts), one.micro_batches(step)[0])
+    assert not torch.equal(one.micro_batches(1)[0], one.micro_batches(7)[0])  # reshuffled per epoch
+    with pytest.raises(ValueError, match="does not split"):
+        GlobalBatches(100, 16, seed=0, rank=0, world_size=3, grad_accumulation=1)
+
+
+def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
+    """Runs in each of 2 spawned ranks (one spawn for both: importing torch and sklearn in a
+    fresh process is most of the cost on a busy machine)."""
+    results = {}
+    for name, cfg_dict in (("clean", clean_cfg), ("nan", nan_cfg)):
+        cfg = SweepConfig.model_validate(cfg_dict)
+        results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
+                                     device="cpu")
+    return results
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    clean = make_cfg(steps=6)
+    nan = make_cfg(steps=10, faults=[{"kind": "nan_grad", "step": 4, "rank": 1}])
+    return run_distributed(_two_rank_scenarios, 2, args=(clean.model_dump(), nan.model_dump()))
+
+
+def test_two_ranks_train_the_same_model_as_one(single_rank_group, two_ranks):
+    """World size 2 splits the same global batch: the mean loss follows the W=1 run."""
+    cfg = make_cfg(steps=6)
+    one = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    two = [r["clean"] for r in two_ranks]
+    assert two[0].losses == two[1].losses  # every rank holds the same agreed mean
+    assert two[0].losses == pytest.approx(one.losses, rel=1e-4)
+    assert two[0].status == "ok" and two[0].steps_done == 6
+    assert two[0].summary["comm_bytes_per_step"] > 0  # ring all-reduce: 2(W-1)/W * gradient bytes
+    assert one.summary["comm_bytes_per_step"] == 0  # nothing on the wire at world size 1
+
+
+def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
+    """A NaN in rank 1's gradient at step 4: both ranks stop at step 4, status nan."""
+    for r in (ranks["nan"] for ranks in two_ranks):
+        assert r.status == "nan" and r.steps_done == 4
+        assert r.summary["nan_detected"] == 1 and r.summary["first_nan_step"] == 4
+        assert r.nan_report["nan_source"] == "model_grad" and r.nan_report["nan_rank"] == 1
+        assert all(math.isfinite(v) for v in r.losses[:3]) and len(r.losses) == 4
+    assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
+
+
+def test_without_stop_on_nan_the_trial_runs_to_the_end(single_rank_group):
+    cfg = make_cfg(steps=6, on_nan=False, world_sizes=(1,),
+                   faults=[{"kind": "nan_grad", "step": 3, "rank": 0}])
+    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    assert result.status == "nan" and result.steps_done == 6
+    assert result.summary["first_nan_step"] == 3
