@@ -77,13 +77,26 @@ def mutated_configs(draw):
     cfg = copy.deepcopy(draw(st.sampled_from(VALID)))
     for _ in range(draw(st.integers(1, 3))):
         where = draw(st.sampled_from(list(paths(cfg))))
-        op = draw(st.sampled_from(["replace", "delete", "add"]))
+        op = draw(st.sampled_from(["replace", "delete", "add", "nudge"]))
         if not where:  # the whole document
             cfg = draw(values) if op == "replace" else cfg
             continue
         parent, last = get(cfg, where[:-1]), where[-1]
         if op == "replace":
             parent[last] = draw(values)
+        elif op == "nudge":  # a plausible value of the same type: keeps some configs valid
+            current = parent[last]
+            if isinstance(current, bool):
+                parent[last] = draw(st.booleans())
+            elif isinstance(current, int):
+                parent[last] = draw(st.integers(-1, 130))
+            elif isinstance(current, float):
+                parent[last] = draw(st.floats(0, 3))
+            elif isinstance(current, str):
+                parent[last] = draw(st.sampled_from(["allreduce", "bf16_compress", "quantization_pertensor",
+                                                     "mlp_digits", "cnn_digits", "adamw", "crash", "x"]))
+            elif isinstance(current, list) and current:
+                parent[last] = current[: draw(st.integers(0, len(current)))]
         elif op == "delete":
             del parent[last]
         elif isinstance(parent, dict):
