@@ -8,6 +8,8 @@ Error feedback keeps M - P Q^T for the next step; warm start reuses Q.
 
 Wire per rank: 2(W-1)/W * 4 * (U + sum (n + m) * rank) bytes, U = uncompressed elements.
 Lossy and biased (a low-rank approximation), exact while ``iter < start_iter``.
+Once compressing, the hook waits for its bucket's three allreduces before returning (see
+:func:`powersgd`): correct ordering across buckets, but no overlap with the backward pass.
 """
 
 import torch
@@ -128,4 +130,12 @@ def powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures
     t0 = state.begin(bucket)
     state._prepare(bucket)
     state._account(bucket)
-    return state.finish(powerSGD_hook(state.powersgd, bucket), t0)
+    compressing = state.powersgd.iter >= state.powersgd.start_powerSGD_iter
+    fut = powerSGD_hook(state.powersgd, bucket)
+    if compressing:
+        # torch's hook issues its P and Q allreduces from completion callbacks. With several
+        # buckets in flight those callbacks race the next bucket's first allreduce, and ranks
+        # issue collectives in different orders (gloo: "Received data size doesn't match").
+        # Waiting here keeps every rank's order the same, at the cost of overlap with backward.
+        fut.wait()
+    return state.finish(fut, t0)

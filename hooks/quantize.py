@@ -59,7 +59,8 @@ def unpack(messages: torch.Tensor, n: int, chunk_size: int) -> tuple[torch.Tenso
     """Split gathered messages (R, 8C + n) back into codes (R, C, chunk_size) and meta (R, C, 2)."""
     r = messages.shape[0]
     c = num_chunks(n, chunk_size)
-    meta = messages[:, : 8 * c].contiguous().view(torch.float32).view(r, c, 2)
+    # A fresh copy: viewing bytes as floats needs 4-byte aligned rows, which a slice may not have.
+    meta = messages.new_empty((r, 8 * c)).copy_(messages[:, : 8 * c]).view(torch.float32).view(r, c, 2)
     codes = messages.new_zeros((r, c * chunk_size))
     codes[:, :n] = messages[:, 8 * c :]
     return codes.view(r, c, chunk_size), meta

@@ -98,15 +98,20 @@ class HookState:
         self._per_kind[kind][0] += 1
         self._per_kind[kind][1] += nbytes
 
-    def finish(self, fut: torch.futures.Future, t0: float) -> torch.futures.Future:
-        """Record hook-entry -> future-completion time when the future completes (no waiting here)."""
+    def finish(self, fut: torch.futures.Future, t0: float) -> torch.futures.Future[torch.Tensor]:
+        """Chain a step that records hook-entry -> completion seconds (no waiting here).
 
-        def _done(_f, t0=t0):
+        A ``then`` step rather than a done-callback: the callback may run after ``wait()``
+        returns, the ``then`` step always runs before the returned future completes.
+        """
+
+        def record_seconds(done: torch.futures.Future) -> torch.Tensor:
+            elapsed = time.perf_counter() - t0
             with self._lock:
-                self._seconds += time.perf_counter() - t0
+                self._seconds += elapsed
+            return done.value()
 
-        fut.add_done_callback(_done)
-        return fut
+        return fut.then(record_seconds)
 
     # ---------------------------------------------------------------- statistics
     def stats(self) -> dict[str, float]:

@@ -35,6 +35,10 @@ def free_port() -> int:
 def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+    import faulthandler
+
+    # A hung rank prints every thread's stack before the parent gives up on it.
+    faulthandler.dump_traceback_later(max(timeout_s - 10, 5), exit=False)
     try:
         import datetime
 
@@ -54,7 +58,7 @@ def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
             dist.destroy_process_group()
 
 
-def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo", timeout_s: float = 120.0):
+def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo", timeout_s: float = 600.0):
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes; return the per-rank results.
 
     Raises RuntimeError naming the failing rank(s) with their tracebacks.

@@ -1,0 +1,190 @@
+"""Benchmark the hooks library: quantization kernel throughput and DDP step time per hook.
+
+    .venv/bin/python bench/hooks_bench.py            # full (a few minutes on 2 cores)
+    .venv/bin/python bench/hooks_bench.py --quick    # small sizes, for a smoke run
+
+1. A 25 MB float32 bucket: quantize + dequantize GB/s (input bytes / seconds) of our per-tensor
+   and per-channel (chunk 512) kernels, of torch's own per-channel helpers from
+   torch.distributed.algorithms.ddp_comm_hooks.quantization_hooks called directly (a Python loop
+   over channels), of ATen's torch.quantize_per_channel + dequantize, and of a plain copy (the
+   memory-bandwidth roof). Median of repeats, one thread.
+2. DDP step time (forward + backward + hook + SGD step) at world size 2 on gloo (127.0.0.1) for
+   every hook, relative to allreduce: same model and data; hooks interleaved per repeat so machine
+   noise hits them alike; median over repeats.
+
+Prints a table and writes bench/results/hooks.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import hooks  # noqa: E402
+from hooks import quantize as q  # noqa: E402
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def kernel_throughput(nbytes: int, repeats: int) -> list[dict]:
+    from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as tq
+
+    n = nbytes // 4
+    x = torch.randn(n)
+    out = torch.empty_like(x)
+
+    def ours(chunk):
+        def run():
+            codes, meta = q.quantize(x, chunk)
+            q.dequantize(codes, meta)
+
+        return run
+
+    chunks = x[: n - n % 512].view(-1, 512)
+    scale = (chunks.amax(1) - chunks.amin(1)).clamp_min(1e-12) / 255
+    zero = (-chunks.amin(1) / scale).round().clamp(0, 255)
+
+    def torch_hook_helpers():
+        y = tq._quantize_per_channel_backend(chunks, scale, zero)
+        tq._dequantize_per_channel_backend(y, scale, zero)
+
+    def aten_per_channel():
+        y = torch.quantize_per_channel(chunks, scale.double(), zero.long(), 0, torch.quint8)
+        y.dequantize()
+
+    cases = [
+        ("plain copy (bandwidth roof)", lambda: out.copy_(x), repeats),
+        ("ours, per tensor", ours(n), repeats),
+        ("ours, per channel (chunk 512)", ours(512), repeats),
+        ("torch quantization_hooks helpers, per channel (Python loop)", torch_hook_helpers, 1),
+        ("ATen quantize_per_channel + dequantize", aten_per_channel, repeats),
+    ]
+    rows = []
+    for label, fn, reps in cases:
+        s = _median_seconds(fn, reps)
+        rows.append({"kernel": label, "seconds": s, "gb_per_s": nbytes / s / 1e9})
+    return rows
+
+
+# ----------------------------------------------------------------------------- DDP step time
+def _ddp_worker(rank: int, world_size: int, names: list, width: int, steps: int, repeats: int) -> dict:
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(32, width, generator=g), torch.randint(0, 10, (32,), generator=g)
+    models = {}
+    for name in names:
+        params = {"start_iter": 2} if name == "powersgd" else {}
+        model = DDP(nn.Sequential(*[m for m in __import__("copy").deepcopy(base)]))
+        state, hook = hooks.build(name, **params)
+        model.register_comm_hook(state, hook)
+        models[name] = (model, torch.optim.SGD(model.parameters(), lr=1e-3), state)
+
+    def run(name, k):
+        model, opt, _ = models[name]
+        for _ in range(k):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+    for name in names:  # warm up: bucket rebuild, PowerSGD past start_iter
+        run(name, 4)
+    times = {name: [] for name in names}
+    for _ in range(repeats):
+        for name in names:
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            run(name, steps)
+            times[name].append((time.perf_counter() - t0) / steps)
+    stats = {name: models[name][2].stats() for name in names}
+    return {"times": times, "stats": stats}
+
+
+def ddp_step_times(width: int, steps: int, repeats: int) -> list[dict]:
+    from tests.dist_utils import run_distributed
+
+    names = list(hooks.available())
+    results = run_distributed(_ddp_worker, world_size=2, args=(names, width, steps, repeats), timeout_s=1800)
+    rank0 = results[0]
+    # A step ends when the slowest rank ends it: take the max over ranks per repeat, then the median.
+    medians = {
+        name: statistics.median(max(r["times"][name][i] for r in results) for i in range(repeats)) for name in names
+    }
+    base = medians["allreduce"]
+    rows = []
+    for name in names:
+        s = rank0["stats"][name]
+        rows.append(
+            {
+                "hook": name,
+                "step_ms": medians[name] * 1e3,
+                "relative_to_allreduce": medians[name] / base,
+                "wire_bytes_per_call": s["wire_bytes"] / max(s["calls"], 1),
+                "hook_ms_per_call": s["seconds"] / max(s["calls"], 1) * 1e3,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "hooks.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+    nbytes = 2_500_000 if args.quick else 25_000_000
+    kernels = kernel_throughput(nbytes, repeats=2 if args.quick else 5)
+    print(f"\nquantize + dequantize of a {nbytes / 1e6:g} MB float32 bucket (1 thread, median)")
+    print(f"{'kernel':62s} {'ms':>9s} {'GB/s':>8s}")
+    for r in kernels:
+        print(f"{r['kernel']:62s} {r['seconds'] * 1e3:9.2f} {r['gb_per_s']:8.3f}")
+
+    width, steps, repeats = (256, 3, 3) if args.quick else (1024, 5, 7)
+    ddp = ddp_step_times(width, steps, repeats)
+    params = 2 * width * width + width * 10
+    print(f"\nDDP step at world size 2, gloo on 127.0.0.1, MLP of {params / 1e6:.2f} M params (median of {repeats})")
+    print(f"{'hook':28s} {'step ms':>9s} {'vs allreduce':>13s} {'wire B/call':>12s} {'hook ms/call':>13s}")
+    for r in ddp:
+        print(
+            f"{r['hook']:28s} {r['step_ms']:9.2f} {r['relative_to_allreduce']:13.2f} "
+            f"{r['wire_bytes_per_call']:12.0f} {r['hook_ms_per_call']:13.2f}"
+        )
+
+    machine = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "torch": torch.__version__,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"quick": args.quick, "machine": machine, "kernels": kernels, "ddp_world_size_2": ddp}, indent=2))
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()
