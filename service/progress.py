@@ -25,7 +25,7 @@ import ray
 
 # How often rank 0 sends its step to the board, and how often the driver prints a step line.
 PUBLISH_EVERY_S = 2.0
-PRINT_EVERY_S = 5.0
+PRINT_EVERY_S = 10.0
 
 
 @ray.remote(num_cpus=0)
@@ -170,6 +170,8 @@ class ProgressPrinter:
         signature = repr(sorted((k, t.get("state"), t.get("step")) for k, t in snapshot["trials"].items()))
         if signature == self._last_line:
             return
+        if not any(t.get("state") == "running" for t in snapshot["trials"].values()):
+            return  # between trials: the "ended" line said it, the next trial's start will follow
         if changed or time.monotonic() - self._last_print >= self.print_every_s:
             self._print(format_progress(snapshot))
             self._last_line = signature
