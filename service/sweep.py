@@ -22,10 +22,12 @@ service/tracking.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -91,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true",
         help="print the expanded trial list (hook, its params, world size, seed) and the "
              "trial count, then exit; starts no Ray and creates no MLflow run")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue the latest sweep of this config's experiment (e.g. after Ctrl-C): run "
+             "only the trials that did not finish, under the same MLflow parent run, continuing "
+             "interrupted trials' runs (and their checkpoints) instead of creating new ones")
     return parser
 
 
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log_path = _start_log_file(cfg)
     try:
-        outcome = run_sweep(cfg, config_path, trials)
+        outcome = run_sweep(cfg, config_path, trials, resume=args.resume)
     except SweepError as exc:
         log.error("sweep refused: %s", exc)
         print(f"error: {exc}", file=sys.stderr)
@@ -130,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(outcome.rows)} trials, {outcome.failed} failed. Log: {log_path}")
     print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
     if outcome.interrupted:
+        print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
+              f"python -m service.sweep {args.config} --resume")
         return 130
     return 1 if outcome.failed else 0
 
@@ -138,80 +147,156 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | None = None, *,
-              out: TextIO = sys.stdout, train_loop: Callable[[dict], None] | None = None) -> SweepOutcome:
-    """Run every trial of ``cfg`` and return the table rows (read back from MLflow).
+              resume: bool = False, out: TextIO = sys.stdout,
+              train_loop: Callable[[dict], None] | None = None) -> SweepOutcome:
+    """Run the trials of ``cfg`` and return the table rows (read back from MLflow).
 
+    ``resume``: continue the experiment's latest sweep (its parent run) and run only the
+    trials without a FINISHED or FAILED run, reusing the runs of interrupted ones.
     ``train_loop`` is the per-worker function given to TorchTrainer (default:
     ``service.worker.train_loop_per_worker``).
+
+    SIGINT/SIGTERM while trials run: the running trials are stopped, their runs and the
+    parent end KILLED, and the outcome says ``interrupted`` (resume with ``resume=True``).
     """
-    from service import tracking
-
-    tracking_uri = tracking.resolve_tracking_uri()
-    check_tracking_store(tracking_uri)  # before Ray: an unreachable store fails in seconds
-
     import ray
     from ray import tune
 
+    from service import tracking
     from service.progress import ProgressBoard, ProgressPrinter
 
-    if _log_file is not None:  # main() keeps the terminal for our own lines
-        _route_ray_logs_to_file()
+    if _log_file is not None:  # main() keeps the terminal for the sweep's own lines
+        _route_library_logs_to_file()
+
+    tracking_uri = tracking.resolve_tracking_uri()
+    check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
 
     trials = cfg.trials() if trials is None else trials
     if train_loop is None:
         from service.worker import train_loop_per_worker as train_loop
 
+    parent_run_id, reusable_runs, pending = None, {}, trials
+    if resume:
+        parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
+        print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
+              f"{len(trials)} trials already finished, {len(pending)} to run", file=out, flush=True)
+        if not pending:
+            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
+
     storage = storage_root(cfg)
-
     started = time.monotonic()
-    _init_ray(cfg, trials)
+    _init_ray(cfg, pending)
     log.info("ray ready in %.1f s", time.monotonic() - started)
-    check_cluster(cfg, trials, tracking_uri, storage)
+    check_cluster(cfg, pending, tracking_uri, storage)
 
-    parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
-    print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
-          file=out, flush=True)
+    if parent_run_id is None:
+        parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
+        print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
+              file=out, flush=True)
+    else:
+        tracking.reopen_run(parent_run_id, tracking_uri)
 
-    board = ProgressBoard.remote(len(trials))
+    board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
     printer = ProgressPrinter(board, out=out).start()
+    # Train's per-trial directories hang off the parent run: a resumed trial finds its
+    # checkpoints there, a new sweep never picks up an old sweep's.
     sweep_dir = f"{_safe(cfg.name)}-{parent_run_id[:8]}"
     trainable = tune.with_parameters(
         tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
         cfg=cfg, parent_run_id=parent_run_id, tracking_uri=tracking_uri,
         trials_storage=_join(storage, sweep_dir, "trials"), board=board, train_loop=train_loop,
+        reusable_runs=reusable_runs,
     )
+    tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
     tuner = tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search([t.to_dict() for t in trials])},
+        param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
                                     trial_dirname_creator=_trial_dirname),
-        run_config=tune.RunConfig(name=sweep_dir, storage_path=storage, verbose=0,
+        run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
     # Tune's console reporter (a config box, per-trial error banners) would interleave with
     # the progress lines; the legacy reporter at verbose=0 prints nothing.
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
+    # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     interrupted = False
     parent_status = "FAILED"
-    try:
-        tuner.fit()
-        parent_status = "FINISHED"
-    except KeyboardInterrupt:
-        interrupted = True
-        parent_status = "KILLED"
-        raise
-    finally:
-        printer.stop()
-        _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
-        tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
-        log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
+    with _signals_raise_keyboard_interrupt():
+        try:
+            tuner.fit()
+            parent_status = "FINISHED"
+        except KeyboardInterrupt:
+            interrupted = True
+            parent_status = "KILLED"
+            print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
+        finally:
+            printer.stop()
+            if interrupted:
+                ray.shutdown()  # ends the trial actors, their Train controllers and workers
+            _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
+            tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
+            log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
 
     rows = trial_rows(parent_run_id, tracking_uri, trials)
     return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
 
 
+def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
+                tracking_uri: str) -> tuple[str, dict[str, str], list[TrialSpec]]:
+    """(parent run id, {trial key: run id to continue}, trials still to run) for --resume.
+
+    The parent is the experiment's latest sweep run. A trial is done when its run ended
+    FINISHED or FAILED; a KILLED (interrupted) or still RUNNING run is continued, so no trial
+    ever gets a second run.
+    """
+    from service import tracking
+
+    parent = tracking.latest_sweep_run(cfg.name, tracking_uri)
+    if parent is None:
+        raise SweepError(f"nothing to resume: no earlier sweep of experiment {cfg.name!r} in {tracking_uri}; "
+                         f"run it without --resume")
+    done, reusable = set(), {}
+    for run in tracking.child_runs(parent.info.run_id, tracking_uri):
+        key = run.data.tags.get("trial_key")
+        if not key:
+            continue
+        if run.info.status in ("FINISHED", "FAILED"):
+            done.add(key)
+            reusable.pop(key, None)
+        elif key not in done:
+            reusable[key] = run.info.run_id
+    pending = [t for t in trials if t.key not in done]
+    return parent.info.run_id, reusable, pending
+
+
+@contextlib.contextmanager
+def _signals_raise_keyboard_interrupt():
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (once: further signals
+    are ignored until the block has cleaned up, so the runs get closed)."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in watched}
+
+    def handler(signum, frame):
+        for s in watched:
+            signal.signal(s, signal.SIG_IGN)
+        log.warning("received %s: stopping the sweep", signal.Signals(signum).name)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for s in watched:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_uri: str,
-               trials_storage: str, board, train_loop: Callable[[dict], None]) -> None:
+               trials_storage: str, board, train_loop: Callable[[dict], None],
+               reusable_runs: dict[str, str] | None = None) -> None:
     """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
 
     A failing fit ends the run FAILED with the error text and returns normally, so the
@@ -227,8 +312,12 @@ def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_u
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
     trial = TrialSpec.from_dict(config["trial"])
-    run_id = tracking.start_child_run(parent_run_id, trial, cfg, tracking_uri=tracking_uri)
-    tracking.set_tags(run_id, tracking_uri, trial_key=trial.key)
+    run_id = (reusable_runs or {}).get(trial.key)
+    if run_id:  # a resumed trial continues its interrupted run
+        tracking.reopen_run(run_id, tracking_uri)
+    else:
+        run_id = tracking.start_child_run(parent_run_id, trial, cfg, tracking_uri=tracking_uri)
+        tracking.set_tags(run_id, tracking_uri, trial_key=trial.key)
     board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
 
     use_gpu = cfg.resources.use_gpu
@@ -390,8 +479,18 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
                              f"GPUs; this machine has {gpus}; lower search.world_size or set "
                              f"resources.use_gpu: false")
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
-    ray.init(address="local", num_cpus=max(1, math.ceil(cpus_needed(cfg, trials))), num_gpus=gpus,
-             **common)
+    options = dict(address="local", num_cpus=max(1, math.ceil(cpus_needed(cfg, trials))), num_gpus=gpus,
+                   **common)
+    try:
+        ray.init(**options)
+    except Exception as exc:
+        # Ray gives its raylet a fixed 30 s to register; on a machine under heavy load that
+        # can run out once. Try once more before giving up.
+        if "timed out during startup" not in str(exc):
+            raise
+        log.warning("local Ray did not start in time (%s); trying once more", exc)
+        ray.shutdown()
+        ray.init(**options)
 
 
 # --------------------------------------------------------------------------- results
@@ -507,12 +606,11 @@ def _start_log_file(cfg: SweepConfig) -> Path:
     return path
 
 
-def _route_ray_logs_to_file() -> None:
-    """Ray installs its own stderr handlers when imported; send its records to our log
-    file (the root logger's handlers) instead, so the terminal shows only our progress."""
-    import ray  # noqa: F401
-
-    for name in ("ray", "ray.tune", "ray.train", "ray.data", "ray.air"):
+def _route_library_logs_to_file() -> None:
+    """Ray and MLflow install their own stderr handlers when imported; send their records
+    to our log file (the root logger's handlers) instead, so the terminal shows only the
+    sweep's own lines."""
+    for name in ("ray", "ray.tune", "ray.train", "ray.data", "ray.air", "mlflow"):
         logger = logging.getLogger(name)
         for h in list(logger.handlers):
             if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler):

@@ -112,3 +112,50 @@ def test_unreachable_tracking_server_fails_fast_naming_it(tmp_path):
     line = assert_one_line_error(proc)
     assert uri in line and "does not answer" in line
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.fixture
+def small_ray_cluster():
+    """A real one-CPU Ray instance started here; yields its address for RAY_ADDRESS."""
+    import ray
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_world_size_the_cluster_can_never_place_is_refused_before_any_trial(tmp_path, small_ray_cluster):
+    # smoke's largest trial: world size 2 x 0.5 CPU (+ the trial driver) > the 1 CPU of this cluster.
+    config = tmp_path / "big.yaml"
+    config.write_text(SMOKE.read_text().replace("cpus_per_worker: 0.5", "cpus_per_worker: 1"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = sweep(str(config), cwd=tmp_path, env={"RAY_ADDRESS": small_ray_cluster, "MLFLOW_TRACKING_URI": uri})
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    line = assert_one_line_error(proc)
+    assert "world_size 2" in line and "can never place" in line
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(tracking_uri=uri).search_experiments(filter_string="name = 'smoke'") == []
+
+
+def test_sqlite_store_on_a_multi_host_cluster_is_refused_with_the_fix(monkeypatch):
+    # Unit test of the driver's wiring (a multi-host cluster cannot be had on one machine):
+    # ray.nodes()/cluster_resources() describe two hosts; the sweep must refuse a SQLite store.
+    import ray
+
+    from service.config import load_config
+    from service.sweep import SweepError, check_cluster
+
+    nodes = [{"NodeID": f"n{i}", "NodeManagerAddress": f"10.0.0.{i}", "Alive": True,
+              "Resources": {"CPU": 4.0}} for i in (1, 2)]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    cfg, _ = load_config(SMOKE)
+    with pytest.raises(SweepError) as err:
+        check_cluster(cfg, cfg.trials(), "sqlite:////tmp/x/mlflow.db", "s3://bucket/results")
+    message = str(err.value)
+    assert "\n" not in message
+    assert "sqlite" in message.lower() and "MLFLOW_TRACKING_URI=http" in message

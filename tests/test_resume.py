@@ -1,0 +1,164 @@
+"""Interrupted sweeps, for real: `python -m service.sweep` with a local Ray and a temporary
+SQLite MLflow store gets SIGINT (or SIGTERM) in the middle of a trial; every run it leaves
+behind is closed KILLED (none RUNNING), and `--resume` finishes only the unfinished trials
+under the same parent run, continuing the interrupted trial's run: no duplicate runs, and
+one loss point per step.
+
+Slow by nature (Ray start-up, ~30 s of Ray Train start-up/tear-down per trial).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+STEPS = 200
+CONFIG = f"""
+name: resume_test
+workload:
+  name: mlp_digits
+  steps: {STEPS}
+  global_batch_size: 128
+  lr: 0.05
+  eval_every: 100
+  warmup_steps: 5
+search:
+  hooks: [allreduce]
+  world_size: [1, 2]
+  seed: [0]
+resources:
+  cpus_per_worker: 0.5
+checkpoint:
+  every: 50
+tracking:
+  flush_seconds: 1.0
+"""
+
+
+def sweep_cmd(config: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "service.sweep", str(config), *extra]
+
+
+def sweep_env(uri: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
+    env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    return env
+
+
+def all_runs(client: MlflowClient, experiment: str) -> list:
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=100)
+
+
+def children(runs: list) -> list:
+    return [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+
+
+def parents(runs: list) -> list:
+    return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+
+
+def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, timeout: float = 900):
+    """The first child run that is RUNNING and already has loss points in MLflow."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out, err = proc.communicate()
+            pytest.fail(f"the sweep ended before it could be interrupted:\n{out}\n{err}")
+        try:
+            for run in children(all_runs(client, "resume_test")):
+                if run.info.status == "RUNNING" and client.get_metric_history(run.info.run_id, "loss"):
+                    return run
+        except Exception:  # the store is still being created by the sweep
+            pass
+        time.sleep(1)
+    proc.kill()
+    pytest.fail("no trial started training in time")
+
+
+def interrupt(tmp_path: Path, sig: signal.Signals):
+    config = tmp_path / "resume.yaml"
+    config.write_text(CONFIG)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    proc = subprocess.Popen(sweep_cmd(config), cwd=tmp_path, env=sweep_env(uri),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        victim = wait_for_a_trial_mid_training(proc, client)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return config, uri, client, victim, proc.returncode, out, err
+
+
+def assert_left_closed(client: MlflowClient, victim) -> None:
+    runs = all_runs(client, "resume_test")
+    assert [r.info.status for r in runs if r.info.status == "RUNNING"] == [], "no run may stay RUNNING"
+    (parent,) = parents(runs)
+    assert parent.info.status == "KILLED"
+    interrupted = client.get_run(victim.info.run_id)
+    assert interrupted.info.status == "KILLED"
+    assert interrupted.data.tags["status"] == "killed"
+
+
+@pytest.mark.ray
+def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(tmp_path):
+    config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGINT)
+    assert rc == 130, f"{out}\n{err}"
+    assert "Traceback" not in out + err
+    assert f"{config} --resume" in out
+    assert_left_closed(client, victim)
+    before = {r.info.run_id for r in children(all_runs(client, "resume_test"))}
+
+    proc = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "Resuming sweep" in proc.stdout
+
+    runs = all_runs(client, "resume_test")
+    (parent,) = parents(runs)  # the same parent, continued: no second sweep run
+    assert parent.info.status == "FINISHED"
+    trial_runs = children(runs)
+    assert sorted(r.info.run_name for r in trial_runs) == ["allreduce-w1-s0", "allreduce-w2-s0"]
+    assert before <= {r.info.run_id for r in trial_runs}, "interrupted trials continue their own runs"
+    for run in trial_runs:
+        assert run.info.status == "FINISHED", run.info.run_name
+        assert run.data.tags["status"] == "ok", run.info.run_name
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
+        assert len(steps) == STEPS and len(set(steps)) == STEPS, (run.info.run_name, sorted(steps))
+    assert client.get_run(victim.info.run_id).info.status == "FINISHED"
+
+    # Nothing is left to do: a second --resume runs no trial and creates no run.
+    again = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, f"{again.stdout}\n{again.stderr}"
+    assert "0 to run" in again.stdout
+    assert len(all_runs(client, "resume_test")) == len(runs)
+
+
+@pytest.mark.ray
+def test_sigterm_mid_trial_ends_the_runs_killed(tmp_path):
+    config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGTERM)
+    assert rc == 130, f"{out}\n{err}"
+    assert "Traceback" not in out + err
+    assert_left_closed(client, victim)
+
+
+def test_resume_without_an_earlier_sweep_is_one_line(tmp_path):
+    config = tmp_path / "resume.yaml"
+    config.write_text(CONFIG)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: nothing to resume"), proc.stderr
