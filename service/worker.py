@@ -88,7 +88,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
                             rank, world_size, wl_cfg.grad_accumulation)
-    first_step = restore(start.checkpoint, model, optimizer, hook_state) + 1
+    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device) + 1
     monitor = NanMonitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                          hook_name=trial.hook)
     faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
@@ -388,17 +388,31 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     return state
 
 
-def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state) -> int:
-    """Load a checkpoint (``{"trainer": ..., "hook_state": ...}``); returns its step (0: none)."""
+def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: Workload, device) -> int:
+    """Load a checkpoint (``{"trainer": ..., "hook_state": ...}``); returns its step (0: none).
+
+    DDP rebuilds its gradient buckets after the first synced iteration; the hook's per-bucket
+    memory (error feedback, PowerSGD's P/Q) was saved from the rebuilt layout. One
+    zero-gradient iteration first puts a fresh DDP in that layout, so the memory is used from
+    the very first resumed step. Every rank resumes, so every rank runs it (a collective).
+    """
     if not checkpoint:
         return 0
+    prime_buckets(model, wl, device)
     trainer = checkpoint["trainer"]
     model.module.load_state_dict(trainer["model"])
     optimizer.load_state_dict(trainer["optimizer"])
     load = getattr(hook_state, "load_state_dict", None)
     if load and checkpoint.get("hook_state") is not None:
-        load(checkpoint["hook_state"])
+        load(checkpoint["hook_state"])  # also brings the hook's counters back to the checkpoint's
     return int(trainer["step"])
+
+
+def prime_buckets(model: DDP, wl: Workload, device) -> None:
+    """One synced forward/backward with a zero loss: no update, buckets get rebuilt."""
+    x, y = fetch_batch(wl.train_set, torch.arange(min(2, len(wl.train_set))))
+    (wl.loss_fn(model(x.to(device)), y.to(device)) * 0.0).backward()
+    model.zero_grad(set_to_none=True)
 
 
 def save_checkpoint_dir(directory: str, state: dict[str, Any]) -> None:

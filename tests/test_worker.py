@@ -35,7 +35,8 @@ def tiny_digits(seed: int) -> Workload:
 
 
 def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), faults=(), on_nan=True,
-             workload: str = TINY, **settings) -> SweepConfig:
+             workload: str = TINY, checkpoint=None, **settings) -> SweepConfig:
+    """A sweep config for these tests; ``settings`` go to the workload section."""
     return SweepConfig.model_validate({
         "name": "worker-test",
         "workload": {"name": workload, "steps": steps, "global_batch_size": 32, "lr": 0.05,
@@ -44,6 +45,7 @@ def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), fault
         "stop": {"on_nan": on_nan},
         "faults": list(faults),
         "tracking": {"flush_seconds": 0.5},
+        "checkpoint": checkpoint or {},
     })
 
 
