@@ -236,7 +236,10 @@ def check_perchannel_beats_pertensor(rank: int, w: int) -> dict:
         start += n
     for layer, (e_tensor, e_channel) in enumerate(errors):
         assert e_channel < 0.02, (layer, float(e_channel))
-        assert e_channel * 10 < e_tensor, (layer, float(e_tensor), float(e_channel))
+        if scales[layer] < max(scales):  # layers the largest one dwarfs: per-tensor loses them
+            assert e_channel * 10 < e_tensor, (layer, float(e_tensor), float(e_channel))
+        else:  # the largest layer sets the per-tensor range: per-channel is still no worse
+            assert e_channel <= e_tensor, (layer, float(e_tensor), float(e_channel))
     return {"relative_errors": [(float(a), float(b)) for a, b in errors]}
 
 
