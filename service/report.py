@@ -108,15 +108,26 @@ class MlflowReader:
         return self.client.get_experiment(experiment_id).name
 
     def child_runs(self, parent) -> list:
-        return self._search(parent.info.experiment_id,
+        """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
+        the run name) the newest wins."""
+        runs = self._search(parent.info.experiment_id,
                             f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        newest = {}
+        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+            newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run
+        return list(newest.values())
 
     def history(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of a step metric, in step order; empty arrays if never logged."""
-        points = sorted(self.client.get_metric_history(run_id, key),
-                        key=lambda m: (m.step, m.timestamp))
-        return (np.array([m.step for m in points], dtype=np.int64),
-                np.array([m.value for m in points], dtype=np.float64))
+        """(steps, values) of a step metric, in step order; empty arrays if never logged.
+        A step logged twice (a trial restarted from a checkpoint in the same run) keeps its
+        latest value."""
+        latest = {}
+        for m in sorted(self.client.get_metric_history(run_id, key),
+                        key=lambda m: (m.step, m.timestamp)):
+            latest[m.step] = m.value
+        steps = sorted(latest)
+        return (np.array(steps, dtype=np.int64),
+                np.array([latest[s] for s in steps], dtype=np.float64))
 
     def config_text(self, run_id: str) -> tuple[str, str] | None:
         """(file name, text) of the sweep config the driver attached, if any."""

@@ -139,8 +139,10 @@ def store(tmp_path_factory):
     ]
     unfinished = client.create_run(exp_id, run_name="quantization_pertensor-w2-s0",
                                    tags={"mlflow.parentRunId": running_parent.info.run_id})
+    # Restarted from a checkpoint at step 4 in the same run: steps 4-6 are logged again.
     client.log_batch(unfinished.info.run_id,
-                     metrics=[Metric("loss", 2.0 - 0.1 * i, 0, i) for i in range(7)],
+                     metrics=[Metric("loss", 2.0 - 0.1 * i, 0, i) for i in range(7)]
+                     + [Metric("loss", 1.0 - 0.1 * i, 10, i) for i in range(4, 7)],
                      params=[Param("hook", "quantization_pertensor"), Param("world_size", "2"),
                              Param("seed", "0")])
     killed = client.create_run(exp_id, run_name="quantization_perchannel-c128-w2-s0",
@@ -337,6 +339,9 @@ def test_report_of_interrupted_sweep_by_experiment_name(store, tmp_path):
     assert "not complete" in page
     sweep = report.load_sweep(report.MlflowReader(store["uri"]), store["running_parent_id"])
     assert sorted(t.state for t in sweep.trials) == ["killed", "ok", "running"]
+    restarted = next(t for t in sweep.trials if t.state == "running")
+    assert list(restarted.loss[0]) == list(range(7))  # a step logged twice: the latest value
+    assert list(restarted.loss[1]) == pytest.approx([2.0, 1.9, 1.8, 1.7, 0.6, 0.5, 0.4])
     for name in report.REPORT_FILES:
         assert (tmp_path / "r" / name).stat().st_size > 0
     assert not store["client"].list_artifacts(store["running_parent_id"])  # --no-attach
@@ -426,3 +431,58 @@ def test_report_html_renders_in_headless_chromium(store, tmp_path):
     shot.unlink(missing_ok=True)
     run_chromium(["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()], tmp_path)
     assert shot.stat().st_size > 20_000
+
+
+# --------------------------------------------------------------------------------------------
+# On a small REAL sweep (local Ray, the smoke preset, a temporary SQLite store)
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.ray
+def test_report_of_a_real_smoke_sweep(tmp_path):
+    """`python -m service.sweep smoke` for real, then the report: what the plots and tables are
+    drawn from equals what the trials logged, read back with a plain MlflowClient."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    sweep_run = subprocess.run([sys.executable, "-m", "service.sweep", "tune_configs/smoke.yaml"],
+                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert sweep_run.returncode == 0, sweep_run.stdout[-3000:] + sweep_run.stderr[-3000:]
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4
+
+    out = tmp_path / "report"
+    html_path = report.build_report(parent.info.run_id, tracking_uri=uri, out_dir=out)
+    for name in report.REPORT_FILES:
+        assert (out / name).stat().st_size > 0, name
+    assert set(report.REPORT_FILES) <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert html_path.read_text().count("data:image/png;base64,") == 3
+
+    sweep = report.load_sweep(report.MlflowReader(uri), parent.info.run_id)
+    curves = {run_id: c for cs in report.loss_curve_data(sweep).values() for c in cs
+              for run_id in c.run_ids}
+    rows = {run_id: r for r in report.summary_rows(sweep) for run_id in r.run_ids}
+    for child in children:
+        run_id, params = child.info.run_id, child.data.params
+        history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+        assert len(history) == int(params["steps"])  # one point per step
+        curve = curves[run_id]  # one seed: the curve is this trial's loss, point for point
+        assert curve.world_size == int(params["world_size"]) and curve.hook == params["hook"]
+        assert list(curve.steps) == [m.step for m in history]
+        assert list(curve.mean) == [m.value for m in history]
+        row = rows[run_id]
+        assert row.states == {"ok": 1} and child.data.tags["status"] == "ok"
+        for metric in ("samples_per_s", "comm_bytes_per_step", "final_loss",
+                       "final_eval_accuracy", "compression_ratio"):
+            assert row.mean(metric) == child.data.metrics[metric], metric
+    lines = {(line.config, w): m for line in report.throughput_data(sweep)
+             for w, m in zip(line.world_sizes, line.mean)}
+    assert lines == {(rows[c.info.run_id].config, int(c.data.params["world_size"])):
+                     c.data.metrics["samples_per_s"] for c in children}
+    _, points = report.tradeoff_data(sweep)
+    assert {(p.config, p.bytes_per_step) for p in points[2]} == {
+        (rows[c.info.run_id].config, c.data.metrics["comm_bytes_per_step"])
+        for c in children if c.data.params["world_size"] == "2"}
