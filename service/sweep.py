@@ -39,9 +39,6 @@ from service.config import ConfigError, SweepConfig, TrialSpec, load_config
 
 log = logging.getLogger("service.sweep")
 
-# The Train controller polls its workers at this interval, and every ray.train.report is a
-# barrier through it: Ray's default of 2 s made each report cost ~1.5 s here, 0.2 s ~0.15 s.
-HEALTH_CHECK_INTERVAL_S = "0.2"
 # A Tune trial only waits on its TorchTrainer: it needs a sliver of a CPU, not a whole one.
 TRIAL_DRIVER_CPUS = 0.01
 # Summary metrics shown in the end-of-sweep table (logged by the worker's rank 0).
@@ -307,10 +304,10 @@ def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_u
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from service import tracking
+    from service import ray_runtime, tracking
     from service.progress import Publisher
 
-    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", HEALTH_CHECK_INTERVAL_S)
+    ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
     trial = TrialSpec.from_dict(config["trial"])
     run_id = (reusable_runs or {}).get(trial.key)
     if run_id:  # a resumed trial continues its interrupted run

@@ -1,0 +1,71 @@
+"""How this service starts and tunes Ray: the environment variables and ray.init arguments
+that decide what a trial costs beyond its training, each with what it saves (measured side by
+side with ``python bench/overhead.py``; figures and method in docs/performance.md).
+
+    from service import ray_runtime
+    ray_runtime.apply_env()                  # in the driver and in each Tune trial, before TorchTrainer
+    ray_runtime.init_local(num_cpus=4)       # a local Ray instance with the settings below
+
+Ray Train V2 reads these in the process that builds the ``TorchTrainer`` (our Tune trial) and
+propagates what its controller and workers need, so setting them in the trial is enough on a
+cluster too. A variable the user already set wins (``setdefault``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# name -> (our value, Ray's default). Why each one, measured (bench/overhead.py):
+TRAIN_ENV: dict[str, tuple[str, str]] = {
+    # The Train controller polls its workers at this interval, and every ray.train.report is
+    # a barrier through it: Ray's default of 2 s made each report cost ~1.5 s here, 0.2 s ~0.15 s.
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": ("0.2", "2.0"),
+    # Train's controller and worker metrics callbacks (Prometheus gauges updated from every
+    # worker and the controller loop): nothing here reads them; off saves their CPU per trial.
+    "RAY_TRAIN_METRICS_ENABLED": ("0", "1"),
+    # Train's per-worker chdir into the trial directory (one more remote call per worker at
+    # start): the worker uses absolute paths only (tracking URI, checkpoints via Ray).
+    "RAY_CHDIR_TO_TRIAL_DIR": ("0", "1"),
+}
+
+
+def apply_env(ray_defaults: bool = False) -> None:
+    """Set TRAIN_ENV in this process unless the user already set a variable.
+
+    ``ray_defaults=True`` (benchmarks only) sets Ray's own defaults instead, except the health
+    check interval, which the service used before these settings were measured.
+    """
+    for name, (ours, default) in TRAIN_ENV.items():
+        if ray_defaults and name != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S":
+            os.environ[name] = default
+        else:
+            os.environ.setdefault(name, ours)
+
+
+def local_init_kwargs(num_cpus: int, num_gpus: int | None = None) -> dict[str, Any]:
+    """ray.init arguments for a local instance started by the sweep (or a bench): no
+    dashboard, worker output kept in Ray's log files (the terminal shows the sweep's lines)."""
+    return dict(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                log_to_driver=False, configure_logging=False)
+
+
+# ray.init waits a hard-coded 30 s for its raylet to register; on a loaded machine (measured:
+# load average 25-45 on 2 cores) that wait runs out although the node comes up a bit later.
+INIT_ATTEMPTS = 3
+
+
+def init_local(num_cpus: int, num_gpus: int | None = None) -> None:
+    """Start a local Ray instance with TRAIN_ENV applied (inherited by every Ray process),
+    retrying the start-up timeout of a loaded machine."""
+    import ray
+
+    apply_env()
+    for attempt in range(1, INIT_ATTEMPTS + 1):
+        try:
+            ray.init(**local_init_kwargs(num_cpus, num_gpus))
+            return
+        except Exception as exc:  # ray raises a bare Exception for this timeout
+            if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
+                raise
+            ray.shutdown()
