@@ -173,7 +173,7 @@ def _write_overlay(config: Path, storage_path: str) -> Path:
     text = config.read_text()
     line = f"storage_path: {json.dumps(storage_path)}"  # a JSON string is a YAML string
     if re.search(r"^storage_path\s*:", text, flags=re.M):
-        text = re.sub(r"^storage_path\s*:.*$", line, text, flags=re.M)
+        text = re.sub(r"^storage_path\s*:.*$", lambda _: line, text, flags=re.M)
     else:
         text = text.rstrip("\n") + f"\n# set by service.submit --storage-path\n{line}\n"
     directory = PROJECT_ROOT / OVERLAY_DIR
