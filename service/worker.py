@@ -307,7 +307,7 @@ class Reporter:
                         nan_bucket_index=nan_report.bucket_index,
                         nan_params=",".join(nan_report.param_names))
             self.logger.log_dict(nan_report.to_dict(), "nan_provenance.json")
-        self.logger.set_tags(**tags)
+        self.logger.set_tags(**{k: v for k, v in tags.items() if v is not None})
         self.logger.close()
 
 
