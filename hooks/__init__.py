@@ -8,7 +8,8 @@
 See docs/hooks.md for each hook's algorithm, wire cost and error.
 """
 from . import cost
+from .fidelity import with_fidelity
 from .registry import HookSpec, available, build, validate
 from .state import HookState, NonfiniteBucket
 
-__all__ = ["HookSpec", "HookState", "NonfiniteBucket", "available", "build", "validate", "cost"]
+__all__ = ["HookSpec", "HookState", "NonfiniteBucket", "available", "build", "validate", "with_fidelity", "cost"]

@@ -57,10 +57,13 @@ class HookState:
         self._nonfinite_counts: dict[int, torch.Tensor] = {}
         self._bucket_params: dict[int, list] = {}
         self._nonfinite_popped = 0
-        # error feedback: bucket index -> (parameters, residual); residuals loaded from a checkpoint
-        # wait in _restored until a bucket with the same index and layout arrives.
+        # error feedback: bucket index -> (parameters, flat residual); parameter ordinals (first-seen
+        # order, stable across processes) key the residuals in checkpoints; restored residuals wait
+        # in _restored (ordinal -> tensor) until their parameter's bucket arrives.
         self._residuals: dict[int, tuple[list, torch.Tensor]] = {}
-        self._restored: dict[int, tuple[tuple, torch.Tensor]] = {}
+        self._ordinals: dict[int, int] = {}
+        self._restored: dict[int, torch.Tensor] = {}
+        self._fidelity: list | None = None  # [sum rel error, sum cosine, samples] once enabled
 
     # ---------------------------------------------------------------- group
     @property
@@ -136,7 +139,23 @@ class HookState:
         for kind in COLLECTIVES:
             out[f"{kind}_calls"] = self._per_kind[kind][0]
             out[f"{kind}_bytes"] = self._per_kind[kind][1]
+        if self._fidelity is not None:
+            rel_sum, cos_sum, samples = self._fidelity
+            out["fidelity_samples"] = samples
+            out["fidelity_rel_error"] = float(rel_sum) / samples if samples else float("nan")
+            out["fidelity_cosine"] = float(cos_sum) / samples if samples else float("nan")
         return out
+
+    # ---------------------------------------------------------------- fidelity (hooks.with_fidelity)
+    def enable_fidelity(self) -> None:
+        if self._fidelity is None:
+            self._fidelity = [0.0, 0.0, 0]
+
+    def record_fidelity(self, rel_error: torch.Tensor, cosine: torch.Tensor) -> None:
+        """Add one sampled bucket's relative error and cosine (device tensors: no sync here)."""
+        with self._lock:
+            rel_sum, cos_sum, samples = self._fidelity
+            self._fidelity = [rel_error.detach() + rel_sum, cosine.detach() + cos_sum, samples + 1]
 
     def reset_stats(self) -> None:
         self._calls = 0
@@ -146,6 +165,8 @@ class HookState:
         with self._lock:
             self._seconds = 0.0
         self._per_kind = {kind: [0, 0] for kind in COLLECTIVES}
+        if getattr(self, "_fidelity", None) is not None:
+            self._fidelity = [0.0, 0.0, 0]
         # nonfinite_inputs restarts from zero too: remember what had been counted so far.
         popped = getattr(self, "_nonfinite_popped", 0)
         pending = self._pending_nonfinite() if hasattr(self, "_nonfinite_counts") else 0
@@ -176,10 +197,11 @@ class HookState:
     def add_residual(self, bucket, x: torch.Tensor) -> torch.Tensor:
         """Add this bucket's residual from the previous step into ``x`` (in place); return ``x``.
 
-        The residual is kept per bucket. DDP rebuilds its buckets after the first iteration
-        (new parameter order and sizes), so a residual whose bucket layout changed is redistributed
-        parameter by parameter; one restored from a checkpoint is applied once a bucket with the
-        same index and parameter shapes arrives.
+        Residuals are kept per bucket (one add per call). DDP rebuilds its buckets after the first
+        iteration (new parameter order and sizes): a residual whose bucket layout changed is moved
+        parameter by parameter. Checkpoints key residuals by each parameter's ordinal, the order
+        in which this state first saw it; a fresh DDP over the same model presents its initial
+        buckets in the same order, so a restored residual lands on the same parameter.
         """
         if not self.error_feedback:
             return x
@@ -189,56 +211,61 @@ class HookState:
         if entry is not None and _same_params(entry[0], params):
             x.add_(entry[1].to(x.dtype))
             return x
+        ordinals = [self._ordinals.setdefault(id(p), len(self._ordinals)) for p in params]
         if self._residuals:
             self._redistribute(x, params)
-        restored = self._restored.get(idx)
-        if restored is not None and restored[0] == _param_layout(params) and restored[1].numel() == x.numel():
-            x.add_(restored[1].to(device=x.device, dtype=x.dtype))
-            del self._restored[idx]
+        if self._restored:
+            off = 0
+            for p, o in zip(params, ordinals):
+                r = self._restored.pop(o, None)
+                if r is not None and r.numel() == p.numel():
+                    x[off : off + p.numel()].add_(r.to(device=x.device, dtype=x.dtype).view(-1))
+                off += p.numel()
         return x
 
     def _redistribute(self, x: torch.Tensor, params: list) -> None:
         """Move residual slices of parameters in this bucket from older bucket layouts into ``x``."""
-        wanted = {id(p): p for p in params}
-        offsets, off = {}, 0
+        wanted, off = {}, 0
         for p in params:
-            offsets[id(p)] = off
+            wanted[id(p)] = off
             off += p.numel()
         for old_idx in list(self._residuals):
             old_params, old_res = self._residuals[old_idx]
-            o, moved = 0, False
+            keep, parts, o = [], [], 0
             for p in old_params:
                 if id(p) in wanted:
-                    start = offsets[id(p)]
+                    start = wanted[id(p)]
                     x[start : start + p.numel()].add_(old_res[o : o + p.numel()].to(x.dtype))
-                    moved = True
-                o += p.numel()
-            if moved:
-                # The old bucket's slices now live in this bucket's residual; drop them there.
-                keep = [p for p in old_params if id(p) not in wanted]
-                if keep:
-                    parts, o = [], 0
-                    for p in old_params:
-                        if id(p) not in wanted:
-                            parts.append(old_res[o : o + p.numel()])
-                        o += p.numel()
-                    self._residuals[old_idx] = (keep, torch.cat(parts))
                 else:
-                    del self._residuals[old_idx]
+                    keep.append(p)
+                    parts.append(old_res[o : o + p.numel()])
+                o += p.numel()
+            if len(keep) == len(old_params):
+                continue
+            if keep:  # the moved slices now belong to this bucket's residual
+                self._residuals[old_idx] = (keep, torch.cat(parts))
+            else:
+                del self._residuals[old_idx]
 
     def store_residual(self, bucket, residual: torch.Tensor) -> None:
         """Remember ``residual`` (input minus what the compressed contribution carried)."""
         self._residuals[bucket.index()] = (bucket.parameters(), residual)
 
+    def _residuals_by_ordinal(self) -> dict[int, torch.Tensor]:
+        out = {}
+        for params, res in self._residuals.values():
+            o = 0
+            for p in params:
+                out[self._ordinals[id(p)]] = res[o : o + p.numel()].detach().cpu().clone()
+                o += p.numel()
+        for ordinal, res in self._restored.items():
+            out.setdefault(ordinal, res.clone())
+        return out
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: plain dicts of CPU tensors and numbers (picklable)."""
-        residuals = {
-            idx: {"layout": _param_layout(params), "residual": res.detach().cpu().clone()}
-            for idx, (params, res) in self._residuals.items()
-        }
-        for idx, (layout, res) in self._restored.items():
-            residuals.setdefault(idx, {"layout": layout, "residual": res.clone()})
+        residuals = self._residuals_by_ordinal()
         with self._lock:
             seconds = self._seconds
         return {
@@ -257,7 +284,7 @@ class HookState:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self._residuals = {}
-        self._restored = {int(i): (tuple(map(tuple, e["layout"])), e["residual"].clone()) for i, e in d.get("residuals", {}).items()}
+        self._restored = {int(o): t.clone() for o, t in d.get("residuals", {}).items()}
         s = d.get("stats")
         if s:
             self._calls = s["calls"]

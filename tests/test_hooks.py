@@ -22,6 +22,7 @@ NAMES = {
     "quantization_pertensor",
     "quantization_perchannel",
     "powersgd",
+    "quantized_allreduce",
 }
 
 
@@ -198,3 +199,64 @@ def test_state_dict_is_plain_and_loads_into_a_fresh_state(name):
     fresh.load_state_dict(pickle.loads(blob))
     fresh.load_state_dict(d2)
     assert fresh.stats()["calls"] == 1
+
+
+# ------------------------------------------------------------------ cost model (hooks.cost)
+def test_alpha_beta_collective_times():
+    gbps, alpha = 10.0, 5e-6
+    beta = gbps * 1e9 / 8
+    n = 1_000_000
+    assert hooks.cost.collective_seconds("allreduce", n, 4, gbps, alpha) == pytest.approx(2 * 3 * (alpha + n / 4 / beta))
+    assert hooks.cost.collective_seconds("allgather", n, 4, gbps, alpha) == pytest.approx(3 * (alpha + n / beta))
+    assert hooks.cost.collective_seconds("all_to_all", n, 4, gbps, alpha) == pytest.approx(3 * (alpha + n / 4 / beta))
+    assert hooks.cost.collective_seconds("allreduce", n, 1, gbps, alpha) == 0
+
+
+def test_hook_collectives_match_the_documented_wire_formulas():
+    n, c = 100_000, 512
+    for w in (2, 3, 4, 8, 64):
+        ring = 2 * (w - 1) / w
+        assert hooks.cost.hook_wire_bytes("allreduce", n, w) == pytest.approx(ring * 4 * n)
+        assert hooks.cost.hook_wire_bytes("fp16_compress", n, w) == pytest.approx(ring * 2 * n)
+        assert hooks.cost.hook_wire_bytes("quantization_perchannel", n, w, chunk_size=c) == pytest.approx(
+            (w - 1) * (n + 8 * math.ceil(n / c))
+        )
+        s = math.ceil(math.ceil(n / c) / w)
+        assert hooks.cost.hook_wire_bytes("quantized_allreduce", n, w, chunk_size=c) == pytest.approx(2 * (w - 1) * (s * c + 8 * s))
+    # about a quarter of fp32 ring allreduce at every world size, for buckets >> W * chunk_size
+    big = 25_000_000 // 4
+    for w in (2, 4, 8, 64, 512):
+        ratio = hooks.cost.hook_wire_bytes("quantized_allreduce", big, w) / hooks.cost.hook_wire_bytes("allreduce", big, w)
+        assert 0.25 < ratio < 0.27, (w, ratio)
+    # the allgather quantizers stop paying at W = 8
+    assert hooks.cost.hook_wire_bytes("quantization_pertensor", big, 8) > hooks.cost.hook_wire_bytes("allreduce", big, 8)
+
+
+def test_projection_from_measured_stats():
+    # two steps of one 1000-float bucket each under allreduce, projected to W = 8 at 100 Gbit/s
+    stats = {"calls": 2, "raw_bytes": 8000, "payload_bytes": 8000, "allreduce_calls": 2}
+    per_call = hooks.cost.collective_seconds("allreduce", 4000, 8, 100.0)
+    assert hooks.cost.projected_comm_seconds("allreduce", stats, steps=2, world_size=8, link_gbps=100.0) == pytest.approx(per_call)
+    assert hooks.cost.projected_step_seconds(0.5, "allreduce", stats, 2, 8, 100.0) == pytest.approx(0.5 + per_call)
+    # PowerSGD: the measured payload/raw ratio prices the compressed allreduces, plus their latency
+    ps = {"calls": 2, "raw_bytes": 8000, "payload_bytes": 2000, "allreduce_calls": 6}
+    got = hooks.cost.projected_comm_seconds("powersgd", ps, steps=2, world_size=8, link_gbps=100.0, latency_s=1e-5)
+    expect = hooks.cost.collective_seconds("allreduce", 1000, 8, 100.0, 1e-5) + 2 * 2 * 7 * 1e-5
+    assert got == pytest.approx(expect)
+    assert hooks.cost.projected_comm_seconds("allreduce", {"calls": 0}, 1, 8, 10.0) == 0
+    with pytest.raises(ValueError):
+        hooks.cost.hook_collectives("nope", 10, 2)
+
+
+def test_quantized_allreduce_is_listed_with_its_chunk_size():
+    spec = hooks.available()["quantized_allreduce"]
+    assert spec.params == {"chunk_size": 512, "error_feedback": False} and spec.lossy
+
+
+def test_with_fidelity_rejects_a_bad_period():
+    state, hook = hooks.build("allreduce")
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="every"):
+            hooks.with_fidelity(state, hook, every=bad)
+    _, wrapped = hooks.with_fidelity(state, hook, every=3)
+    assert wrapped.__name__ == "allreduce_with_fidelity"
