@@ -1,0 +1,165 @@
+"""Shared helpers of the bench scripts: side-by-side alternation, machine load, tables, JSON.
+
+Every figure on this machine is noisy (2 cores shared with other work), so the scripts
+measure the things they compare in one invocation, alternating them, and report medians
+and ratios; the load average before and after each run goes into the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+if str(ROOT) not in sys.path:  # `python bench/x.py` from anywhere finds hooks/ and service/
+    sys.path.insert(0, str(ROOT))
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (how shared the CPUs were)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on Linux
+        return []
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "host": socket.gethostname()}
+
+
+def median(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return statistics.median(xs) if xs else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TreeCpu:
+    """CPU seconds (user + system) that this process and every process below it use between
+    ``start()`` and ``stop()``, short-lived children included.
+
+    On a machine shared with other work, wall time mostly measures the others; the CPU time a
+    launch makes the machine do is the figure that holds still. Exited processes cannot be read
+    afterwards, and Ray's raylet reaps its workers without accounting (their time is not in its
+    cutime), so a thread samples /proc every ``interval`` seconds and keeps each process's last
+    value; a process's CPU after its last sample (< ``interval``) is missed. The sampler's own
+    CPU is not counted. Linux /proc only.
+    """
+
+    def __init__(self, interval: float = 0.2):
+        import threading
+
+        self.interval = interval
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._root = os.getpid()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._first: dict[tuple[int, int], float] = {}
+        self._last: dict[tuple[int, int], float] = {}
+        self._sampler_cpu = 0.0
+
+    def _scan(self) -> dict[tuple[int, int], float]:
+        parent: dict[int, int] = {}
+        own: dict[int, tuple[int, float]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:  # exited meanwhile
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+            pid = int(entry)
+            parent[pid] = int(fields[1])
+            own[pid] = (int(fields[19]), (int(fields[11]) + int(fields[12])) / self._tick)  # starttime, utime+stime
+        out = {}
+        for pid, (started, cpu) in own.items():
+            p, hops = pid, 0
+            while p in parent and p != self._root and hops < 64:
+                p, hops = parent[p], hops + 1
+            if p == self._root and pid != self._root:
+                out[(pid, started)] = cpu
+        return out
+
+    def _run(self) -> None:
+        import time as _t
+
+        while not self._stop.wait(self.interval):
+            t0 = _t.thread_time()
+            self._last.update(self._scan())
+            self._sampler_cpu += _t.thread_time() - t0
+
+    def start(self) -> "TreeCpu":
+        import time as _t
+
+        self._first = self._scan()
+        self._last = dict(self._first)
+        self._root_cpu0 = _t.process_time()
+        self._thread.start()
+        return self
+
+    def stop(self) -> float:
+        """CPU seconds used since start() by this process (less the sampler) and its descendants."""
+        import time as _t
+
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._scan())
+        children = sum(cpu - self._first.get(key, 0.0) for key, cpu in self._last.items())
+        return children + (_t.process_time() - self._root_cpu0 - self._sampler_cpu)
+
+
+def write_json(name: str, payload: dict[str, Any], out: str | None = None) -> Path:
+    """Write ``payload`` (plus when and how loaded the machine was) to bench/results/NAME.json
+    or to ``out``; returns the path."""
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"bench": name, "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "argv": sys.argv[1:], **payload}
+    path.write_text(json.dumps(payload, indent=2, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A plain text table: numbers right-aligned, text left-aligned."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) for i in range(len(headers))]
+
+    def line(row):
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:
+            return "-"
+        return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
+    return str(value)

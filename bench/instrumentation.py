@@ -1,0 +1,197 @@
+"""What the trial's instrumentation costs per step: MLflow logging + NaN checks + hook
+accounting on, against the same loop with all three off.
+
+    python bench/instrumentation.py          # char_lm, world size 2, 3 alternating rounds
+    python bench/instrumentation.py --quick  # 6 steps, 1 round (smoke test)
+
+Two gloo processes (torch.multiprocessing, no Ray) run ``service.worker.run_training`` on
+the same trial again and again, alternating the two modes, so both see the same machine load:
+
+- on:  rank 0 logs every step through ``tracking.MetricLogger`` into a SQLite MLflow store
+       (batched, flushed every ``flush_seconds``), ``service.nan.NanMonitor`` checks every
+       step (fused max-abs passes + one tiny all-reduce), and the hook is the library's
+       ``allreduce`` with its byte/time/NaN-flag accounting;
+- off: no logger, a stand-in monitor that only reads the local loss, and torch's own
+       ``allreduce_hook`` (the same algorithm without accounting).
+
+Step time = wall between the starts of consecutive steps on rank 0 (so a logger flush, which
+happens after the step's own timer stops, is counted), over the steps after warm-up; the
+figure is the mean (flushes included) and the median, per mode, and on/off - 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
+
+# on/off is the figure; the "only_*" modes turn one part on at a time to say which part costs.
+MODES = ("on", "off")
+PART_MODES = ("only_logging", "only_nan_checks", "only_accounting")
+
+
+def bench_config(steps: int, warmup: int, flush_seconds: float) -> dict:
+    return {
+        "name": "bench-instrumentation",
+        "workload": {"name": "char_lm", "steps": steps, "global_batch_size": 32, "lr": 0.001,
+                     "optimizer": "adamw", "eval_every": steps, "warmup_steps": warmup},
+        "search": {"hooks": ["allreduce"], "world_size": [2], "seed": [0]},
+        "resources": {"cpus_per_worker": 1.0},
+        "tracking": {"flush_seconds": flush_seconds},
+    }
+
+
+class _NoChecks:
+    """NaN checks off: the step's local loss, no reductions, no all-reduce."""
+
+    report = None
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def check(self, step, loss):
+        from service.nan import StepCheck
+
+        return StepCheck(step=step, mean_loss=float(loss), nonfinite=False)
+
+
+def _plain_allreduce(name, process_group=None, **params):
+    """Hook accounting off: torch's built-in allreduce hook (same algorithm, no accounting)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return process_group, allreduce_hook
+
+
+def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
+    import service.worker as worker
+    from service import tracking
+
+    begins: list[float] = []
+
+    class RecordingMeter(worker.StepMeter):
+        def begin(self):
+            begins.append(time.perf_counter())
+            super().begin()
+
+    saved = worker.StepMeter, worker.NanMonitor, worker.hooks.build
+    worker.StepMeter = RecordingMeter
+    logger = None
+    if mode not in ("on", "only_nan_checks"):
+        worker.NanMonitor = _NoChecks
+    if mode not in ("on", "only_accounting"):
+        worker.hooks.build = _plain_allreduce
+    if mode in ("on", "only_logging") and rank == 0:
+        logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds)
+    try:
+        started = time.perf_counter()
+        worker.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger)
+        total = time.perf_counter() - started
+    finally:
+        worker.StepMeter, worker.NanMonitor, worker.hooks.build = saved
+    warm = cfg.workload.warmup_steps
+    steps = [b - a for a, b in zip(begins[warm:], begins[warm + 1:])]
+    return {"mode": mode, "step_ms_mean": 1000 * sum(steps) / len(steps), "step_ms_median": 1000 * median(steps),
+            "steps_measured": len(steps), "run_training_s": total,
+            "flush_s": getattr(logger, "flush_seconds_spent", 0.0)}
+
+
+def _worker(rank: int, port: int, sweep: dict, rounds: int, modes: list[str], run_ids: list[str], uri: str,
+            out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from service.config import SweepConfig
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    cfg = SweepConfig.model_validate(sweep)
+    trial = cfg.trials()[0]
+    results = []
+    for r in range(rounds):
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            dist.barrier()
+            result = _one_run(mode, trial, cfg, rank, run_ids[len(results)], uri)
+            result["round"], result["load_1m"] = r + 1, load_average()[:1]
+            results.append(result)
+            if rank == 0:
+                print(f"round {r + 1} {mode:15s}: step {result['step_ms_mean']:6.1f} ms mean, "
+                      f"{result['step_ms_median']:6.1f} ms median", flush=True)
+    dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--flush-seconds", type=float, default=5.0, help="the MetricLogger's flush interval (config default 5)")
+    parser.add_argument("--parts", action="store_true",
+                        help="also run each part alone (logging, NaN checks, accounting) to see which one costs")
+    parser.add_argument("--quick", action="store_true", help="6 steps, 1 round")
+    parser.add_argument("--out", help="JSON path (default bench/results/instrumentation.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.warmup, args.rounds = 6, 1, 1
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.multiprocessing as mp
+
+    from service import tracking
+    from service.config import SweepConfig
+
+    load_before = load_average()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-instrumentation-"))
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    sweep = SweepConfig.model_validate(bench_config(args.steps, args.warmup, args.flush_seconds))
+    experiment = tracking.get_or_create_experiment(sweep.name, uri)
+    modes = list(MODES + PART_MODES) if args.parts else list(MODES)
+    run_ids = [tracking.client(uri).create_run(experiment, run_name=f"run{i}").info.run_id
+               for i in range(args.rounds * len(modes))]
+    out = workdir / "results.json"
+    mp.spawn(_worker, args=(free_port(), sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
+             nprocs=2, join=True)
+    results = json.loads(out.read_text())
+
+    summary = {}
+    for mode in modes:
+        runs = [x for x in results if x["mode"] == mode]
+        summary[mode] = {"step_ms_mean": median(x["step_ms_mean"] for x in runs),
+                         "step_ms_median": median(x["step_ms_median"] for x in runs)}
+    # Paired per round (the two runs of a round ran back to back): the ratio of each pair, then its median.
+    def paired(mode: str, key: str) -> float:
+        pairs = [(x, off) for x in results if x["mode"] == mode for off in results
+                 if off["mode"] == "off" and off["round"] == x["round"]]
+        return median(x[key] / off[key] - 1 for x, off in pairs)
+
+    for mode in modes:
+        summary[mode]["vs_off_mean"] = paired(mode, "step_ms_mean")
+        summary[mode]["vs_off_median"] = paired(mode, "step_ms_median")
+    overhead_mean, overhead_median = summary["on"]["vs_off_mean"], summary["on"]["vs_off_median"]
+    print()
+    print(table(["mode", "step ms (mean)", "step ms (median)", "vs off (mean) %", "vs off (median) %"],
+                [[m, summary[m]["step_ms_mean"], summary[m]["step_ms_median"], 100 * summary[m]["vs_off_mean"],
+                  100 * summary[m]["vs_off_median"]] for m in modes]))
+    print(f"\ninstrumentation overhead (on/off - 1, median of paired rounds): "
+          f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time")
+    path = write_json("instrumentation", {
+        "settings": {"workload": "char_lm", "world_size": 2, "steps": args.steps, "warmup": args.warmup,
+                     "rounds": args.rounds, "flush_seconds": args.flush_seconds},
+        "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
+        "summary": summary, "overhead_fraction_mean": overhead_mean, "overhead_fraction_median": overhead_median,
+        "runs": results,
+    }, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""Per-trial overhead of the service against a bare torch.multiprocessing DDP launch.
+
+    python bench/overhead.py                 # world sizes 1, 2, 4; 2 alternating rounds
+    python bench/overhead.py --quick         # world size 1, 1 round, 3 steps (smoke test)
+
+The same training (``service.worker.run_training``: same workload, steps, hook, seed) is
+launched two ways, alternately, in one invocation:
+
+- bare:    ``torch.multiprocessing`` spawns ``world_size`` processes, each initialises a
+           gloo group on 127.0.0.1, runs the loop (no Ray, no MLflow logger) and exits;
+- service: ``service.sweep.run_sweep`` on a one-trial config: Tune trial -> MLflow child run
+           -> Ray Train ``TorchTrainer`` -> ``train_loop_per_worker`` (MLflow logging on
+           rank 0) -> report -> run closed; the Ray instance is started once (ray.init is a
+           per-sweep cost, reported on its own line), with ``service.ray_runtime``'s settings.
+
+overhead = launch wall - in-loop time (rank 0's ``run_training`` call, same clock), and the
+ratio service overhead / bare overhead is the figure of issue 7 (target <= 2). The service
+trial's time is also split into phases from timestamps (driver, MLflow run times, the worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import load_average, machine, median, free_port, table, TreeCpu, write_json  # noqa: E402
+
+MARKS_ENV = "BENCH_OVERHEAD_MARKS_DIR"
+# bare and service are the comparison; train_noop (TorchTrainer with an empty loop) and
+# actor_start (one empty Ray actor) measure the floor Ray itself sets.
+# train_noop_ray_defaults: the same empty TorchTrainer with service.ray_runtime's Train/Tune
+# variables at Ray's defaults (what they save, side by side).
+ARMS = ("bare", "service", "train_noop", "train_noop_ray_defaults", "actor_start")
+
+
+def sweep_yaml(world_size: int, steps: int, storage: str) -> str:
+    return f"""
+name: bench-overhead
+storage_path: {storage}
+workload: {{name: mlp_digits, steps: {steps}, global_batch_size: 64, lr: 0.05, optimizer: sgd,
+           eval_every: {max(steps, 1)}, warmup_steps: 1}}
+search: {{hooks: [allreduce], world_size: [{world_size}], seed: [0]}}
+resources: {{cpus_per_worker: 0.5, max_concurrent_trials: 1}}
+tracking: {{flush_seconds: 2.0}}
+"""
+
+
+# --------------------------------------------------------------------------- bare launch
+
+
+def _bare_worker(rank: int, world_size: int, port: int, trial: dict, sweep: dict, marks: str) -> None:
+    enter = time.time()
+    import torch
+    import torch.distributed as dist
+
+    from service.config import SweepConfig, TrialSpec
+    from service.worker import run_training
+
+    torch.set_num_threads(1)
+    imported = time.time()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    grouped = time.time()
+    t0, c0 = time.time(), time.process_time()
+    run_training(TrialSpec.from_dict(trial), SweepConfig.model_validate(sweep), rank=rank,
+                 world_size=world_size, device="cpu", logger=None)
+    t1, c1 = time.time(), time.process_time()
+    dist.destroy_process_group()
+    Path(f"{marks}-rank{rank}").write_text(json.dumps({
+        "enter": enter, "imported": imported, "grouped": grouped, "run_start": t0, "run_end": t1,
+        "run_cpu_s": c1 - c0, "exit": time.time()}))
+
+
+def run_bare(cfg, trial, workdir: Path) -> dict:
+    import torch.multiprocessing as mp
+
+    marks = workdir / f"bare-{time.monotonic_ns()}"
+    meter, started = TreeCpu().start(), time.time()
+    mp.spawn(_bare_worker, args=(trial.world_size, free_port(), trial.to_dict(), cfg.model_dump(), str(marks)),
+             nprocs=trial.world_size, join=True)
+    ended, cpu = time.time(), meter.stop()
+    ranks = [json.loads(Path(f"{marks}-rank{r}").read_text()) for r in range(trial.world_size)]
+    m = ranks[0]
+    in_loop = m["run_end"] - m["run_start"]
+    in_loop_cpu = sum(x["run_cpu_s"] for x in ranks)
+    return {"wall_s": ended - started, "in_loop_s": in_loop, "overhead_s": ended - started - in_loop,
+            "cpu_s": cpu, "in_loop_cpu_s": in_loop_cpu, "overhead_cpu_s": cpu - in_loop_cpu,
+            "phases_s": {"spawn_and_imports": m["imported"] - started,
+                         "process_group": m["grouped"] - m["imported"],
+                         "in_loop": in_loop,
+                         "teardown": ended - m["run_end"]}}
+
+
+# --------------------------------------------------------------------------- through the service
+
+
+def timed_train_loop(config: dict) -> None:
+    """service.worker.train_loop_per_worker, with timestamps around it and around run_training
+    (pickled by value into the Ray workers; writes one JSON per rank into $BENCH_OVERHEAD_MARKS_DIR)."""
+    import time as _time
+
+    enter = _time.time()
+    import ray.train
+
+    import service.worker as worker
+
+    marks = {"enter": enter}
+    original = worker.run_training
+
+    def timed(*args, **kwargs):
+        marks["run_start"], cpu0 = _time.time(), _time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            marks["run_end"], marks["run_cpu_s"] = _time.time(), _time.process_time() - cpu0
+
+    worker.run_training = timed
+    try:
+        worker.train_loop_per_worker(config)
+    finally:
+        worker.run_training = original
+        marks["exit"] = _time.time()
+        rank = ray.train.get_context().get_world_rank()
+        out = Path(os.environ[MARKS_ENV]) / f"{config['run_id']}-rank{rank}.json"
+        out.write_text(json.dumps(marks))
+
+
+def run_service(cfg, config_path: Path, uri: str, marks_dir: Path) -> dict:
+    from service import sweep, tracking
+
+    meter, started = TreeCpu().start(), time.time()
+    with contextlib.redirect_stdout(io.StringIO()):
+        outcome = sweep.run_sweep(cfg, config_path, out=io.StringIO(), train_loop=timed_train_loop)
+    ended, cpu = time.time(), meter.stop()
+    row = outcome.rows[0]
+    if row["status"] != "ok":
+        raise RuntimeError(f"the service trial did not finish ok: {row['status']} {row.get('error')}")
+    run = tracking.client(uri).get_run(row["run_id"])
+    ranks = [json.loads((marks_dir / f"{row['run_id']}-rank{r}.json").read_text()) for r in range(cfg.trials()[0].world_size)]
+    m = ranks[0]
+    child_start, child_end = run.info.start_time / 1000.0, run.info.end_time / 1000.0
+    in_loop = m["run_end"] - m["run_start"]
+    in_loop_cpu = sum(x["run_cpu_s"] for x in ranks)
+    return {"wall_s": ended - started, "in_loop_s": in_loop, "overhead_s": ended - started - in_loop,
+            "cpu_s": cpu, "in_loop_cpu_s": in_loop_cpu, "overhead_cpu_s": cpu - in_loop_cpu,
+            "phases_s": {
+                "sweep_start_to_trial_start": child_start - started,   # parent run, Tune, trial actor
+                "trainer_start": m["enter"] - child_start,             # controller, placement, worker actors, imports, group
+                "worker_setup": m["run_start"] - m["enter"],           # MLflow tags, logger
+                "in_loop": in_loop,
+                "final_report": m["exit"] - m["run_end"],              # summary flush + ray.train.report barrier
+                "trainer_shutdown": child_end - m["exit"],             # fit() return, run closed
+                "trial_end_to_sweep_end": ended - child_end,           # Tune teardown, table from MLflow
+            }}
+
+
+# --------------------------------------------------------------------------- Ray's own floor
+
+
+def _noop_train_loop(config: dict) -> None:
+    """A TorchTrainer worker that does nothing: what Ray Train costs with no training at all."""
+
+
+def set_train_env(ray_defaults: bool) -> None:
+    """service.ray_runtime's variables in this process: ours, or Ray's defaults (the health
+    check interval stays ours: the service had it before)."""
+    from service.ray_runtime import TRAIN_ENV
+
+    for name, (ours, default) in TRAIN_ENV.items():
+        os.environ[name] = default if ray_defaults and name != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" else ours
+
+
+def run_train_noop(world_size: int, storage: Path, ray_defaults: bool = False) -> dict:
+    """TorchTrainer(no-op).fit() from the driver: controller, placement group, worker actors,
+    gloo group, shutdown, and nothing else (no Tune, no MLflow, no training)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    saved = dict(os.environ)
+    set_train_env(ray_defaults)
+    try:
+        return _fit_noop(world_size, storage, TorchTrainer, TorchConfig, ray.train)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _fit_noop(world_size, storage, TorchTrainer, TorchConfig, train) -> dict:
+    meter, started = TreeCpu().start(), time.time()
+    TorchTrainer(_noop_train_loop,
+                 scaling_config=train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": 0.5}),
+                 torch_config=TorchConfig(backend="gloo"),
+                 run_config=train.RunConfig(name=f"noop-{time.monotonic_ns()}", storage_path=str(storage))).fit()
+    wall, cpu = time.time() - started, meter.stop()
+    return {"wall_s": wall, "in_loop_s": 0.0, "overhead_s": wall, "cpu_s": cpu, "in_loop_cpu_s": 0.0,
+            "overhead_cpu_s": cpu}
+
+
+@__import__("functools").lru_cache(maxsize=None)
+def _pinger():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Pinger:
+        def ping(self) -> int:
+            return 1
+
+    return Pinger
+
+
+def run_actor_start() -> dict:
+    """One empty Ray actor: new worker process started, registered, answering (the unit Ray
+    Train pays per actor: Tune trial, controller, placement-group cleaner, sync actor, workers)."""
+    import ray
+
+    meter, started = TreeCpu().start(), time.time()
+    actor = _pinger().options(runtime_env={"env_vars": {"BENCH_FRESH": str(time.monotonic_ns())}}).remote()
+    ray.get(actor.ping.remote())
+    wall = time.time() - started
+    ray.kill(actor)
+    time.sleep(0.5)  # its exit is part of the cost
+    cpu = meter.stop()
+    return {"wall_s": wall, "in_loop_s": 0.0, "overhead_s": wall, "cpu_s": cpu, "in_loop_cpu_s": 0.0,
+            "overhead_cpu_s": cpu}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating bare/service rounds per world size")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--ray-defaults", action="store_true",
+                        help="run the service trials with service.ray_runtime's variables at Ray's defaults "
+                             "(the settings before issue 7) to compare against a default run")
+    parser.add_argument("--quick", action="store_true", help="world size 1, one round, 3 steps")
+    parser.add_argument("--out", help="JSON path (default bench/results/overhead.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.world_sizes, args.rounds, args.steps = [1], 1, 3
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.pop("RAY_ADDRESS", None)
+    load_before = load_average()
+    workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+    marks_dir = workdir / "marks"
+    marks_dir.mkdir()
+    os.environ[MARKS_ENV] = str(marks_dir)  # inherited by the Ray workers started below
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+
+    import ray
+
+    from service import ray_runtime, sweep
+    from service.config import load_config
+
+    configs = {}
+    for ws in args.world_sizes:
+        path = workdir / f"overhead-w{ws}.yaml"
+        path.write_text(sweep_yaml(ws, args.steps, str(workdir / "ray")))
+        cfg, path = load_config(path)
+        configs[ws] = (cfg, path, cfg.trials()[0])
+
+    set_train_env(args.ray_defaults)  # inherited by the Ray instance, hence by the service's trials
+    t0 = time.time()
+    ray_runtime.init_local(num_cpus=max(1, int(max(args.world_sizes) * 0.5 + 1)))
+    ray_init_s = time.time() - t0
+    sweep._init_ray = lambda *a, **k: None  # Ray is already up (with ray_runtime's settings): one per bench
+
+    samples: dict[int, dict[str, list]] = {ws: {arm: [] for arm in ARMS} for ws in args.world_sizes}
+    try:
+        for r in range(args.rounds):
+            for ws in args.world_sizes:
+                cfg, path, trial = configs[ws]
+                order = ARMS if r % 2 == 0 else ARMS[::-1]
+                for kind in order:
+                    if kind == "bare":
+                        result = run_bare(cfg, trial, workdir)
+                    elif kind == "service":
+                        result = run_service(cfg, path, uri, marks_dir)
+                    elif kind == "train_noop":
+                        result = run_train_noop(ws, workdir / "noop")
+                    elif kind == "train_noop_ray_defaults":
+                        result = run_train_noop(ws, workdir / "noop", ray_defaults=True)
+                    else:
+                        result = run_actor_start()
+                    result["load_1m"] = load_average()[:1]
+                    samples[ws][kind].append(result)
+                    print(f"round {r + 1} w{ws} {kind:11s} wall {result['wall_s']:6.2f} s  in-loop "
+                          f"{result['in_loop_s']:5.2f} s  overhead {result['overhead_s']:6.2f} s  "
+                          f"(cpu {result['overhead_cpu_s']:6.2f} s)", flush=True)
+    finally:
+        ray.shutdown()
+
+    rows, cpu_rows, summary = [], [], {}
+    for ws in args.world_sizes:
+        bare, service = samples[ws]["bare"], samples[ws]["service"]
+        b_over, s_over = median(x["overhead_s"] for x in bare), median(x["overhead_s"] for x in service)
+        phases = {k: round(median(x["phases_s"][k] for x in service), 3) for k in service[0]["phases_s"]}
+        b_cpu, s_cpu = median(x["overhead_cpu_s"] for x in bare), median(x["overhead_cpu_s"] for x in service)
+        summary[ws] = {"train_noop_wall_s": median(x["wall_s"] for x in samples[ws]["train_noop"]),
+                       "train_noop_ray_defaults_wall_s": median(x["wall_s"] for x in samples[ws]["train_noop_ray_defaults"]),
+                       "train_noop_ray_defaults_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop_ray_defaults"]),
+                       "actor_start_s": median(x["wall_s"] for x in samples[ws]["actor_start"]),
+                       "train_noop_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop"]),
+                       "actor_start_cpu_s": median(x["cpu_s"] for x in samples[ws]["actor_start"]),
+                       "bare_overhead_cpu_s": b_cpu, "service_overhead_cpu_s": s_cpu,
+                       "overhead_cpu_ratio": s_cpu / b_cpu,
+                       "bare_wall_s": median(x["wall_s"] for x in bare),
+                       "service_wall_s": median(x["wall_s"] for x in service),
+                       "bare_overhead_s": b_over, "service_overhead_s": s_over,
+                       "in_loop_s": median(x["in_loop_s"] for x in bare + service),
+                       "overhead_ratio": s_over / b_over, "service_phases_s": phases}
+        rows.append([ws, summary[ws]["in_loop_s"], b_over, s_over, s_over / b_over,
+                     summary[ws]["train_noop_wall_s"], summary[ws]["actor_start_s"]])
+        cpu_rows.append([ws, b_cpu, s_cpu, s_cpu / b_cpu, summary[ws]["train_noop_cpu_s"],
+                         summary[ws]["train_noop_ray_defaults_cpu_s"], summary[ws]["actor_start_cpu_s"]])
+    print("\nwall time (median):")
+    print(table(["world", "in-loop s", "bare overhead s", "service overhead s", "ratio",
+                 "TorchTrainer no-op s", "1 actor start s"], rows))
+    print("\nCPU time of the whole process tree beyond the loop's own (median; holds still under load):")
+    print(table(["world", "bare overhead cpu-s", "service overhead cpu-s", "ratio", "TorchTrainer no-op cpu-s",
+                 "same, Ray defaults", "1 actor start cpu-s"], cpu_rows))
+    print(f"\nray.init (once per sweep, not in the figures above): {ray_init_s:.1f} s")
+    print("\nwhere a service trial's time goes (median s):")
+    phase_names = list(summary[args.world_sizes[0]]["service_phases_s"])
+    print(table(["phase"] + [f"w{ws}" for ws in args.world_sizes],
+                [[p] + [summary[ws]["service_phases_s"][p] for ws in args.world_sizes] for p in phase_names]))
+    path = write_json("overhead", {
+        "settings": {"world_sizes": args.world_sizes, "rounds": args.rounds, "steps": args.steps,
+                     "workload": "mlp_digits", "hook": "allreduce",
+                     "ray_defaults": args.ray_defaults,
+                     "train_env": {k: os.environ.get(k) for k in ray_runtime.TRAIN_ENV}},
+        "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
+        "ray_init_s": ray_init_s, "summary": {str(k): v for k, v in summary.items()},
+        "samples": {str(k): v for k, v in samples.items()},
+    }, args.out)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Each bench script runs in its --quick mode and writes its JSON with the keys
+docs/performance.md quotes. Behaviour only: no timing is asserted (speed is measured by the
+bench scripts themselves, side by side, never by tests).
+
+The overhead and concurrency benches start a real local Ray instance and run real sweeps
+(Tune -> Train -> MLflow on SQLite): slow by nature, marked ``ray``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(script: str, out: Path, timeout: float) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert f"wrote {out}" in proc.stdout
+    data = json.loads(out.read_text())
+    for key in ("bench", "finished_utc", "machine", "load_average_before", "load_average_after", "settings"):
+        assert key in data, key
+    assert len(data["load_average_before"]) == 3
+    return data
+
+
+def positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+def test_instrumentation_quick_writes_paired_step_times(tmp_path):
+    data = run_bench("instrumentation.py", tmp_path / "instrumentation.json", timeout=600)
+    assert data["bench"] == "instrumentation"
+    assert {r["mode"] for r in data["runs"]} == {"on", "off"}
+    for run in data["runs"]:
+        assert run["steps_measured"] == data["settings"]["steps"] - data["settings"]["warmup"] - 1
+        assert positive(run["step_ms_mean"]) and positive(run["step_ms_median"])
+    on, off = data["summary"]["on"], data["summary"]["off"]
+    assert data["overhead_fraction_mean"] == pytest.approx(on["vs_off_mean"])
+    # one round: the paired ratio is exactly the two runs' ratio
+    assert on["vs_off_mean"] == pytest.approx(on["step_ms_mean"] / off["step_ms_mean"] - 1)
+    assert "flush_s" in data["runs"][0]
+
+
+@pytest.mark.ray
+def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
+    data = run_bench("overhead.py", tmp_path / "overhead.json", timeout=1200)
+    assert data["bench"] == "overhead"
+    assert positive(data["ray_init_s"])
+    summary = data["summary"]["1"]
+    for key in ("bare_wall_s", "service_wall_s", "bare_overhead_s", "service_overhead_s", "in_loop_s",
+                "overhead_ratio", "train_noop_wall_s", "actor_start_s"):
+        assert positive(summary[key]), key
+    assert summary["overhead_ratio"] == pytest.approx(summary["service_overhead_s"] / summary["bare_overhead_s"])
+    phases = summary["service_phases_s"]
+    assert set(phases) == {"sweep_start_to_trial_start", "trainer_start", "worker_setup", "in_loop",
+                           "final_report", "trainer_shutdown", "trial_end_to_sweep_end"}
+    # the phases are consecutive timestamps of one trial: they add up to its wall time
+    service = data["samples"]["1"]["service"][0]
+    assert sum(service["phases_s"].values()) == pytest.approx(service["wall_s"], rel=0.02)
+    bare = data["samples"]["1"]["bare"][0]
+    assert bare["wall_s"] > bare["in_loop_s"] > 0
+
+
+@pytest.mark.ray
+def test_concurrency_quick_runs_both_sweeps_and_reports_distortion(tmp_path):
+    data = run_bench("concurrency.py", tmp_path / "concurrency.json", timeout=1200)
+    assert data["bench"] == "concurrency"
+    runs = data["runs"]
+    assert set(runs) == {"1", "2"}
+    for c in ("1", "2"):
+        assert runs[c]["trials"] == 2
+        assert len(runs[c]["samples_per_s"]) == 2 and all(positive(v) for v in runs[c]["samples_per_s"].values())
+    assert data["wall_ratio_c1_over_c2"] == pytest.approx(runs["1"]["wall_s"] / runs["2"]["wall_s"])
+    assert positive(data["throughput_ratio_shared_over_alone"])
+    assert set(data["throughput_ratio_per_config"]) == set(runs["1"]["samples_per_s"])
