@@ -43,6 +43,15 @@ class ChunkStyles:
         return _LINESTYLES[(1 + self.order.index(chunk_size)) % len(_LINESTYLES)]
 
 
+def _bytes_unit(values) -> tuple[float, str]:
+    """The unit to draw byte counts in: the largest whose scaled maximum is at least 1."""
+    top = max((abs(v) for v in values), default=0)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if top >= size:
+            return size, unit
+    return 1, "B"
+
+
 def _empty(ax, text):
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
     ax.set_xticks([])
@@ -143,30 +152,34 @@ def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = ""
     fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.6 * len(world_sizes) + 0.5, 4.8),
                              squeeze=False)
     ylabel = "final eval accuracy" if quality_metric == "final_eval_accuracy" else "final loss"
+    scale, unit = _bytes_unit(p.bytes_per_step for g in points.values() for p in g)
     for ax, world_size in zip(axes[0], world_sizes):
         if world_size is None:
             _empty(ax, "no trial with bytes/step and a final metric yet")
             continue
         group = points[world_size]
         for p in group:
-            ax.errorbar([p.bytes_per_step], [p.quality], yerr=[p.quality_std] if p.quality_std
+            ax.errorbar([p.bytes_per_step / scale], [p.quality], yerr=[p.quality_std] if p.quality_std
                         else None, marker="o" if p.on_front else "s", ms=8 if p.on_front else 6,
                         color=hook_colour(p.hook), markeredgecolor="black" if p.on_front
                         else "none", capsize=3, linestyle="none")
-            ax.annotate(p.config, (p.bytes_per_step, p.quality), textcoords="offset points",
+            ax.annotate(p.config, (p.bytes_per_step / scale, p.quality), textcoords="offset points",
                         xytext=(5, 4), fontsize=7)
         front = sorted((p for p in group if p.on_front), key=lambda p: p.bytes_per_step)
         if front:
-            ax.plot([p.bytes_per_step for p in front], [p.quality for p in front],
-                    color="green", lw=1.5, alpha=0.6, drawstyle="steps-post",
-                    label="Pareto front")
-            ax.legend(fontsize=8, loc="lower right" if quality_metric == "final_eval_accuracy"
-                      else "upper right")
+            ax.plot([p.bytes_per_step / scale for p in front], [p.quality for p in front],
+                    color="green", lw=1.5, alpha=0.6, drawstyle="steps-post")
+        ax.legend(handles=[
+            Line2D([], [], color="green", lw=1.5, alpha=0.6, marker="o", markeredgecolor="black",
+                   markerfacecolor="lightgrey", label="Pareto front: worth choosing"),
+            Line2D([], [], linestyle="none", marker="s", color="lightgrey",
+                   label="dominated: another is no worse on both axes"),
+        ], fontsize=8, loc="lower right" if quality_metric == "final_eval_accuracy" else "upper right")
         values = [p.bytes_per_step for p in group if p.bytes_per_step > 0]
         if values and max(values) / min(values) > 8:
             ax.set_xscale("log")
         ax.set_title(f"world size {world_size}")
-        ax.set_xlabel("bytes per step on the wire (per rank)")
+        ax.set_xlabel(f"{unit} per step on the wire (per rank)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.margins(x=0.15, y=0.1)

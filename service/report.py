@@ -603,14 +603,23 @@ def _reason(choice: SummaryRow | None, baseline: SummaryRow | None, world_size: 
 
 
 def headline(recs: list[Recommendation]) -> str:
-    """One sentence: the choice at the largest world size that communicates."""
+    """The answer in a sentence or two: the choice at the largest world size that
+    communicates, and, when another configuration was faster on this machine, that one too."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
     top = with_comm[-1]
     if top.choice is None:
         return f"At world size {top.world_size}: {top.reason}."
-    return f"Use {top.choice.config} at world size {top.world_size}: {top.reason}."
+    text = f"Use {top.choice.config} at world size {top.world_size}: {top.reason}."
+    fastest = top.fastest
+    if (fastest is not None and fastest is not top.choice
+            and _finite(fastest.mean("samples_per_s")) > _finite(top.choice.mean("samples_per_s"))):
+        text += (f" That pays off where the network is the bottleneck; on this machine "
+                 f"{fastest.config} was faster ({fastest.mean('samples_per_s'):,.0f} vs "
+                 f"{top.choice.mean('samples_per_s'):,.0f} samples/s), so prefer it when the "
+                 f"network is fast.")
+    return text
 
 
 # --------------------------------------------------------------------------------------------

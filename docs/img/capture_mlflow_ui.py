@@ -128,17 +128,17 @@ async def capture(base: str, experiment_id: str, debug_port: int, out: Path, wid
                             deviceScaleFactor=1, mobile=False)
             # 1. The runs table, the sweep's parent run expanded: its trials nested under it.
             await page.goto(f"{base}/#/experiments/{experiment_id}/runs")
-            await page.wait_for(f"document.body.innerText.includes({json.dumps(parent_name[0])})",
-                                what="the runs table")
+            in_table = (f"Array.from(document.querySelectorAll('.ag-cell span')).find(s => "
+                        f"s.innerText === {json.dumps(parent_name[0])})")
+            await page.wait_for(in_table, what="the parent run in the runs table")
             await asyncio.sleep(2)
             if await page.js("!!document.querySelector("
                              "'[data-component-id=\"mlflow.assistant.chat_panel.close\"]')"):
                 await page.click("document.querySelector("
                                  "'[data-component-id=\"mlflow.assistant.chat_panel.close\"]')",
                                  "the assistant panel's close button")
-            await page.click(f"Array.from(document.querySelectorAll('span')).find(s => s.innerText "
-                             f"=== {json.dumps(parent_name[0])}).closest('.ag-cell')"
-                             ".querySelector('button')", "the parent run's expand button")
+            await page.click(f"{in_table}.closest('.ag-cell').querySelector('button')",
+                             "the parent run's expand button")
             await page.wait_for(f"document.body.innerText.includes({json.dumps(run_names[-1][:12])})",
                                 what="the nested trials")
             await asyncio.sleep(2)
