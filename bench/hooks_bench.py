@@ -142,8 +142,23 @@ def ddp_step_times(width: int, steps: int, repeats: int) -> list[dict]:
                 "relative_to_allreduce": medians[name] / base,
                 "wire_bytes_per_call": s["wire_bytes"] / max(s["calls"], 1),
                 "hook_ms_per_call": s["seconds"] / max(s["calls"], 1) * 1e3,
+                "payload_over_raw": s["payload_bytes"] / max(s["raw_bytes"], 1),
             }
         )
+    return rows
+
+
+def projections(ddp_rows: list[dict], n: int = 25_000_000 // 4) -> list[dict]:
+    """hooks.cost: projected communication of one 25 MB bucket at W = 8, 64, 512 on 10/100 Gbit/s."""
+    fraction = {r["hook"]: r["payload_over_raw"] for r in ddp_rows}
+    rows = []
+    for name in hooks.available():
+        params = {"compressed_fraction": fraction.get(name, 1.0)} if name == "powersgd" else {}
+        row = {"hook": name}
+        for w in (8, 64, 512):
+            for gbps in (10, 100):
+                row[f"w{w}_{gbps}gbps_ms"] = hooks.cost.hook_seconds(name, n, w, gbps, **params) * 1e3
+        rows.append(row)
     return rows
 
 
@@ -173,6 +188,13 @@ def main() -> None:
             f"{r['wire_bytes_per_call']:12.0f} {r['hook_ms_per_call']:13.2f}"
         )
 
+    proj = projections(ddp)
+    print("\nhooks.cost: projected communication of one 25 MB bucket, ms (alpha = 5 us; PowerSGD at its measured fraction)")
+    cols = [f"w{w}_{g}gbps_ms" for w in (8, 64, 512) for g in (10, 100)]
+    print(f"{'hook':28s} " + " ".join(f"{c.replace('_ms', ''):>12s}" for c in cols))
+    for r in proj:
+        print(f"{r['hook']:28s} " + " ".join(f"{r[c]:12.1f}" for c in cols))
+
     machine = {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
@@ -182,7 +204,7 @@ def main() -> None:
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"quick": args.quick, "machine": machine, "kernels": kernels, "ddp_world_size_2": ddp}, indent=2))
+    out.write_text(json.dumps({"quick": args.quick, "machine": machine, "kernels": kernels, "ddp_world_size_2": ddp, "projections_25mb_bucket": proj}, indent=2))
     print(f"\nwrote {out}")
 
 

@@ -62,6 +62,7 @@ class HookState:
         # in _restored (ordinal -> tensor) until their parameter's bucket arrives.
         self._residuals: dict[int, tuple[list, torch.Tensor]] = {}
         self._ordinals: dict[int, int] = {}
+        self._orphan_key = 0  # negative keys hold residuals of a superseded layout until moved
         self._restored: dict[int, torch.Tensor] = {}
         self._fidelity: list | None = None  # [sum rel error, sum cosine, samples] once enabled
 
@@ -175,8 +176,7 @@ class HookState:
     def _pending_nonfinite(self) -> int:
         if not self._nonfinite_counts:
             return 0
-        counts = [c.to("cpu", non_blocking=False) for c in self._nonfinite_counts.values()]
-        return int(torch.stack(counts).sum())
+        return int(_gather_counts(list(self._nonfinite_counts.values())).sum())
 
     # ---------------------------------------------------------------- NaN provenance
     def pop_nonfinite_buckets(self) -> list[NonfiniteBucket]:
@@ -184,7 +184,7 @@ class HookState:
         if not self._nonfinite_counts:
             return []
         indices = list(self._nonfinite_counts)
-        counts = torch.stack([self._nonfinite_counts[i].cpu() for i in indices]).tolist()
+        counts = _gather_counts([self._nonfinite_counts[i] for i in indices]).tolist()
         found = []
         for idx, n in zip(indices, counts):
             if n:
@@ -214,6 +214,10 @@ class HookState:
         ordinals = [self._ordinals.setdefault(id(p), len(self._ordinals)) for p in params]
         if self._residuals:
             self._redistribute(x, params)
+            left = self._residuals.pop(idx, None)
+            if left is not None:  # an old layout's leftovers under this index: keep them for later buckets
+                self._orphan_key -= 1
+                self._residuals[self._orphan_key] = left
         if self._restored:
             off = 0
             for p, o in zip(params, ordinals):
@@ -297,6 +301,14 @@ class HookState:
             self._nonfinite_counts = {}
             self._nonfinite_popped = s["nonfinite_popped"]
             self._nonfinite_at_reset = s["nonfinite_at_reset"]
+
+
+def _gather_counts(counts: list) -> torch.Tensor:
+    """Per-bucket counters -> one CPU tensor with a single device-to-host transfer per device."""
+    devices = {c.device for c in counts}
+    if len(devices) == 1:
+        return torch.stack(counts).cpu()
+    return torch.stack([c.cpu() for c in counts])  # buckets on several devices: rare
 
 
 def _same_params(a: list, b: list) -> bool:

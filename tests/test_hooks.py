@@ -260,3 +260,32 @@ def test_with_fidelity_rejects_a_bad_period():
             hooks.with_fidelity(state, hook, every=bad)
     _, wrapped = hooks.with_fidelity(state, hook, every=3)
     assert wrapped.__name__ == "allreduce_with_fidelity"
+
+
+def test_error_feedback_residuals_follow_their_parameters_through_a_bucket_rebuild():
+    """DDP's rebuild: one bucket [p1, p2, p3] becomes bucket 0 = [p3] and bucket 1 = [p1, p2].
+    Each parameter's residual must reach it in its new bucket, none lost, none doubled."""
+    state = HookState(error_feedback=True)
+    p1, p2, p3 = torch.zeros(4), torch.zeros(3), torch.zeros(5)
+
+    def bucket(index, params):
+        b = Bucket(torch.zeros(sum(p.numel() for p in params)), index=index)
+        b._params = params
+        return b
+
+    first = bucket(0, [p1, p2, p3])
+    residual = torch.arange(12, dtype=torch.float32) + 1
+    state.add_residual(first, first.buffer())
+    state.store_residual(first, residual.clone())
+
+    new0 = bucket(0, [p3])
+    got0 = state.add_residual(new0, new0.buffer()).clone()
+    state.store_residual(new0, torch.full((5,), 100.0))
+    new1 = bucket(1, [p1, p2])
+    got1 = state.add_residual(new1, new1.buffer()).clone()
+    assert torch.equal(got0, residual[7:12])
+    assert torch.equal(got1, residual[0:7])
+    state.store_residual(new1, torch.full((7,), 200.0))
+    # steady state afterwards: each bucket gets exactly its own residual back
+    again0 = bucket(0, [p3])
+    assert torch.equal(state.add_residual(again0, again0.buffer()), torch.full((5,), 100.0))
