@@ -23,11 +23,11 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
@@ -189,20 +189,12 @@ def train_step(model: DDP, optimizer, wl: Workload, micro_batches, device) -> to
         x, y = fetch_batch(wl.train_set, indices)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         last = i == len(micro_batches) - 1
-        with (model.no_sync() if not last else _nullcontext()):
+        with (nullcontext() if last else model.no_sync()):
             loss = wl.loss_fn(model(x), y) / len(micro_batches)
             loss.backward()
         total += loss.detach()
     optimizer.step()
     return total
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def run_eval(module: torch.nn.Module, wl: Workload, device) -> dict[str, float]:
@@ -230,7 +222,14 @@ class StepMeter:
 
     def summary(self, global_batch: int, final_loss: float, eval_metrics: dict,
                 nan_report, restarts: int) -> dict[str, float]:
-        """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup)."""
+        """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup).
+
+        samples_per_s: global samples per second of step time after the warm-up steps
+        (excluded; their count is ``warmup_steps_excluded``); comm_bytes_per_step: this
+        rank's wire bytes (the hook's ``stats()``) per step; compression_ratio: raw bucket
+        bytes / bytes handed to collectives; hook_time_ms: hook entry to future completion,
+        summed over a step's buckets, per step. All over the steps of this attempt.
+        """
         steps_run = len(self.times_ms)
         measured = [ms for s, ms in self.times_ms.items() if s > self.warmup]
         warmup_excluded = steps_run - len(measured)
