@@ -461,8 +461,9 @@ def cpus_needed(cfg: SweepConfig, trials: list[TrialSpec]) -> float:
 def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
     import ray
 
+    from service import ray_runtime
+
     address = os.environ.get("RAY_ADDRESS", "").strip()
-    common = dict(include_dashboard=False, log_to_driver=False, configure_logging=False)
     if address:
         ray.init(address=address, log_to_driver=False)
         return
@@ -476,8 +477,7 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
                              f"GPUs; this machine has {gpus}; lower search.world_size or set "
                              f"resources.use_gpu: false")
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
-    options = dict(address="local", num_cpus=max(1, math.ceil(cpus_needed(cfg, trials))), num_gpus=gpus,
-                   **common)
+    options = ray_runtime.local_init_kwargs(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)
     try:
         ray.init(**options)
     except Exception as exc:
