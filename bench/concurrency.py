@@ -67,12 +67,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--trials", type=int, default=12,
+                        help="run the first N configurations of the 12 (6 hooks x 2 seeds), for a loaded machine")
     parser.add_argument("--order", choices=["1,2", "2,1"], default="2,1",
                         help="which concurrency runs first (the first also pays the Ray instance's warm-up)")
     parser.add_argument("--quick", action="store_true", help="2 trials of 3 steps, world size 1")
     parser.add_argument("--out", help="JSON path (default bench/results/concurrency.json)")
     args = parser.parse_args(argv)
-    hooks, seeds = HOOKS, [0, 1]
+    hooks, seeds = HOOKS[:max(1, (args.trials + 1) // 2)], [0, 1] if args.trials > 1 else [0]
     if args.quick:
         hooks, seeds, args.steps, args.world_size = ["allreduce"], [0, 1], 3, 1
 

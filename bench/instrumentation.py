@@ -16,7 +16,10 @@ the same trial again and again, alternating the two modes, so both see the same 
 
 Step time = wall between the starts of consecutive steps on rank 0 (so a logger flush, which
 happens after the step's own timer stops, is counted), over the steps after warm-up; the
-figure is the mean (flushes included) and the median, per mode, and on/off - 1.
+figure is the mean (flushes included) and the median, per mode, and on/off - 1, paired by
+round. CPU per step (both ranks' process time over the same steps) is reported beside it: on a
+machine shared with other work the wall figures swing by tens of percent, the CPU the
+instrumentation adds does not.
 """
 
 from __future__ import annotations
@@ -74,10 +77,12 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
     from service import tracking
 
     begins: list[float] = []
+    cpu_begins: list[float] = []
 
     class RecordingMeter(worker.StepMeter):
         def begin(self):
             begins.append(time.perf_counter())
+            cpu_begins.append(time.process_time())
             super().begin()
 
     saved = worker.StepMeter, worker.NanMonitor, worker.hooks.build
@@ -97,7 +102,9 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
         worker.StepMeter, worker.NanMonitor, worker.hooks.build = saved
     warm = cfg.workload.warmup_steps
     steps = [b - a for a, b in zip(begins[warm:], begins[warm + 1:])]
+    cpu = cpu_begins[-1] - cpu_begins[warm]
     return {"mode": mode, "step_ms_mean": 1000 * sum(steps) / len(steps), "step_ms_median": 1000 * median(steps),
+            "cpu_ms_per_step": 1000 * cpu / len(steps),  # this rank's CPU (all its threads)
             "steps_measured": len(steps), "run_training_s": total,
             "flush_s": getattr(logger, "flush_seconds_spent", 0.0)}
 
@@ -124,8 +131,7 @@ def _worker(rank: int, port: int, sweep: dict, rounds: int, modes: list[str], ru
                 print(f"round {r + 1} {mode:15s}: step {result['step_ms_mean']:6.1f} ms mean, "
                       f"{result['step_ms_median']:6.1f} ms median", flush=True)
     dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
+    Path(f"{out}-rank{rank}").write_text(json.dumps(results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,13 +165,17 @@ def main(argv: list[str] | None = None) -> int:
     out = workdir / "results.json"
     mp.spawn(_worker, args=(free_port(), sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
              nprocs=2, join=True)
-    results = json.loads(out.read_text())
+    results = json.loads(Path(f"{out}-rank0").read_text())
+    other = json.loads(Path(f"{out}-rank1").read_text())
+    for mine, theirs in zip(results, other):  # CPU of both ranks per step: the work the machine does
+        mine["cpu_ms_per_step"] += theirs["cpu_ms_per_step"]
 
     summary = {}
     for mode in modes:
         runs = [x for x in results if x["mode"] == mode]
         summary[mode] = {"step_ms_mean": median(x["step_ms_mean"] for x in runs),
-                         "step_ms_median": median(x["step_ms_median"] for x in runs)}
+                         "step_ms_median": median(x["step_ms_median"] for x in runs),
+                         "cpu_ms_per_step": median(x["cpu_ms_per_step"] for x in runs)}
     # Paired per round (the two runs of a round ran back to back): the ratio of each pair, then its median.
     def paired(mode: str, key: str) -> float:
         pairs = [(x, off) for x in results if x["mode"] == mode for off in results
@@ -175,18 +185,23 @@ def main(argv: list[str] | None = None) -> int:
     for mode in modes:
         summary[mode]["vs_off_mean"] = paired(mode, "step_ms_mean")
         summary[mode]["vs_off_median"] = paired(mode, "step_ms_median")
+        summary[mode]["vs_off_cpu"] = paired(mode, "cpu_ms_per_step")
     overhead_mean, overhead_median = summary["on"]["vs_off_mean"], summary["on"]["vs_off_median"]
     print()
-    print(table(["mode", "step ms (mean)", "step ms (median)", "vs off (mean) %", "vs off (median) %"],
+    print(table(["mode", "step ms (mean)", "step ms (median)", "vs off (mean) %", "vs off (median) %",
+                 "CPU ms/step (2 ranks)", "vs off (CPU) %"],
                 [[m, summary[m]["step_ms_mean"], summary[m]["step_ms_median"], 100 * summary[m]["vs_off_mean"],
-                  100 * summary[m]["vs_off_median"]] for m in modes]))
+                  100 * summary[m]["vs_off_median"], summary[m]["cpu_ms_per_step"], 100 * summary[m]["vs_off_cpu"]]
+                 for m in modes]))
     print(f"\ninstrumentation overhead (on/off - 1, median of paired rounds): "
-          f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time")
+          f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time, "
+          f"{100 * summary['on']['vs_off_cpu']:.1f}% of CPU per step")
     path = write_json("instrumentation", {
         "settings": {"workload": "char_lm", "world_size": 2, "steps": args.steps, "warmup": args.warmup,
                      "rounds": args.rounds, "flush_seconds": args.flush_seconds},
         "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
         "summary": summary, "overhead_fraction_mean": overhead_mean, "overhead_fraction_median": overhead_median,
+        "overhead_fraction_cpu": summary["on"]["vs_off_cpu"],
         "runs": results,
     }, args.out)
     print(f"wrote {path}")

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load_average, machine, median, free_port, table, TreeCpu, write_json  # noqa: E402
 
 MARKS_ENV = "BENCH_OVERHEAD_MARKS_DIR"
+RAY_DEFAULT_NICENESS = 15  # Ray's worker_niceness default
 # bare and service are the comparison; train_noop (TorchTrainer with an empty loop) and
 # actor_start (one empty Ray actor) measure the floor Ray itself sets.
 # train_noop_ray_defaults: the same empty TorchTrainer with service.ray_runtime's Train/Tune
@@ -211,7 +212,7 @@ def _pinger():
     @ray.remote(num_cpus=0)
     class Pinger:
         def ping(self) -> int:
-            return 1
+            return os.nice(0)  # the worker process's niceness
 
     return Pinger
 
@@ -223,13 +224,40 @@ def run_actor_start() -> dict:
 
     meter, started = TreeCpu().start(), time.time()
     actor = _pinger().options(runtime_env={"env_vars": {"BENCH_FRESH": str(time.monotonic_ns())}}).remote()
-    ray.get(actor.ping.remote())
+    niceness = ray.get(actor.ping.remote())
     wall = time.time() - started
     ray.kill(actor)
     time.sleep(0.5)  # its exit is part of the cost
     cpu = meter.stop()
     return {"wall_s": wall, "in_loop_s": 0.0, "overhead_s": wall, "cpu_s": cpu, "in_loop_cpu_s": 0.0,
-            "overhead_cpu_s": cpu}
+            "overhead_cpu_s": cpu, "worker_niceness": niceness}
+
+
+# Every process a trial starts imports some of these; Ray Train's processes import ray.train,
+# which pulls in ray.data and pandas.
+IMPORTS = {"python (nothing)": "pass", "torch": "import torch", "service.worker (bare rank)": "import service.worker",
+           "ray": "import ray", "ray.train": "import ray.train",
+           "ray.train.torch + service.worker + service.tracking (Train rank)":
+               "import ray.train.torch, service.worker, service.tracking",
+           "mlflow": "import mlflow"}
+
+
+def import_costs(repeats: int) -> dict[str, float]:
+    """CPU seconds (user + system) a fresh interpreter spends importing each entry of IMPORTS
+    (median of ``repeats``): what every process of a launch pays before doing anything."""
+    import resource
+    import subprocess
+
+    out = {}
+    for name, code in IMPORTS.items():
+        cpu = []
+        for _ in range(repeats):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            subprocess.run([sys.executable, "-c", code], check=True)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+        out[name] = round(median(cpu), 3)
+    return out
 
 
 # --------------------------------------------------------------------------- main
@@ -241,8 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating bare/service rounds per world size")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--ray-defaults", action="store_true",
-                        help="run the service trials with service.ray_runtime's variables at Ray's defaults "
-                             "(the settings before issue 7) to compare against a default run")
+                        help="run the service trials with service.ray_runtime's variables and worker niceness "
+                             "at Ray's defaults (the settings before issue 7) to compare against a default run")
     parser.add_argument("--quick", action="store_true", help="world size 1, one round, 3 steps")
     parser.add_argument("--out", help="JSON path (default bench/results/overhead.json)")
     args = parser.parse_args(argv)
@@ -272,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         configs[ws] = (cfg, path, cfg.trials()[0])
 
     set_train_env(args.ray_defaults)  # inherited by the Ray instance, hence by the service's trials
+    imports = import_costs(1 if args.quick else 3)
     t0 = time.time()
-    ray_runtime.init_local(num_cpus=max(1, int(max(args.world_sizes) * 0.5 + 1)))
+    ray_runtime.init_local(num_cpus=max(1, int(max(args.world_sizes) * 0.5 + 1)),
+                           worker_niceness=RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS)
     ray_init_s = time.time() - t0
     sweep._init_ray = lambda *a, **k: None  # Ray is already up (with ray_runtime's settings): one per bench
 
@@ -332,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["world", "bare overhead cpu-s", "service overhead cpu-s", "ratio", "TorchTrainer no-op cpu-s",
                  "same, Ray defaults", "1 actor start cpu-s"], cpu_rows))
     print(f"\nray.init (once per sweep, not in the figures above): {ray_init_s:.1f} s")
+    print("\nCPU seconds to start a Python process and import (median):")
+    print(table(["imports", "cpu s"], [[k, v] for k, v in imports.items()]))
     print("\nwhere a service trial's time goes (median s):")
     phase_names = list(summary[args.world_sizes[0]]["service_phases_s"])
     print(table(["phase"] + [f"w{ws}" for ws in args.world_sizes],
@@ -340,9 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"world_sizes": args.world_sizes, "rounds": args.rounds, "steps": args.steps,
                      "workload": "mlp_digits", "hook": "allreduce",
                      "ray_defaults": args.ray_defaults,
+                     "worker_niceness": [x.get("worker_niceness") for ws in samples for x in samples[ws]["actor_start"]],
                      "train_env": {k: os.environ.get(k) for k in ray_runtime.TRAIN_ENV}},
         "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
-        "ray_init_s": ray_init_s, "summary": {str(k): v for k, v in summary.items()},
+        "ray_init_s": ray_init_s, "import_cpu_s": imports, "summary": {str(k): v for k, v in summary.items()},
         "samples": {str(k): v for k, v in samples.items()},
     }, args.out)
     print(f"\nwrote {path}")

@@ -44,12 +44,13 @@ def test_instrumentation_quick_writes_paired_step_times(tmp_path):
     assert {r["mode"] for r in data["runs"]} == {"on", "off"}
     for run in data["runs"]:
         assert run["steps_measured"] == data["settings"]["steps"] - data["settings"]["warmup"] - 1
-        assert positive(run["step_ms_mean"]) and positive(run["step_ms_median"])
+        assert positive(run["step_ms_mean"]) and positive(run["step_ms_median"]) and positive(run["cpu_ms_per_step"])
     on, off = data["summary"]["on"], data["summary"]["off"]
     assert data["overhead_fraction_mean"] == pytest.approx(on["vs_off_mean"])
     # one round: the paired ratio is exactly the two runs' ratio
     assert on["vs_off_mean"] == pytest.approx(on["step_ms_mean"] / off["step_ms_mean"] - 1)
     assert "flush_s" in data["runs"][0]
+    assert data["overhead_fraction_cpu"] == pytest.approx(on["cpu_ms_per_step"] / off["cpu_ms_per_step"] - 1)
 
 
 @pytest.mark.ray
@@ -57,6 +58,9 @@ def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
     data = run_bench("overhead.py", tmp_path / "overhead.json", timeout=1200)
     assert data["bench"] == "overhead"
     assert positive(data["ray_init_s"])
+    imports = data["import_cpu_s"]
+    assert {"torch", "ray.train", "mlflow", "python (nothing)"} <= set(imports)
+    assert all(positive(v) for v in imports.values())
     summary = data["summary"]["1"]
     for key in ("bare_wall_s", "service_wall_s", "bare_overhead_s", "service_overhead_s", "in_loop_s",
                 "overhead_ratio", "train_noop_wall_s", "actor_start_s"):
