@@ -71,6 +71,14 @@ class MlflowReader:
     def __init__(self, tracking_uri: str | None = None):
         from mlflow import MlflowClient  # imported here: `--help` should not wait for mlflow
 
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+        db_path = (uri[len("sqlite:///"):] if uri.startswith("sqlite:///")
+                   else "mlflow.db" if not uri else None)
+        if db_path and db_path != ":memory:" and not Path(db_path).is_file():
+            # MLflow would create an empty store there: a typo must not leave one behind.
+            raise ReportError(f"no MLflow store at {os.path.abspath(db_path)} (set "
+                              f"MLFLOW_TRACKING_URI or --tracking-uri, or run from the "
+                              f"directory of the sweep's mlflow.db)")
         self.client = MlflowClient(tracking_uri=tracking_uri)
         self.tracking_uri = self.client.tracking_uri
 
@@ -819,6 +827,10 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation]
                    f"</p><pre>{e(sweep.config_text)}</pre>")
     else:
         out.append("<p class='meta'>The parent run holds no config file.</p>")
+    if sweep.tracking_uri.startswith("sqlite:"):
+        out.append("<p class='meta'>The trials in the MLflow UI: <code>mlflow ui "
+                   f"--backend-store-uri {e(sweep.tracking_uri)}</code>, experiment "
+                   f"<code>{e(sweep.experiment)}</code> (docs/results.md walks through it).</p>")
     out.append(f"<p class='meta'>Generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC} by "
                f"<code>python -m service.report {e(sweep.parent_run_id)}</code> from MLflow alone."
                "</p></body></html>")

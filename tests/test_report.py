@@ -368,6 +368,13 @@ def test_cli_unknown_id_is_one_line_error(store, capsys):
                         "--tracking-uri", store["uri"]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "0123456789abcdef0123456789abcdef" in err[0], err
+    # A mistyped store path: one line, and no empty store left behind.
+    missing = store["tmp"] / "typo" / "mlflow.db"
+    assert report.main(["smoke", "--tracking-uri", f"sqlite:///{missing}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"service.report: error: no MLflow store at {missing} (set MLFLOW_TRACKING_URI "
+                   "or --tracking-uri, or run from the directory of the sweep's mlflow.db)"]
+    assert not missing.parent.exists()
 
 
 def test_cli_help_and_run(store, tmp_path):
