@@ -40,12 +40,12 @@ MODES = ("on", "off")
 PART_MODES = ("only_logging", "only_nan_checks", "only_accounting")
 
 
-def bench_config(steps: int, warmup: int, flush_seconds: float) -> dict:
+def bench_config(steps: int, warmup: int, flush_seconds: float, world_size: int = 2) -> dict:
     return {
         "name": "bench-instrumentation",
         "workload": {"name": "char_lm", "steps": steps, "global_batch_size": 32, "lr": 0.001,
                      "optimizer": "adamw", "eval_every": steps, "warmup_steps": warmup},
-        "search": {"hooks": ["allreduce"], "world_size": [2], "seed": [0]},
+        "search": {"hooks": ["allreduce"], "world_size": [world_size], "seed": [0]},
         "resources": {"cpus_per_worker": 1.0},
         "tracking": {"flush_seconds": flush_seconds},
     }
@@ -117,8 +117,9 @@ def _worker(rank: int, port: int, sweep: dict, rounds: int, modes: list[str], ru
     from service.config import SweepConfig
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     cfg = SweepConfig.model_validate(sweep)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=cfg.search.world_size[0])
     trial = cfg.trials()[0]
     results = []
     for r in range(rounds):
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--world-size", type=int, default=2,
+                        help="1: one process, no peer to wait for, so a loaded machine's scheduling "
+                             "delays do not land on the collectives (the instrumentation's own work)")
     parser.add_argument("--flush-seconds", type=float, default=5.0, help="the MetricLogger's flush interval (config default 5)")
     parser.add_argument("--parts", action="store_true",
                         help="also run each part alone (logging, NaN checks, accounting) to see which one costs")
@@ -157,18 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     workdir = Path(tempfile.mkdtemp(prefix="bench-instrumentation-"))
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
-    sweep = SweepConfig.model_validate(bench_config(args.steps, args.warmup, args.flush_seconds))
+    sweep = SweepConfig.model_validate(bench_config(args.steps, args.warmup, args.flush_seconds, args.world_size))
     experiment = tracking.get_or_create_experiment(sweep.name, uri)
     modes = list(MODES + PART_MODES) if args.parts else list(MODES)
     run_ids = [tracking.client(uri).create_run(experiment, run_name=f"run{i}").info.run_id
                for i in range(args.rounds * len(modes))]
     out = workdir / "results.json"
     mp.spawn(_worker, args=(free_port(), sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
-             nprocs=2, join=True)
+             nprocs=args.world_size, join=True)
     results = json.loads(Path(f"{out}-rank0").read_text())
-    other = json.loads(Path(f"{out}-rank1").read_text())
-    for mine, theirs in zip(results, other):  # CPU of both ranks per step: the work the machine does
-        mine["cpu_ms_per_step"] += theirs["cpu_ms_per_step"]
+    for rank in range(1, args.world_size):  # CPU of all ranks per step: the work the machine does
+        for mine, theirs in zip(results, json.loads(Path(f"{out}-rank{rank}").read_text())):
+            mine["cpu_ms_per_step"] += theirs["cpu_ms_per_step"]
 
     summary = {}
     for mode in modes:
@@ -189,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     overhead_mean, overhead_median = summary["on"]["vs_off_mean"], summary["on"]["vs_off_median"]
     print()
     print(table(["mode", "step ms (mean)", "step ms (median)", "vs off (mean) %", "vs off (median) %",
-                 "CPU ms/step (2 ranks)", "vs off (CPU) %"],
+                 "CPU ms/step (all ranks)", "vs off (CPU) %"],
                 [[m, summary[m]["step_ms_mean"], summary[m]["step_ms_median"], 100 * summary[m]["vs_off_mean"],
                   100 * summary[m]["vs_off_median"], summary[m]["cpu_ms_per_step"], 100 * summary[m]["vs_off_cpu"]]
                  for m in modes]))
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time, "
           f"{100 * summary['on']['vs_off_cpu']:.1f}% of CPU per step")
     path = write_json("instrumentation", {
-        "settings": {"workload": "char_lm", "world_size": 2, "steps": args.steps, "warmup": args.warmup,
+        "settings": {"workload": "char_lm", "world_size": args.world_size, "steps": args.steps, "warmup": args.warmup,
                      "rounds": args.rounds, "flush_seconds": args.flush_seconds},
         "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
         "summary": summary, "overhead_fraction_mean": overhead_mean, "overhead_fraction_median": overhead_median,
