@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"{len(outcome.rows)} trials, {outcome.failed} failed. Log: {log_path}")
     print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
+    print(write_report(cfg, outcome), flush=True)
     if outcome.interrupted:
         print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
               f"python -m service.sweep {args.config} --resume")
@@ -579,6 +580,24 @@ def storage_root(cfg: SweepConfig) -> str:
     if "://" in where:
         return where
     return str(Path(where).expanduser().resolve())
+
+
+def write_report(cfg: SweepConfig, outcome: SweepOutcome) -> str:
+    """Build the sweep's report (service.report: plots, summary, report.html) into
+    <storage>/<sweep>/report and attach it to the parent run; returns the line to print.
+    A report that cannot be built is a one-line warning: the sweep's results are in MLflow."""
+    root = storage_root(cfg)
+    base = Path("results").resolve() if "://" in root else Path(root)
+    out_dir = base / f"{_safe(cfg.name)}-{outcome.parent_run_id[:8]}" / "report"
+    try:
+        from service.report import build_report
+
+        path = build_report(outcome.parent_run_id, outcome.tracking_uri, out_dir=out_dir, attach=True)
+    except Exception as exc:  # noqa: BLE001 - the report must not fail a finished sweep
+        log.exception("report failed")
+        return (f"warning: no report: {_one_line(exc)} (rebuild it with: "
+                f"python -m service.report {outcome.parent_run_id})")
+    return f"Report: {path} (also attached to the parent run)"
 
 
 def local_dir(cfg: SweepConfig) -> Path:
