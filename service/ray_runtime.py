@@ -74,10 +74,41 @@ def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int 
 
     apply_env()
     for attempt in range(1, INIT_ATTEMPTS + 1):
+        before = _child_pids()
         try:
             ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness))
             return
         except Exception as exc:  # ray raises a bare Exception for this timeout
+            ray.shutdown()
+            # The timed-out node (GCS, raylet, monitors) was started as our children and is not
+            # ours to reach through ray.shutdown(): left alive, each retry added a whole Ray
+            # instance to an already loaded machine (seen: 12 instances, load average 160).
+            _kill(_child_pids() - before)
             if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
                 raise
-            ray.shutdown()
+
+
+def _child_pids() -> set[int]:
+    """Pids of this process's direct children (Linux /proc; empty elsewhere)."""
+    me, children = os.getpid(), set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == me:
+            children.add(int(entry))
+    return children
+
+
+def _kill(pids: set[int]) -> None:
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
