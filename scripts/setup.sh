@@ -2,7 +2,7 @@
 # Creates .venv and installs the project with everything the sweep and the tests need.
 # Idempotent: re-running after a change to pyproject.toml reinstalls; otherwise it is a no-op.
 #   scripts/setup.sh            the sweep's environment (.venv)
-#   scripts/setup.sh --test     also the system packages the tests use (headless Chromium)
+#   scripts/setup.sh --test     also the system packages the tests use (Chromium, docker-compose)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,12 +22,18 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null 2>&1; then
-  # report.html is checked in a real headless browser (Debian's chromium package).
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing Debian's chromium for the report tests" >&2
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    echo "setup: chromium is missing; install it (e.g. apt-get install chromium) for the report tests" >&2
+if [ "${1:-}" = "--test" ]; then
+  # System tools the tests use for real: headless Chromium renders report.html; docker-compose
+  # (Compose v1, no engine needed) validates docker/compose.yaml.
+  missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "setup: installing Debian's ${missing[*]} for the tests" >&2
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "setup: missing ${missing[*]}: install them (e.g. apt-get install ${missing[*]}) for the tests" >&2
+    fi
   fi
 fi
