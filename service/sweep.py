@@ -41,8 +41,6 @@ log = logging.getLogger("service.sweep")
 
 # A Tune trial only waits on its TorchTrainer: it needs a sliver of a CPU, not a whole one.
 TRIAL_DRIVER_CPUS = 0.01
-# Starting local Ray can miss the raylet's 30 s registration window on an overloaded machine.
-RAY_START_ATTEMPTS = 3
 # Summary metrics shown in the end-of-sweep table (logged by the worker's rank 0).
 TABLE_METRICS = ("final_loss", "final_eval_accuracy", "samples_per_s", "comm_bytes_per_step",
                  "compression_ratio")
@@ -480,19 +478,9 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
                              f"GPUs; this machine has {gpus}; lower search.world_size or set "
                              f"resources.use_gpu: false")
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
-    options = ray_runtime.local_init_kwargs(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)
-    # Ray gives its raylet a fixed 30 s to register; on a machine under heavy load that can
-    # run out. Try a few times before giving up.
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
-        try:
-            ray.init(**options)
-            return
-        except Exception as exc:
-            if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
-                raise
-            log.warning("local Ray did not start in time (attempt %d: %s); trying again", attempt, exc)
-            ray.shutdown()
-            time.sleep(5)
+    # init_local retries Ray's fixed 30 s raylet start-up window on a loaded machine, and
+    # kills what a timed-out attempt left behind.
+    ray_runtime.init_local(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)
 
 
 # --------------------------------------------------------------------------- results
