@@ -4,7 +4,8 @@
 trial's comm hook, optimizer), then every optimizer step: inject configured faults,
 forward/backward over ``grad_accumulation`` micro-batches (all but the last under
 ``no_sync()``), optimizer step, the NaN check (``service.nan``: one tiny all-reduce, so
-all ranks agree), logging (``service.tracking``, rank 0, batched), evaluation every
+all ranks agree), gradient fidelity every ``tracking.fidelity_every`` steps (when asked),
+logging (``service.tracking``, rank 0, batched), evaluation every
 ``eval_every`` steps, checkpoints every ``checkpoint.every`` steps. It needs an
 initialised process group and nothing else, so tests and users can run it without Ray.
 
@@ -34,7 +35,9 @@ import hooks
 from service.nan import NanMonitor
 from service.workloads import Workload, build_workload, evaluate, fetch_batch
 
-STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy")
+STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
+# Links the summary projects each trial's step time onto (hooks.cost's alpha-beta model).
+PROJECTED_LINKS_GBPS = (10, 100)
 PROGRESS_EVERY_S = 2.0
 SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)
 HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
@@ -84,7 +87,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     wl = build_workload(wl_cfg.name, trial.seed)
     model = DDP(wl.model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     hook_state, hook = hooks.build(trial.hook, process_group=None, **dict(trial.hook_params))
-    model.register_comm_hook(hook_state, hook)
+    fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
+    model.register_comm_hook(hook_state, fidelity.hook)
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
                             rank, world_size, wl_cfg.grad_accumulation)
@@ -92,18 +96,19 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     monitor = NanMonitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                          hook_name=trial.hook)
     faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
-    meter = StepMeter(hook_state, wl_cfg.warmup_steps, first_step)
+    meter = StepMeter(hook_state, wl_cfg.warmup_steps, first_step, trial)
     reporter = Reporter(logger, progress, rank)
 
     # --- steps
     step, eval_metrics = first_step - 1, {}
     for step in range(first_step, wl_cfg.steps + 1):
         meter.begin()
+        fidelity.begin(step)
         faults.before_step(step, model.module)
         loss = train_step(model, optimizer, wl, batches.micro_batches(step), device)
         check = monitor.check(step, loss)  # one tiny all-reduce: every rank gets the same verdict
         meter.end(step)
-        reporter.step(step, check.mean_loss, meter.last_ms)
+        reporter.step(step, check.mean_loss, meter.last_ms, fidelity.end(step))
         if check.nonfinite and cfg.stop.on_nan:
             break
         if rank == 0 and (step % wl_cfg.eval_every == 0 or step == wl_cfg.steps):
@@ -121,6 +126,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         eval_metrics = run_eval(model.module, wl, device)
     summary = meter.summary(wl_cfg.global_batch_size, reporter.last_loss, eval_metrics,
                             monitor.report, start.restarts)
+    summary.update(fidelity.summary())
     status = "nan" if monitor.report else "ok"
     reporter.finish(summary, status, monitor.report)
     return TrialResult(status, step, summary,
@@ -206,9 +212,12 @@ def run_eval(module: torch.nn.Module, wl: Workload, device) -> dict[str, float]:
 class StepMeter:
     """Step times (rank 0's clock) and the hook's byte/time accounting for the summary."""
 
-    def __init__(self, hook_state, warmup_steps: int, first_step: int):
+    def __init__(self, hook_state, warmup_steps: int, first_step: int, trial=None):
         self.hook_state, self.warmup, self.first_step = hook_state, warmup_steps, first_step
+        self.trial = trial
         self.start_stats = _stats(hook_state)
+        # accounting at the start of the measured (post-warm-up) steps: the projection's basis
+        self.measured_stats = self.start_stats if first_step > warmup_steps else None
         self.times_ms: dict[int, float] = {}
         self.last_ms = 0.0
         self._t0 = 0.0
@@ -219,6 +228,8 @@ class StepMeter:
     def end(self, step: int) -> None:
         self.last_ms = (time.perf_counter() - self._t0) * 1000.0
         self.times_ms[step] = self.last_ms
+        if step == self.warmup:
+            self.measured_stats = _stats(self.hook_state)
 
     def summary(self, global_batch: int, final_loss: float, eval_metrics: dict,
                 nan_report, restarts: int) -> dict[str, float]:
@@ -250,6 +261,7 @@ class StepMeter:
             "steps_done": max(self.times_ms, default=self.first_step - 1),
             "restarts": restarts,
         }
+        out.update(self.projection(measured, now))
         if "eval_accuracy" in eval_metrics:
             out["final_eval_accuracy"] = eval_metrics["eval_accuracy"]
             out["final_eval_loss"] = eval_metrics["eval_loss"]
@@ -259,6 +271,100 @@ class StepMeter:
             if nan_report.bucket_index is not None:
                 out["nan_bucket_index"] = nan_report.bucket_index
         return out
+
+
+    def projection(self, measured_ms: list[float], now: dict) -> dict[str, float]:
+        """The per-step accounting of the measured steps and the step time projected onto
+        faster links at this trial's world size (``hooks.cost``'s alpha-beta model).
+
+        compute_ms_per_step = mean step time - mean hook time (hook entry to completion,
+        summed over buckets) of the measured steps. The hook time on this machine is the
+        loopback collectives, waiting for the other ranks, and the hook's compression
+        kernels: all of it is removed, so the projection prices compression kernels at zero
+        (optimistic for compressing hooks; their kernels show as hook_time_ms above
+        allreduce's). projected_step_ms_{G}gbps = compute_ms_per_step + hooks.cost's
+        projected communication of the measured buckets at G Gbit/s. The per-step
+        accounting (hook_calls, raw/payload bytes, allreduce calls) is what the report
+        needs to project the same configuration onto other world sizes.
+        """
+        base = self.measured_stats
+        steps = len(measured_ms)
+        if base is None or not steps or self.trial is None or not now.get("calls"):
+            return {}  # every step was warm-up, or a hook without accounting: nothing to project
+        if len(measured_ms) != sum(1 for s in self.times_ms if s > self.warmup):
+            return {}  # the fallback of summary(): warm-up steps stand in, no clean basis
+        delta = {k: now.get(k, 0) - base.get(k, 0) for k in ("calls", "raw_bytes", "payload_bytes",
+                                                             "allreduce_calls", "seconds")}
+        compute_ms = max(statistics.fmean(measured_ms) - 1000.0 * delta["seconds"] / steps, 0.0)
+        out = {
+            "compute_ms_per_step": compute_ms,
+            "hook_calls_per_step": delta["calls"] / steps,
+            "raw_bytes_per_step": delta["raw_bytes"] / steps,
+            "payload_bytes_per_step": delta["payload_bytes"] / steps,
+            "allreduce_calls_per_step": delta["allreduce_calls"] / steps,
+        }
+        params = dict(self.trial.hook_params)
+        for gbps in PROJECTED_LINKS_GBPS:
+            seconds = hooks.cost.projected_step_seconds(compute_ms / 1000.0, self.trial.hook, delta, steps,
+                                                        self.trial.world_size, gbps, **params)
+            out[f"projected_step_ms_{gbps}gbps"] = 1000.0 * seconds
+        return out
+
+
+class FidelitySampler:
+    """Gradient fidelity (``hooks.with_fidelity``) on every ``every``-th optimizer step.
+
+    Sampling is by step, not by hook call: on steps ``every, 2*every, ...`` every bucket of
+    the step goes through ``with_fidelity`` (an extra fp32 reference allreduce per bucket;
+    the same steps on every rank, so the ranks issue the same collectives), on the other
+    steps the plain hook runs. A step therefore has one value, whatever the bucket count
+    (DDP's first iteration and its rebuilt layout differ). ``end(step)`` returns that step's
+    ``grad_rel_error`` and ``grad_cosine``: the mean over the step's buckets, from the
+    difference of the state's cumulative sums (read only on sampled steps: one host sync).
+    ``every = 0``: the plain hook, nothing measured.
+    """
+
+    def __init__(self, hook_state, hook, every: int):
+        self.every, self.state = int(every or 0), hook_state
+        self._sampling = False
+        self._rel, self._cos, self._samples = 0.0, 0.0, 0
+        self.values: dict[int, tuple[float, float]] = {}  # step -> (rel error, cosine)
+        if not self.every:
+            self.hook = hook
+            return
+        _, sampled = hooks.with_fidelity(hook_state, hook, every=1)
+
+        def hook_sampled_by_step(state, bucket):
+            return (sampled if self._sampling else hook)(state, bucket)
+
+        hook_sampled_by_step.__name__ = f"{getattr(hook, '__name__', 'hook')}_fidelity_by_step"
+        self.hook = hook_sampled_by_step
+
+    def begin(self, step: int) -> None:
+        self._sampling = bool(self.every) and step % self.every == 0
+
+    def end(self, step: int) -> dict[str, float]:
+        if not self._sampling:
+            return {}
+        self._sampling = False
+        stats = self.state.stats()
+        samples = stats.get("fidelity_samples", 0)
+        new = samples - self._samples
+        if new <= 0:  # no bucket was communicated this step
+            return {}
+        rel_sum, cos_sum = stats["fidelity_rel_error"] * samples, stats["fidelity_cosine"] * samples
+        rel, cos = (rel_sum - self._rel) / new, (cos_sum - self._cos) / new
+        self._rel, self._cos, self._samples = rel_sum, cos_sum, samples
+        self.values[step] = (rel, cos)
+        return {"grad_rel_error": rel, "grad_cosine": cos}
+
+    def summary(self) -> dict[str, float]:
+        """Means over the sampled steps of this attempt (absent when nothing was sampled)."""
+        if not self.values:
+            return {}
+        return {"grad_rel_error_mean": statistics.fmean(v[0] for v in self.values.values()),
+                "grad_cosine_mean": statistics.fmean(v[1] for v in self.values.values()),
+                "grad_fidelity_steps": len(self.values)}
 
 
 def _stats(hook_state) -> dict[str, float]:
@@ -276,11 +382,11 @@ class Reporter:
         self.last_loss = float("nan")
         self._last_progress = 0.0
 
-    def step(self, step: int, loss: float, step_time_ms: float) -> None:
+    def step(self, step: int, loss: float, step_time_ms: float, fidelity: dict | None = None) -> None:
         self.losses.append(loss)
         self.last_loss = loss
         if self.logger:
-            self.logger.log(step, loss=loss, step_time_ms=step_time_ms)
+            self.logger.log(step, loss=loss, step_time_ms=step_time_ms, **(fidelity or {}))
         if self.progress and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
             _call_quietly(self.progress, step, loss)
