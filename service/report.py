@@ -53,7 +53,7 @@ BASELINE_HOOK = "allreduce"
 ACCURACY_TOLERANCE = 0.01
 LOSS_TOLERANCE = 0.05
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
-                "report.html")
+                "report.html", "projected_throughput.png")
 
 
 class ReportError(Exception):
@@ -846,7 +846,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     """Write every report file for the sweep whose parent run is `parent_run_id` into
     `out_dir` (default results/report-<id8>), attach them to the parent run when `attach`,
     and return the path of report.html. Raises ReportError for problems the user can fix."""
-    from service import plots
+    from service import plots, projection
 
     reader = MlflowReader(tracking_uri)
     parent_run_id = reader.resolve_parent(parent_run_id)
@@ -868,10 +868,16 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
                                         title=sweep.experiment),
     }
+    projections = projection.project(sweep)  # hooks.cost at W = 8, 64, 512 (service/projection.py)
+    projected = projection.plot(projections, out_dir / projection.IMAGE, title=sweep.experiment)
+    if projections:  # trials from before the accounting was logged: the table says so, no plot
+        images["projected_throughput"] = projected
     write_summary_csv(rows, out_dir / "summary.csv")
-    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs))
+    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs)
+                                        + projection.markdown(projections))
     report = out_dir / "report.html"
-    report.write_text(render_html(sweep, rows, recs, images, quality_metric))
+    report.write_text(render_html(sweep, rows, recs, images, quality_metric).replace(
+        "<h2 id='trials'>", projection.html_section(projections) + "\n<h2 id='trials'>", 1))
     if attach:
         try:
             reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
