@@ -1,0 +1,129 @@
+"""service.projection: the report's projected-throughput table and plot, from a real store.
+
+Real trials (run_training on an in-process gloo group of one rank, the real hooks and their
+accounting) log into a temporary SQLite MLflow store under one parent run; the projection is
+rebuilt from MLflow alone and checked against hooks.cost for the logged accounting."""
+
+from __future__ import annotations
+
+import datetime
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import hooks
+from service import projection, report
+from service.config import SweepConfig
+from tests.dist_utils import free_port
+
+pytestmark = pytest.mark.timeout(1500)  # three short trainings: minutes on a loaded machine
+
+HOOKS = ["allreduce", "fp16_compress", {"name": "quantized_allreduce", "chunk_size": 256}]
+
+
+def make_cfg() -> SweepConfig:
+    return SweepConfig.model_validate({
+        "name": "projection-test",
+        "workload": {"name": "tests.test_fidelity_service:tiny_digits", "steps": 5,
+                     "global_batch_size": 32, "lr": 0.05, "eval_every": 100, "warmup_steps": 2},
+        "search": {"hooks": HOOKS, "world_size": [1], "seed": [0]},
+        "tracking": {"flush_seconds": 0.5},
+    })
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    from service import tracking
+    from service.worker import run_training
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    try:
+        cfg = make_cfg()
+        parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
+        for trial in cfg.trials():
+            run_id = tracking.start_child_run(parent, trial, cfg, uri)
+            with tracking.MetricLogger(run_id, uri, 0.5) as logger:
+                run_training(trial, cfg, rank=0, world_size=1, device="cpu", logger=logger)
+            tracking.end_run(run_id, "FINISHED", tracking_uri=uri)
+        tracking.end_run(parent, "FINISHED", tracking_uri=uri)
+    finally:
+        dist.destroy_process_group()
+    return {"uri": uri, "parent": parent, "client": MlflowClient(uri)}
+
+
+@pytest.fixture(scope="module")
+def projections(store):
+    sweep = report.load_sweep(report.MlflowReader(store["uri"]), store["parent"])
+    return sweep, projection.project(sweep)
+
+
+def test_table_equals_cost_model_for_logged_accounting(store, projections):
+    sweep, projs = projections
+    assert [p.config for p in projs] == ["allreduce", "fp16_compress", "quantized_allreduce-c256"]
+    client = store["client"]
+    logged = {t.config: client.get_run(t.run_id).data.metrics for t in sweep.trials}
+    compute = logged["allreduce"]["compute_ms_per_step"]  # the baseline's, for every configuration
+    header, rows = projection.table(projs)
+    for p, row in zip(projs, rows):
+        m = logged[p.config]
+        assert m["hook_calls_per_step"] >= 1 and m["raw_bytes_per_step"] > 0
+        stats = {"calls": m["hook_calls_per_step"], "raw_bytes": m["raw_bytes_per_step"],
+                 "payload_bytes": m["payload_bytes_per_step"],
+                 "allreduce_calls": m["allreduce_calls_per_step"]}
+        params = {"chunk_size": 256} if p.hook == "quantized_allreduce" else {}
+        for w in projection.WORLD_SIZES:
+            for gbps in projection.LINKS_GBPS:
+                step_s = hooks.cost.projected_step_seconds(compute / 1000, p.hook, stats, 1, w, gbps, **params)
+                assert p.step_ms[(w, gbps)] == pytest.approx(1000 * step_s, rel=1e-12)
+                # weak scaling: the measured per-rank batch (32 at W=1) on each of w ranks
+                assert p.samples_per_s[(w, gbps)] == pytest.approx(32 * w / step_s, rel=1e-12)
+                cell = row[header.index(f"W={w} @{gbps} Gbit/s")]
+                assert cell.startswith(f"{32 * w / step_s:,.0f}")
+        # the trial's own logged projection at its world size (1: no communication) agrees
+        assert m["projected_step_ms_10gbps"] == pytest.approx(m["compute_ms_per_step"])
+
+
+def test_compression_pays_off_where_the_model_says(projections):
+    _, projs = projections
+    by = {p.config: p for p in projs}
+    base, qar = by["allreduce"], by["quantized_allreduce-c256"]
+    for key in base.step_ms:
+        assert base.speedup[key] == pytest.approx(1.0)
+        # quantized_allreduce sends ~a quarter of the bytes in 2x the messages: it wins exactly
+        # where its projected step is shorter
+        assert (qar.speedup[key] > 1) == (qar.step_ms[key] < base.step_ms[key])
+    assert projection.pays_off(base) == "baseline"
+    text = projection.pays_off(qar)
+    assert "at 10 Gbit/s" in text and "at 100 Gbit/s" in text
+    wins_10 = [w for w in projection.WORLD_SIZES if qar.speedup[(w, 10)] > 1]
+    assert wins_10, "a quarter of the bytes must win somewhere on 10 Gbit/s"
+
+
+def test_report_has_the_projection_table_and_plot(store, tmp_path):
+    out = tmp_path / "report"
+    page = report.build_report(store["parent"], tracking_uri=store["uri"], out_dir=out).read_text()
+    from service import plots
+
+    image = plots.plt.imread(out / projection.IMAGE)
+    assert image.shape[0] > 200 and image.shape[1] > 300
+    assert "Projected throughput at scale" in page
+    assert page.count("data:image/png;base64,") == 4  # loss, throughput, tradeoff, projection
+    md = (out / "summary.md").read_text()
+    assert "## Projected throughput at scale" in md
+    assert "| quantized_allreduce-c256 | 1 |" in md
+    attached = {a.path for a in store["client"].list_artifacts(store["parent"])}
+    assert projection.IMAGE in attached
+
+
+def test_sweep_without_accounting_gets_an_empty_projection(tmp_path):
+    md = projection.markdown([])
+    assert "No trial logged" in md
+    path = projection.plot([], tmp_path / "p.png")
+    assert path.stat().st_size > 0
