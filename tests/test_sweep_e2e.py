@@ -64,6 +64,11 @@ def test_smoke_sweep_records_every_trial_in_mlflow(tmp_path):
     parent = parents[0]
     assert parent.info.status == "FINISHED"
     assert parent.data.tags.get("config_path", "").endswith("smoke.yaml")
+    # The report built at the end of the sweep (issue 6), attached to the parent run.
+    assert "Report: " in out and "report.html" in out, out
+    attached = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"report.html", "summary.md", "summary.csv", "loss_curves.png", "throughput.png",
+            "tradeoff.png", "projected_throughput.png"} <= attached, attached
 
     assert len(children) == len(trials)
     by_name = {r.info.run_name: r for r in children}
@@ -100,6 +105,8 @@ def test_smoke_sweep_records_every_trial_in_mlflow(tmp_path):
         if trial.world_size > 1:
             assert metrics["comm_bytes_per_step"] > 0, where
         assert metrics["nan_detected"] == 0, where
+        # issue 8: compute + hooks.cost's communication, slower links never faster
+        assert metrics["projected_step_ms_10gbps"] >= metrics["projected_step_ms_100gbps"] > 0, where
         assert 0.0 <= metrics["final_eval_accuracy"] <= 1.0, where
         assert metrics["final_loss"] == metrics["final_loss"], where  # finite, not NaN
         if trial.hook == "allreduce":
