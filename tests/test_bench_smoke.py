@@ -54,6 +54,7 @@ def test_instrumentation_quick_writes_paired_step_times(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(1300)
 def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
     data = run_bench("overhead.py", tmp_path / "overhead.json", timeout=1200)
     assert data["bench"] == "overhead"
@@ -77,6 +78,7 @@ def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.timeout(1300)
 def test_concurrency_quick_runs_both_sweeps_and_reports_distortion(tmp_path):
     data = run_bench("concurrency.py", tmp_path / "concurrency.json", timeout=1200)
     assert data["bench"] == "concurrency"
