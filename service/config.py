@@ -280,7 +280,7 @@ class TrackingConfig(BaseModel):
     model_config = _STRICT
 
     flush_seconds: float = Field(5.0, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
-    fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity every N hook calls; 0 = off")
+    fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
 
 
 class TrialSpec(BaseModel):
