@@ -467,7 +467,9 @@ def test_report_of_a_real_smoke_sweep(tmp_path):
     for name in report.REPORT_FILES:
         assert (out / name).stat().st_size > 0, name
     assert set(report.REPORT_FILES) <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert html_path.read_text().count("data:image/png;base64,") == 3
+    # loss curves, throughput, tradeoff, and the projected throughput (real trials log the
+    # byte accounting the projection is computed from)
+    assert html_path.read_text().count("data:image/png;base64,") == 4
 
     sweep = report.load_sweep(report.MlflowReader(uri), parent.info.run_id)
     curves = {run_id: c for cs in report.loss_curve_data(sweep).values() for c in cs
