@@ -548,7 +548,6 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import ray.train.torch
 
-    from service import tracking
     from service.config import SweepConfig, TrialSpec
 
     trial = TrialSpec.from_dict(config["trial"])
@@ -559,11 +558,10 @@ def train_loop_per_worker(config: dict) -> None:
     device = ray.train.torch.get_device() if cfg.resources.use_gpu else torch.device("cpu")
     torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
 
-    # Restarts, faults that already fired and steps already logged live in the MLflow run:
-    # they survive a crash before the first checkpoint, and every node can read them.
-    tags = tracking.run_tags(run_id, uri)
-    attempt = int(tags.get("attempts", "0")) + (1 if rank == 0 else 0)
-    fired = frozenset(int(k.split(".")[1]) for k in tags if k.startswith("fault.") and k.endswith(".fired"))
+    # Restarts and faults that already fired live in the MLflow run's tags: they survive a
+    # crash before the first checkpoint. Rank 0 reads them and broadcasts them, so the other
+    # ranks never import mlflow or open the store (seconds of CPU per rank per trial).
+    attempt, fired = _broadcast_from_rank0(lambda: _restart_state(run_id, uri), rank, device)
     checkpoint = None
     ray_checkpoint = ray.train.get_checkpoint()
     if ray_checkpoint is not None:
@@ -573,6 +571,8 @@ def train_loop_per_worker(config: dict) -> None:
 
     logger = None
     if rank == 0:
+        from service import tracking
+
         tracking.set_tags(run_id, uri, attempts=attempt)
         done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
@@ -580,6 +580,8 @@ def train_loop_per_worker(config: dict) -> None:
             logger.log(checkpoint["trainer"]["step"] if checkpoint else 0, restarts=attempt - 1)
 
     def on_fault(index: int, fault) -> None:
+        from service import tracking  # any rank: faults fire where they are configured
+
         tracking.set_tags(run_id, uri, **{f"fault.{index}.fired": f"{fault.kind}@step{fault.step}"})
 
     def checkpoint_fn(step: int, state: dict) -> None:
@@ -596,3 +598,21 @@ def train_loop_per_worker(config: dict) -> None:
     ray.train.report({**result.summary, "status": result.status,
                       "nan_source": (result.nan_report or {}).get("nan_source") or ""})
 
+
+def _restart_state(run_id: str, uri: str) -> tuple[int, frozenset[int]]:
+    """(this attempt's number, indices of faults that already fired), from the run's tags."""
+    from service import tracking
+
+    tags = tracking.run_tags(run_id, uri)
+    fired = frozenset(int(k.split(".")[1]) for k in tags if k.startswith("fault.") and k.endswith(".fired"))
+    return int(tags.get("attempts", "0")) + 1, fired
+
+
+def _broadcast_from_rank0(read: Callable[[], Any], rank: int, device) -> Any:
+    """``read()`` on rank 0, its result on every rank (one object broadcast on the trial's group)."""
+    import torch.distributed as dist
+
+    box = [read() if rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0, device=torch.device(device))
+    return box[0]
