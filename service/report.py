@@ -9,7 +9,7 @@ parameters, `world_size`, `seed`; step metrics `loss`, `eval_accuracy`; summary 
 can be rebuilt for a finished sweep, one still running, or one that was interrupted.
 
 The layers, top to bottom:
-    MlflowReader      the MLflow read/attach calls the report needs (and nothing else)
+    open_store()      service.tracking.SweepReader: the MLflow reads (tracking.py is the only MLflow module)
     load_sweep()      -> Sweep: the parent run and one Trial per child run, histories included
     *_data()          the numbers every plot and table is drawn from (tests compare these
                       with what MLflow holds)
@@ -64,116 +64,17 @@ class ReportError(Exception):
 # Reading MLflow
 # --------------------------------------------------------------------------------------------
 
-class MlflowReader:
-    """The few MLflow calls the report makes. (They could move into service/tracking.py, the
-    module that writes MLflow; they live here so the report has no other dependency.)"""
+def open_store(tracking_uri: str | None = None):
+    """The sweep reader of service.tracking (the only MLflow module), its errors as ReportError."""
+    from service import tracking  # imported here: `--help` should not wait for mlflow
 
-    def __init__(self, tracking_uri: str | None = None):
-        from mlflow import MlflowClient  # imported here: `--help` should not wait for mlflow
+    try:
+        return tracking.SweepReader(tracking_uri)
+    except tracking.StoreError as e:
+        raise ReportError(str(e)) from None
 
-        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
-        db_path = (uri[len("sqlite:///"):] if uri.startswith("sqlite:///")
-                   else "mlflow.db" if not uri else None)
-        if db_path and db_path != ":memory:" and not Path(db_path).is_file():
-            # MLflow would create an empty store there: a typo must not leave one behind.
-            raise ReportError(f"no MLflow store at {os.path.abspath(db_path)} (set "
-                              f"MLFLOW_TRACKING_URI or --tracking-uri, or run from the "
-                              f"directory of the sweep's mlflow.db)")
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.tracking_uri = self.client.tracking_uri
 
-    def resolve_parent(self, ref: str) -> str:
-        """A parent run id from a parent run id, a child run id, or an experiment name
-        (its most recent parent run)."""
-        from mlflow.exceptions import MlflowException
-
-        if re.fullmatch(r"[0-9a-f]{32}", ref):
-            try:
-                run = self.client.get_run(ref)
-            except MlflowException:
-                run = None
-            if run is not None:
-                return run.data.tags.get("mlflow.parentRunId") or run.info.run_id
-        try:
-            experiment = self.client.get_experiment_by_name(ref)
-        except MlflowException as e:
-            raise ReportError(f"cannot read the MLflow store at {self.tracking_uri}: "
-                              f"{str(e).splitlines()[0]}") from None
-        if experiment is None:
-            names = sorted(e.name for e in self.client.search_experiments() if e.name != "Default")
-            raise ReportError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
-                              f"(experiments there: {', '.join(names) or 'none'})")
-        parents = [r for r in self._search(experiment.experiment_id, "")
-                   if "mlflow.parentRunId" not in r.data.tags]
-        if not parents:
-            raise ReportError(f"experiment {ref!r} has no sweep (parent) run yet")
-        return max(parents, key=lambda r: r.info.start_time or 0).info.run_id
-
-    def get_run(self, run_id: str):
-        return self.client.get_run(run_id)
-
-    def experiment_name(self, experiment_id: str) -> str:
-        return self.client.get_experiment(experiment_id).name
-
-    def child_runs(self, parent) -> list:
-        """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
-        the run name) the newest wins."""
-        runs = self._search(parent.info.experiment_id,
-                            f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-        newest = {}
-        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-            newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run
-        return list(newest.values())
-
-    def history(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """(steps, values) of a step metric, in step order; empty arrays if never logged.
-        A step logged twice (a trial restarted from a checkpoint in the same run) keeps its
-        latest value."""
-        latest = {}
-        for m in sorted(self.client.get_metric_history(run_id, key),
-                        key=lambda m: (m.step, m.timestamp)):
-            latest[m.step] = m.value
-        steps = sorted(latest)
-        return (np.array(steps, dtype=np.int64),
-                np.array([latest[s] for s in steps], dtype=np.float64))
-
-    def config_text(self, run_id: str) -> tuple[str, str] | None:
-        """(file name, text) of the sweep config the driver attached, if any."""
-        try:
-            artifacts = self.client.list_artifacts(run_id)
-            yaml_files = [a.path for a in artifacts
-                          if not a.is_dir and a.path.endswith((".yaml", ".yml"))]
-            if not yaml_files:
-                for a in artifacts:  # one level down (e.g. config/quant.yaml)
-                    if a.is_dir:
-                        yaml_files += [b.path for b in self.client.list_artifacts(run_id, a.path)
-                                       if not b.is_dir and b.path.endswith((".yaml", ".yml"))]
-            if not yaml_files:
-                return None
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                local = self.client.download_artifacts(run_id, yaml_files[0], tmp)
-                return yaml_files[0], Path(local).read_text(errors="replace")
-        except Exception:  # a missing or unreadable config must not stop the report
-            return None
-
-    def attach(self, run_id: str, paths: list[Path]) -> None:
-        for path in paths:
-            self.client.log_artifact(run_id, str(path))
-
-    def _search(self, experiment_id: str, filter_string: str) -> list:
-        from mlflow.entities import ViewType
-
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([experiment_id], filter_string,
-                                           run_view_type=ViewType.ACTIVE_ONLY,
-                                           max_results=1000, page_token=token)
-            runs += list(page)
-            token = page.token
-            if not token:
-                return runs
+MlflowReader = open_store  # the old name, still used by tests/test_report.py
 
 
 # --------------------------------------------------------------------------------------------
@@ -277,7 +178,7 @@ def _trial_state(run) -> str:
     return "nan" if run.data.metrics.get("nan_detected", 0) >= 1 else "ok"
 
 
-def load_sweep(reader: MlflowReader, parent_run_id: str) -> Sweep:
+def load_sweep(reader, parent_run_id: str) -> Sweep:
     parent = reader.get_run(parent_run_id)
     config = reader.config_text(parent_run_id)
     sweep = Sweep(
@@ -848,8 +749,13 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     and return the path of report.html. Raises ReportError for problems the user can fix."""
     from service import plots, projection
 
-    reader = MlflowReader(tracking_uri)
-    parent_run_id = reader.resolve_parent(parent_run_id)
+    from service.tracking import StoreError
+
+    reader = open_store(tracking_uri)
+    try:
+        parent_run_id = reader.resolve_parent(parent_run_id)
+    except StoreError as e:
+        raise ReportError(str(e)) from None
     sweep = load_sweep(reader, parent_run_id)
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / f"report-{parent_run_id[:8]}"
     try:

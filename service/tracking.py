@@ -22,11 +22,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
-from mlflow.entities import Metric, Param, RunStatus, RunTag
+import numpy as np
+
+from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -389,3 +394,114 @@ def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:
     c = client(tracking_uri)
     c.log_batch(run_id, tags=[RunTag("status", "running")])
     c.update_run(run_id, status="RUNNING")
+
+
+# --------------------------------------------------------------------------- reading a sweep
+
+
+class StoreError(Exception):
+    """The store cannot answer what was asked (no such store, experiment or sweep): one line."""
+
+
+class SweepReader:
+    """The read side of the contract above, for the report (service/report.py): a sweep's
+    parent run, its trial runs, their metric histories and config; plus attaching files."""
+
+    def __init__(self, tracking_uri: str | None = None):
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
+        db_path = (uri[len("sqlite:///"):] if uri.startswith("sqlite:///")
+                   else "mlflow.db" if not uri else None)
+        if db_path and db_path != ":memory:" and not Path(db_path).is_file():
+            # MLflow would create an empty store there: a typo must not leave one behind.
+            raise StoreError(f"no MLflow store at {os.path.abspath(db_path)} (set "
+                              f"MLFLOW_TRACKING_URI or --tracking-uri, or run from the "
+                              f"directory of the sweep's mlflow.db)")
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = self.client.tracking_uri
+
+    def resolve_parent(self, ref: str) -> str:
+        """A parent run id from a parent run id, a child run id, or an experiment name
+        (its most recent parent run)."""
+        if re.fullmatch(r"[0-9a-f]{32}", ref):
+            try:
+                run = self.client.get_run(ref)
+            except MlflowException:
+                run = None
+            if run is not None:
+                return run.data.tags.get("mlflow.parentRunId") or run.info.run_id
+        try:
+            experiment = self.client.get_experiment_by_name(ref)
+        except MlflowException as e:
+            raise StoreError(f"cannot read the MLflow store at {self.tracking_uri}: "
+                              f"{str(e).splitlines()[0]}") from None
+        if experiment is None:
+            names = sorted(e.name for e in self.client.search_experiments() if e.name != "Default")
+            raise StoreError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
+                              f"(experiments there: {', '.join(names) or 'none'})")
+        parents = [r for r in self._search(experiment.experiment_id, "")
+                   if "mlflow.parentRunId" not in r.data.tags]
+        if not parents:
+            raise StoreError(f"experiment {ref!r} has no sweep (parent) run yet")
+        return max(parents, key=lambda r: r.info.start_time or 0).info.run_id
+
+    def get_run(self, run_id: str):
+        return self.client.get_run(run_id)
+
+    def experiment_name(self, experiment_id: str) -> str:
+        return self.client.get_experiment(experiment_id).name
+
+    def child_runs(self, parent) -> list:
+        """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
+        the run name) the newest wins."""
+        runs = self._search(parent.info.experiment_id,
+                            f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+        newest = {}
+        for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+            newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run
+        return list(newest.values())
+
+    def history(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, values) of a step metric, in step order; empty arrays if never logged.
+        A step logged twice (a trial restarted from a checkpoint in the same run) keeps its
+        latest value."""
+        latest = {}
+        for m in sorted(self.client.get_metric_history(run_id, key),
+                        key=lambda m: (m.step, m.timestamp)):
+            latest[m.step] = m.value
+        steps = sorted(latest)
+        return (np.array(steps, dtype=np.int64),
+                np.array([latest[s] for s in steps], dtype=np.float64))
+
+    def config_text(self, run_id: str) -> tuple[str, str] | None:
+        """(file name, text) of the sweep config the driver attached, if any."""
+        try:
+            artifacts = self.client.list_artifacts(run_id)
+            yaml_files = [a.path for a in artifacts
+                          if not a.is_dir and a.path.endswith((".yaml", ".yml"))]
+            if not yaml_files:
+                for a in artifacts:  # one level down (e.g. config/quant.yaml)
+                    if a.is_dir:
+                        yaml_files += [b.path for b in self.client.list_artifacts(run_id, a.path)
+                                       if not b.is_dir and b.path.endswith((".yaml", ".yml"))]
+            if not yaml_files:
+                return None
+            with tempfile.TemporaryDirectory() as tmp:
+                local = self.client.download_artifacts(run_id, yaml_files[0], tmp)
+                return yaml_files[0], Path(local).read_text(errors="replace")
+        except Exception:  # a missing or unreadable config must not stop the report
+            return None
+
+    def attach(self, run_id: str, paths: list[Path]) -> None:
+        for path in paths:
+            self.client.log_artifact(run_id, str(path))
+
+    def _search(self, experiment_id: str, filter_string: str) -> list:
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs([experiment_id], filter_string,
+                                           run_view_type=ViewType.ACTIVE_ONLY,
+                                           max_results=1000, page_token=token)
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs

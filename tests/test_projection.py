@@ -60,7 +60,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def projections(store):
-    sweep = report.load_sweep(report.MlflowReader(store["uri"]), store["parent"])
+    sweep = report.load_sweep(report.open_store(store["uri"]), store["parent"])
     return sweep, projection.project(sweep)
 
 
