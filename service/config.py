@@ -17,7 +17,9 @@ never keeps a second list of either.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
+import json
 import math
 import re
 import sys
@@ -395,6 +397,13 @@ class SweepConfig(BaseModel):
                                                              f"({key}); each hook configuration runs once")
                 seen[key] = i
         return self
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides what the trials compute (not how fast, where
+        they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
+        decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
+                                                         "tracking": {"flush_seconds"}, "storage_path": True})
+        return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
         """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size x seed."""

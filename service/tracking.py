@@ -144,7 +144,7 @@ def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = No
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     experiment_id = get_or_create_experiment(cfg.name, uri)
-    tags = {"role": "sweep", "status": "running"}
+    tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint()}
     if config_path:
         tags["config_path"] = os.path.abspath(str(config_path))
     commit = git_commit()
@@ -373,19 +373,19 @@ class MetricLogger:
 # (added by the sweep driver for `python -m service.sweep CONFIG --resume`)
 
 
-def latest_sweep_run(experiment_name: str, tracking_uri: str | None = None):
-    """The most recent parent run (tag ``role`` = sweep) of ``experiment_name``, or None."""
+def latest_sweep_runs(experiment_name: str, tracking_uri: str | None = None, *,
+                      fingerprint: str | None = None, max_results: int = 1) -> list:
+    """The most recent parent runs (tag ``role`` = sweep) of ``experiment_name``, newest
+    first; only those of config ``fingerprint`` (``SweepConfig.fingerprint``) when given."""
     c = client(tracking_uri)
     exp = c.get_experiment_by_name(experiment_name)
     if exp is None:
-        return None
-    runs = c.search_runs(
-        [exp.experiment_id],
-        filter_string="tags.role = 'sweep'",
-        max_results=1,
-        order_by=["attributes.start_time DESC"],
-    )
-    return runs[0] if runs else None
+        return []
+    where = "tags.role = 'sweep'"
+    if fingerprint:
+        where += f" and tags.sweep_fingerprint = '{fingerprint}'"
+    return list(c.search_runs([exp.experiment_id], filter_string=where, max_results=max_results,
+                              order_by=["attributes.start_time DESC"]))
 
 
 def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:

@@ -1,0 +1,70 @@
+"""--resume picks the right sweep: the experiment's latest sweep *of the same config*.
+
+Real SQLite MLflow store, runs written through service.tracking as the sweep writes them; no
+Ray (the interrupted-sweep path end to end is tests/test_resume.py).
+"""
+from __future__ import annotations
+
+import pytest
+
+from service import tracking
+from service.config import SweepConfig
+from service.sweep import SweepError, plan_resume
+
+
+def make_cfg(steps: int = 20, **resources) -> SweepConfig:
+    return SweepConfig.model_validate({
+        "name": "resume_plan",
+        "workload": {"name": "mlp_digits", "steps": steps, "global_batch_size": 8, "lr": 0.05},
+        "search": {"hooks": ["allreduce", "fp16_compress"], "world_size": [1], "seed": [0]},
+        "resources": resources,
+    })
+
+
+def interrupted_sweep(cfg: SweepConfig, uri: str, finished: int) -> tuple[str, list[str]]:
+    """A parent run whose first ``finished`` trials ended FINISHED and the next one KILLED."""
+    parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
+    run_ids = []
+    for i, trial in enumerate(cfg.trials()[: finished + 1]):
+        run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
+        tracking.set_tags(run_id, uri, trial_key=trial.key)
+        tracking.end_run(run_id, "FINISHED" if i < finished else "KILLED", tracking_uri=uri)
+        run_ids.append(run_id)
+    tracking.end_run(parent, "KILLED", tracking_uri=uri)
+    return parent, run_ids
+
+
+@pytest.fixture
+def uri(tmp_path):
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_fingerprint_ignores_speed_settings_but_not_what_trials_compute():
+    base = make_cfg()
+    assert make_cfg(cpus_per_worker=0.5, max_concurrent_trials=2).fingerprint() == base.fingerprint()
+    assert make_cfg(steps=21).fingerprint() != base.fingerprint()
+
+
+def test_resume_continues_the_latest_sweep_of_the_same_config_not_a_newer_other_one(uri):
+    cfg = make_cfg()
+    parent, (done_run, killed_run) = interrupted_sweep(cfg, uri, finished=1)
+    other_parent, _ = interrupted_sweep(make_cfg(steps=40), uri, finished=0)  # same name, newer
+
+    chosen, reusable, pending = plan_resume(cfg, cfg.trials(), uri)
+
+    assert chosen == parent != other_parent
+    assert [t.key for t in pending] == [cfg.trials()[1].key]
+    assert reusable == {cfg.trials()[1].key: killed_run}
+    assert tracking.run_tags(parent, uri)["sweep_fingerprint"] == cfg.fingerprint()
+
+
+def test_resume_of_a_changed_config_is_refused_in_one_line(uri):
+    interrupted_sweep(make_cfg(), uri, finished=1)
+    with pytest.raises(SweepError, match="ran a different config") as err:
+        plan_resume(make_cfg(steps=21), make_cfg(steps=21).trials(), uri)
+    assert "\n" not in str(err.value)
+
+
+def test_resume_without_any_sweep_is_refused(uri):
+    with pytest.raises(SweepError, match="no earlier sweep"):
+        plan_resume(make_cfg(), make_cfg().trials(), uri)
