@@ -158,7 +158,6 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     parent end KILLED, and the outcome says ``interrupted`` (resume with ``resume=True``).
     """
     import ray
-    from ray import tune
 
     from service import tracking
     from service.progress import ProgressBoard, ProgressPrinter
@@ -187,15 +186,55 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     log.info("ray ready in %.1f s", time.monotonic() - started)
     check_cluster(cfg, pending, tracking_uri, storage)
 
-    if parent_run_id is None:
-        parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
-        print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
-              file=out, flush=True)
-    else:
-        tracking.reopen_run(parent_run_id, tracking_uri)
+    # Tune's console reporter (a config box, per-trial error banners) would interleave with
+    # the progress lines; the legacy reporter at verbose=0 prints nothing.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
+    # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED. It is
+    # in place before the parent run exists, so no signal can leave that run RUNNING.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    interrupted = False
+    parent_status = "FAILED"
+    printer = None
+    with _signals_raise_keyboard_interrupt():
+        try:
+            if parent_run_id is None:
+                parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
+                print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
+                      file=out, flush=True)
+            else:
+                tracking.reopen_run(parent_run_id, tracking_uri)
+            board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
+            printer = ProgressPrinter(board, out=out).start()
+            _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
+                        resume, board).fit()
+            parent_status = "FINISHED"
+        except KeyboardInterrupt:
+            interrupted = True
+            parent_status = "KILLED"
+            print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
+        finally:
+            if printer is not None:
+                printer.stop()
+            if interrupted:
+                ray.shutdown()  # ends the trial actors, their Train controllers and workers
+            if parent_run_id is not None:
+                _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
+                tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
+            log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
+    if parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
+        raise KeyboardInterrupt
 
-    board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
-    printer = ProgressPrinter(board, out=out).start()
+    rows = trial_rows(parent_run_id, tracking_uri, trials)
+    return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
+
+
+def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
+                storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
+                resume: bool, board):
+    """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``)."""
+    from ray import tune
+
     # Train's per-trial directories hang off the parent run: a resumed trial finds its
     # checkpoints there, a new sweep never picks up an old sweep's.
     sweep_dir = f"{_safe(cfg.name)}-{parent_run_id[:8]}"
@@ -206,7 +245,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         reusable_runs=reusable_runs,
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable,
         param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
@@ -214,32 +253,6 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
-    # Tune's console reporter (a config box, per-trial error banners) would interleave with
-    # the progress lines; the legacy reporter at verbose=0 prints nothing.
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
-    # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED.
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    interrupted = False
-    parent_status = "FAILED"
-    with _signals_raise_keyboard_interrupt():
-        try:
-            tuner.fit()
-            parent_status = "FINISHED"
-        except KeyboardInterrupt:
-            interrupted = True
-            parent_status = "KILLED"
-            print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
-        finally:
-            printer.stop()
-            if interrupted:
-                ray.shutdown()  # ends the trial actors, their Train controllers and workers
-            _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
-            tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
-            log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
-
-    rows = trial_rows(parent_run_id, tracking_uri, trials)
-    return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
 
 
 def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
