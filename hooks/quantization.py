@@ -32,18 +32,25 @@ def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> to
     n = buf.numel()
     chunk = state.chunk_size or n
     x = state.add_residual(bucket, buf)
-    codes, meta = q.quantize(x, chunk)
+    # Quantize straight into the message buffer (meta bytes, then codes): no pack copy.
+    message, codes, meta = q.message_views(n, chunk, device=buf.device)
+    q.quantize(x, chunk, codes=codes, meta=meta)
     if state.error_feedback:
-        state.store_residual(bucket, x - q.dequantize(codes, meta).view(-1)[:n].to(x.dtype))
-    message = q.pack(codes, meta, n)
+        carried = q.dequantize(codes, meta, chunk)
+        state.store_residual(bucket, torch.sub(x.to(torch.float32), carried, out=carried).to(x.dtype))
     gathered = message.new_empty((w * message.numel(),))  # flat: gloo wants a 1-D output
     state.account("allgather", message.numel())
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
     def dequantize_and_average(_fut):
         codes_all, meta_all = q.unpack(gathered.view(w, -1), n, chunk)
-        total = q.dequantize(codes_all, meta_all).sum(dim=0).view(-1)[:n]
-        return buf.copy_(total.div_(w))
+        # Each rank's contribution is dequantized and summed straight into the bucket (the
+        # input was consumed by quantize); float32 buckets need no temporary at all.
+        total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        for r in range(w):
+            q.dequantize(codes_all[r], meta_all[r], chunk, out=total, accumulate=r > 0)
+        total.div_(w)
+        return total if total is buf else buf.copy_(total.view_as(buf))
 
     return state.finish(fut.then(dequantize_and_average), t0)
 

@@ -62,15 +62,34 @@ def shard_layout(n: int, chunk_size: int, world_size: int) -> tuple[int, int]:
 
 
 def _pack_rows(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """Rows of (lo, step) bytes then codes: codes (R, S, c), meta (R, S, 2) -> uint8 (R, 8S + S·c)."""
+    """Rows of (lo, step) bytes then codes: codes (R, S·c), meta (R, S, 2) -> uint8 (R, 8S + S·c)."""
     r = codes.shape[0]
     return torch.cat([meta.reshape(r, -1).view(torch.uint8), codes.reshape(r, -1)], dim=1)
 
 
-def _unpack_rows(rows: torch.Tensor, s: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _unpack_rows(rows: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes (R, S·c) (row views), meta (R, S, 2) (a copy: rows need not be 4-byte aligned)."""
     r = rows.shape[0]
     meta = rows.new_empty((r, 8 * s)).copy_(rows[:, : 8 * s]).view(torch.float32).view(r, s, 2)
-    codes = rows[:, 8 * s :].reshape(r, s, chunk)
+    return rows[:, 8 * s :], meta
+
+
+def _quantize_padded(x: torch.Tensor, chunk: int, padded: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes (padded,) and meta (padded / chunk, 2) of ``x`` extended to ``padded`` floats with
+    copies of its last element, without copying ``x``: the n real floats are quantized in place,
+    the padding's codes and meta are filled in (the last element's code in the partial last chunk,
+    whose range the copies do not widen; constant chunks ``(x[-1], 0)`` after it)."""
+    n = x.numel()
+    c = q.num_chunks(n, chunk)
+    codes = torch.empty(padded, dtype=torch.uint8, device=x.device)
+    meta = torch.empty((padded // chunk, 2), dtype=torch.float32, device=x.device)
+    q.quantize(x, chunk, codes=codes[:n], meta=meta[:c])
+    if padded > n:
+        codes[n : c * chunk].fill_(codes[n - 1])
+        codes[c * chunk :].zero_()
+        last = x.reshape(-1)[n - 1].to(torch.float32)
+        meta[c:, 0].fill_(last)
+        meta[c:, 1].fill_((last - last) / q.LEVELS)  # 0, or NaN as quantize gives a non-finite chunk
     return codes, meta
 
 
@@ -82,19 +101,22 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     n = buf.numel()
     chunk = state.chunk_size
     s, padded = shard_layout(n, chunk, w)
-    x = state.add_residual(bucket, buf).to(torch.float32)
-    if padded > n:
-        x = torch.cat([x, x[-1:].expand(padded - n)])
-    codes, meta = q.quantize(x, chunk)  # (W·S, c), (W·S, 2): no padding inside, padded == W·S·c
+    c = q.num_chunks(n, chunk)
+    x = state.add_residual(bucket, buf)
+    codes, meta = _quantize_padded(x, chunk, padded)  # (W·S·c,), (W·S, 2)
     if state.error_feedback:
-        state.store_residual(bucket, x[:n] - q.dequantize(codes, meta).view(-1)[:n])
-    send = _pack_rows(codes.view(w, s, chunk), meta.view(w, s, 2))  # row r goes to rank r
+        carried = q.dequantize(codes[:n], meta[:c], chunk)
+        state.store_residual(bucket, torch.sub(x.reshape(-1).to(torch.float32), carried, out=carried).to(x.dtype))
+    send = _pack_rows(codes.view(w, s * chunk), meta.view(w, s, 2))  # row r goes to rank r
     received = torch.empty_like(send)
     state.account("all_to_all", send.numel())
     dist.all_to_all_single(received.view(-1), send.view(-1), group=state.group, async_op=True).wait()
 
-    r_codes, r_meta = _unpack_rows(received, s, chunk)
-    reduced = q.dequantize(r_codes, r_meta).sum(dim=0).div_(w).view(-1)  # my shard of the mean
+    r_codes, r_meta = _unpack_rows(received, s)
+    reduced = torch.empty(s * chunk, dtype=torch.float32, device=buf.device)  # my shard of the mean
+    for r in range(w):
+        q.dequantize(r_codes[r], r_meta[r], chunk, out=reduced, accumulate=r > 0)
+    reduced.div_(w)
     if state.error_feedback:
         idx, layout = bucket.index(), _param_layout(bucket.parameters())
         carried = state._shard_residuals.get(idx)
@@ -102,17 +124,25 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
         # bucket still holds the same parameters in the same order (DDP rebuilds buckets once).
         if carried is not None and carried[0] == layout and carried[1].numel() == reduced.numel():
             reduced.add_(carried[1].to(reduced.device))
-    codes2, meta2 = q.quantize(reduced, chunk)
+    message, codes2, meta2 = q.message_views(s * chunk, chunk, device=buf.device)  # 8S + S·c bytes
+    q.quantize(reduced, chunk, codes=codes2, meta=meta2)
     if state.error_feedback:
-        state._shard_residuals[idx] = (layout, reduced - q.dequantize(codes2, meta2).view(-1))
-    message = _pack_rows(codes2.unsqueeze(0), meta2.unsqueeze(0)).view(-1)
+        state._shard_residuals[idx] = (layout, reduced - q.dequantize(codes2, meta2, chunk))
     gathered = message.new_empty((w * message.numel(),))
     state.account("allgather", message.numel())
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
     def dequantize_shards(_fut):
-        g_codes, g_meta = _unpack_rows(gathered.view(w, -1), s, chunk)
-        mean = q.dequantize(g_codes, g_meta).view(-1)[:n]
-        return buf.copy_(mean)
+        g_codes, g_meta = _unpack_rows(gathered.view(w, -1), s)
+        # Straight into the bucket (float32) shard by shard; the padding past n is never written.
+        mean = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        flat = mean.view(-1)
+        for r in range(w):
+            start = r * s * chunk
+            m = min(s * chunk, n - start)
+            if m <= 0:
+                break
+            q.dequantize(g_codes[r][:m], g_meta[r][: q.num_chunks(m, chunk)], chunk, out=flat[start : start + m])
+        return mean if mean is buf else buf.copy_(mean.view_as(buf))
 
     return state.finish(fut.then(dequantize_shards), t0)

@@ -1,0 +1,221 @@
+"""The fused CPU kernels behind hooks.quantize: a small C file, compiled once, called through ctypes.
+
+Why C through ctypes and not the alternatives (measured on the 2-core dev machine, one thread,
+25 MB float32 bucket, quantize + dequantize; see docs/hooks.md and bench/hooks_bench.py):
+
+* eager PyTorch makes one full memory pass per op (aminmax, subtract, scale, cast to uint8, cast
+  back, scale-and-add: about 8 passes where a copy makes 2), so it cannot come near the copy roof;
+* ``torch.utils.cpp_extension.load_inline`` compiles against the torch headers (tens of seconds,
+  in every fresh Ray worker image) and needs ninja; ``torch.compile`` pays its compile latency in
+  every Ray worker process and its generated loop still makes separate passes for the per-chunk
+  min/max and the codes;
+* plain C99 compiled by the system ``cc`` in well under a second, with portable flags only
+  (``-O3``: SSE2 on x86-64, no ``-march=native``, since the image and CI machines differ), does
+  one pass per chunk that keeps the chunk in L1 (min/max, then codes) and one fused
+  dequantize(-and-accumulate) pass.
+
+The library is cached under ``$HOOKS_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/commhooks-kernels``
+(default ``~/.cache/commhooks-kernels``), named by a hash of the source, flags and compiler, and
+published with an atomic rename so concurrent Ray workers never load a half-written file.
+``ctypes.CDLL`` calls release the GIL. ``HOOKS_NATIVE_KERNELS=0`` turns the native path off.
+
+The kernels compute the per-chunk scalars and the codes with the same float32 operations, in
+the same order, as the torch path in hooks.quantize (``-ffp-contract=off``: no fused
+multiply-adds), so both give bit-identical codes and meta (tests/test_quantize_kernels.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+C_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <float.h>
+#include <math.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+/* min and max of x[0..n), and whether any element is NaN (n >= 1).
+   lo/hi follow torch.aminmax: NaN anywhere makes both NaN. */
+static void chunk_minmax(const float *x, int64_t n, float *lo_out, float *hi_out) {
+    int64_t i = 0;
+    float lo = x[0], hi = x[0];
+    int nan = 0;
+#ifdef __SSE2__
+    if (n >= 16) {
+        __m128 mn0 = _mm_loadu_ps(x), mn1 = mn0, mn2 = mn0, mn3 = mn0;
+        __m128 mx0 = mn0, mx1 = mn0, mx2 = mn0, mx3 = mn0;
+        __m128 bad = _mm_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+            __m128 c = _mm_loadu_ps(x + i + 8), d = _mm_loadu_ps(x + i + 12);
+            mn0 = _mm_min_ps(mn0, a); mx0 = _mm_max_ps(mx0, a);
+            mn1 = _mm_min_ps(mn1, b); mx1 = _mm_max_ps(mx1, b);
+            mn2 = _mm_min_ps(mn2, c); mx2 = _mm_max_ps(mx2, c);
+            mn3 = _mm_min_ps(mn3, d); mx3 = _mm_max_ps(mx3, d);
+            /* a != a only for NaN */
+            bad = _mm_or_ps(bad, _mm_or_ps(_mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)),
+                                           _mm_or_ps(_mm_cmpunord_ps(c, c), _mm_cmpunord_ps(d, d))));
+        }
+        float m[4], M[4];
+        _mm_storeu_ps(m, _mm_min_ps(_mm_min_ps(mn0, mn1), _mm_min_ps(mn2, mn3)));
+        _mm_storeu_ps(M, _mm_max_ps(_mm_max_ps(mx0, mx1), _mm_max_ps(mx2, mx3)));
+        nan = _mm_movemask_ps(bad) != 0;
+        lo = m[0]; hi = M[0];
+        for (int k = 1; k < 4; k++) { if (m[k] < lo) lo = m[k]; if (M[k] > hi) hi = M[k]; }
+    }
+#endif
+    for (; i < n; i++) {
+        float v = x[i];
+        if (v != v) nan = 1;
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+    }
+    if (nan || lo != lo || hi != hi) { lo = NAN; hi = NAN; }
+    *lo_out = lo; *hi_out = hi;
+}
+
+/* Per chunk of `chunk` floats (the last may be shorter): meta[2k] = lo, meta[2k+1] = step,
+   codes = trunc((x*h - lo*h) * inv_h + 0.5) with h = 1, or 0.5 where max - min overflows float32.
+   Mirrors hooks.quantize._quantize_torch operation by operation. */
+void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes, float *meta) {
+    for (int64_t start = 0, k = 0; start < n; start += chunk, k++) {
+        int64_t len = n - start < chunk ? n - start : chunk;
+        const float *xc = x + start;
+        uint8_t *qc = codes + start;
+        float lo, hi;
+        chunk_minmax(xc, len, &lo, &hi);
+        float d = hi - lo;
+        int overflow = isinf(d);
+        float h = overflow ? 0.5f : 1.0f;
+        float step = overflow ? hi / 255.0f - lo / 255.0f : d / 255.0f;
+        meta[2 * k] = lo;
+        meta[2 * k + 1] = step;
+        /* step below FLT_MIN (subnormal, 0) or non-finite: no codes to speak of */
+        if (!(step >= FLT_MIN && step <= FLT_MAX)) {
+            memset(qc, 0, (size_t)len);
+            continue;
+        }
+        float inv_h = (1.0f / step) / h;
+        float nlo_h = -lo * h;
+        for (int64_t i = 0; i < len; i++) {
+            float t = xc[i] * h + nlo_h;
+            float v = t * inv_h + 0.5f;
+            qc[i] = (uint8_t)(int32_t)v;
+        }
+    }
+}
+
+/* out[i] (+)= lo + code * step over n codes in chunks of `chunk`. */
+void hooks_dequantize_f32(const uint8_t *codes, const float *meta, int64_t n, int64_t chunk,
+                          float *out, int accumulate) {
+    for (int64_t start = 0, k = 0; start < n; start += chunk, k++) {
+        int64_t len = n - start < chunk ? n - start : chunk;
+        const uint8_t *qc = codes + start;
+        float *oc = out + start;
+        float lo = meta[2 * k], step = meta[2 * k + 1];
+        if (accumulate) {
+            for (int64_t i = 0; i < len; i++) oc[i] += lo + (float)qc[i] * step;
+        } else {
+            for (int64_t i = 0; i < len; i++) oc[i] = lo + (float)qc[i] * step;
+        }
+    }
+}
+"""
+
+# Portable: no -march=native (the Docker image and CI machines may differ); no FMA contraction,
+# so the float32 results match the torch path bit for bit.
+CFLAGS = ["-O3", "-std=c99", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno"]
+
+_lock = threading.Lock()
+_lib = None  # ctypes.CDLL once loaded
+_unavailable: str | None = None  # why the native kernels are not used (None: not tried yet or loaded)
+
+
+def enabled_by_env() -> bool:
+    return os.environ.get("HOOKS_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    if os.environ.get("HOOKS_KERNEL_CACHE"):
+        return Path(os.environ["HOOKS_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "commhooks-kernels"
+
+
+def _compiler() -> str | None:
+    cc = os.environ.get("CC", "cc")
+    return shutil.which(cc) or shutil.which("gcc") or shutil.which("clang")
+
+
+def build(directory: Path | None = None) -> Path:
+    """Compile the kernels (if this source/flags/compiler has no cached library yet); its path.
+
+    Raises RuntimeError (with the compiler's message) when there is no compiler or it fails."""
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler (cc, gcc or clang) on PATH")
+    key = hashlib.sha256("\0".join([C_SOURCE, " ".join(CFLAGS), os.path.realpath(cc), os.uname().machine]).encode()).hexdigest()[:16]
+    directory = Path(directory or cache_dir())
+    target = directory / f"hooks_kernels_{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    # Build in a private temp dir next to the target, then rename: concurrent workers each
+    # build their own copy and the last rename wins; nobody sees a partial file.
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as tmp:
+        src = Path(tmp) / "hooks_kernels.c"
+        src.write_text(C_SOURCE)
+        out = Path(tmp) / "hooks_kernels.so"
+        proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[:500]}")
+        os.replace(out, target)
+    return target
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.hooks_quantize_f32.argtypes = [ptr, i64, i64, ptr, ptr]
+    lib.hooks_quantize_f32.restype = None
+    lib.hooks_dequantize_f32.argtypes = [ptr, ptr, i64, i64, ptr, ctypes.c_int]
+    lib.hooks_dequantize_f32.restype = None
+    return lib
+
+
+def library():
+    """The loaded kernels, or None (then :func:`unavailable_reason` says why). Builds on first use."""
+    global _lib, _unavailable
+    if not enabled_by_env():
+        return None
+    if _lib is not None or _unavailable is not None:
+        return _lib
+    with _lock:
+        if _lib is None and _unavailable is None:
+            try:
+                _lib = _load(build())
+            except Exception as e:  # no compiler, read-only cache, foreign architecture...
+                _unavailable = f"{type(e).__name__}: {e}"
+    return _lib
+
+
+def unavailable_reason() -> str | None:
+    if not enabled_by_env():
+        return "HOOKS_NATIVE_KERNELS=0"
+    library()
+    return _unavailable
+
+
+def _reset_for_tests() -> None:
+    global _lib, _unavailable
+    with _lock:
+        _lib, _unavailable = None, None
