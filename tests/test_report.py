@@ -445,14 +445,13 @@ def test_report_html_renders_in_headless_chromium(store, tmp_path):
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.ray
-@pytest.mark.timeout(1500)  # 4 trials of ~30 s of Ray Train start-up each; slower on a busy box
-def test_report_of_a_real_smoke_sweep(tmp_path):
-    """`python -m service.sweep smoke` for real, then the report: what the plots and tables are
-    drawn from equals what the trials logged, read back with a plain MlflowClient."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    sweep_run = subprocess.run([sys.executable, "-m", "service.sweep", "tune_configs/smoke.yaml"],
-                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=1400)
+@pytest.mark.timeout(1500)  # the shared sweep: 4 trials of ~30 s of Ray Train start-up each
+def test_report_of_a_real_smoke_sweep(smoke_sweep, tmp_path):
+    """`python -m service.sweep smoke` for real (conftest's session sweep, shared with
+    test_sweep_e2e), then the report: what the plots and tables are drawn from equals what the
+    trials logged, read back with a plain MlflowClient."""
+    uri = smoke_sweep.uri
+    sweep_run = smoke_sweep.proc
     assert sweep_run.returncode == 0, sweep_run.stdout[-3000:] + sweep_run.stderr[-3000:]
 
     client = MlflowClient(uri)

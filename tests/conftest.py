@@ -1,0 +1,57 @@
+"""Fixtures shared across test files.
+
+``smoke_sweep``: ONE real `python -m service.sweep smoke` per test session (local Ray, a
+temporary SQLite MLflow store), read by every test that only inspects what such a sweep
+recorded (test_sweep_e2e: the CLI's output and the runs; test_report: the report rebuilt from
+them). Each 4-trial sweep costs minutes on a 2-core machine (~30 s of Ray Train start-up and
+tear-down per trial), so running the same sweep once per reader was most of their time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "tune_configs" / "smoke.yaml"
+# 4 trials of ~30 s of Ray Train start-up each; far slower on a busy shared machine. The
+# tests that use the fixture carry a timeout above this (pytest-timeout counts fixture set-up).
+SMOKE_SWEEP_TIMEOUT_S = 1400
+
+
+@dataclass(frozen=True)
+class SmokeSweep:
+    proc: subprocess.CompletedProcess
+    uri: str
+    workdir: Path
+    # The parent run's artifacts right after the sweep: what the sweep itself attached, before
+    # any test rebuilds (and re-attaches) the report.
+    attached_by_sweep: frozenset[str]
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> SmokeSweep:
+    """The smoke preset run once, for real, as a user runs it (a subprocess, its own local Ray)."""
+    from mlflow.tracking import MlflowClient
+
+    workdir = tmp_path_factory.mktemp("smoke_sweep")
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
+    env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(SMOKE)], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=SMOKE_SWEEP_TIMEOUT_S)
+    attached: frozenset[str] = frozenset()
+    # (a client on a missing SQLite file would create an empty store: look only if the sweep made one)
+    client = MlflowClient(tracking_uri=uri) if (workdir / "mlflow.db").exists() else None
+    experiment = client.get_experiment_by_name("smoke") if client is not None else None
+    if experiment is not None:
+        parents = [r for r in client.search_runs([experiment.experiment_id], max_results=100)
+                   if "mlflow.parentRunId" not in r.data.tags]
+        if len(parents) == 1:
+            attached = frozenset(a.path for a in client.list_artifacts(parents[0].info.run_id))
+    return SmokeSweep(proc, uri, workdir, attached)
