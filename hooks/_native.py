@@ -114,9 +114,46 @@ void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes
     }
 }
 
+#ifdef __SSE2__
+/* oc[i] = lo + qc[i] * step with non-temporal stores: a large output is not read first (no
+   read-for-ownership), as memcpy does for large copies. Same mul-then-add as the loop below. */
+static void dequantize_stream(const uint8_t *qc, float *oc, int64_t len, float lo, float step) {
+    int64_t i = 0;
+    for (; i < len && ((uintptr_t)(oc + i) & 15); i++) oc[i] = lo + (float)qc[i] * step;
+    const __m128 vlo = _mm_set1_ps(lo), vs = _mm_set1_ps(step);
+    const __m128i z = _mm_setzero_si128();
+    for (; i + 16 <= len; i += 16) {
+        __m128i b = _mm_loadu_si128((const __m128i *)(qc + i));
+        __m128i w0 = _mm_unpacklo_epi8(b, z), w1 = _mm_unpackhi_epi8(b, z);
+        __m128 f0 = _mm_cvtepi32_ps(_mm_unpacklo_epi16(w0, z));
+        __m128 f1 = _mm_cvtepi32_ps(_mm_unpackhi_epi16(w0, z));
+        __m128 f2 = _mm_cvtepi32_ps(_mm_unpacklo_epi16(w1, z));
+        __m128 f3 = _mm_cvtepi32_ps(_mm_unpackhi_epi16(w1, z));
+        _mm_stream_ps(oc + i, _mm_add_ps(vlo, _mm_mul_ps(f0, vs)));
+        _mm_stream_ps(oc + i + 4, _mm_add_ps(vlo, _mm_mul_ps(f1, vs)));
+        _mm_stream_ps(oc + i + 8, _mm_add_ps(vlo, _mm_mul_ps(f2, vs)));
+        _mm_stream_ps(oc + i + 12, _mm_add_ps(vlo, _mm_mul_ps(f3, vs)));
+    }
+    for (; i < len; i++) oc[i] = lo + (float)qc[i] * step;
+}
+#endif
+
+/* Outputs at least this long (floats; 8 MB) are written with streaming stores. */
+#define STREAM_MIN_FLOATS (2 << 20)
+
 /* out[i] (+)= lo + code * step over n codes in chunks of `chunk`. */
 void hooks_dequantize_f32(const uint8_t *codes, const float *meta, int64_t n, int64_t chunk,
                           float *out, int accumulate) {
+#ifdef __SSE2__
+    if (!accumulate && n >= STREAM_MIN_FLOATS) {
+        for (int64_t start = 0, k = 0; start < n; start += chunk, k++) {
+            int64_t len = n - start < chunk ? n - start : chunk;
+            dequantize_stream(codes + start, out + start, len, meta[2 * k], meta[2 * k + 1]);
+        }
+        _mm_sfence();
+        return;
+    }
+#endif
     for (int64_t start = 0, k = 0; start < n; start += chunk, k++) {
         int64_t len = n - start < chunk ? n - start : chunk;
         const uint8_t *qc = codes + start;
@@ -202,7 +239,11 @@ def library():
     with _lock:
         if _lib is None and _unavailable is None:
             try:
-                _lib = _load(build())
+                try:
+                    path = build()
+                except OSError:  # e.g. a read-only home in a container: a per-user temp dir
+                    path = build(Path(tempfile.gettempdir()) / f"commhooks-kernels-{os.getuid()}")
+                _lib = _load(path)
             except Exception as e:  # no compiler, read-only cache, foreign architecture...
                 _unavailable = f"{type(e).__name__}: {e}"
     return _lib

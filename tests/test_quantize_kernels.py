@@ -63,6 +63,19 @@ def test_backends_agree_bit_for_bit_on_awkward_sizes(n, chunk):
     _within_half_a_step(x, meta, back, chunk)
 
 
+@pytest.mark.parametrize("n, chunk", [(3_000_001, 512), (2_097_152, 2_097_152), (2_500_000, 1000)])
+def test_backends_agree_on_large_buckets_streamed_out(n, chunk):
+    """Outputs of 8 MB and more are written with non-temporal stores (also at unaligned chunk
+    starts); the values are the same, and within half a step."""
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    codes, meta, back = _assert_identical(x, chunk)
+    step = meta[:, 1].repeat_interleave(chunk)[:n]
+    assert bool(((back - x).abs() <= 0.5 * step * (1 + 1e-5) + 1e-6 * x.abs().max()).all())
+    offset = torch.empty(n + 3)[3:]  # a float output whose start is not 16-byte aligned
+    q.dequantize(codes, meta, chunk, out=offset, backend="native")
+    assert torch.equal(offset, back)
+
+
 @pytest.mark.parametrize("offset, scale", [(50.0, 1.0), (1e4, 1e-3), (-3e5, 1.0), (0.0, 1e-30), (1.0, 1e-7)])
 def test_chunks_far_from_zero_keep_their_resolution(offset, scale):
     """x - lo is taken before scaling, so |lo| >> max - min costs no resolution."""
