@@ -1,6 +1,6 @@
 """Issue 4 §1-§3, worker side, for real: injected faults (nan_grad, scale_grad, crash), NaN
 provenance recorded in MLflow, checkpoints that resume exactly, and a crashed Ray Train
-worker whose trial restarts from its checkpoint and continues the same MLflow run.
+worker whose sweep trial restarts from its checkpoint and continues the same MLflow run.
 
 The 2-rank scenarios run in ONE pair of spawned gloo processes (module fixture): starting a
 process that imports torch and sklearn is most of the cost on a busy 2-core machine.
@@ -178,44 +178,55 @@ def test_provenance_is_recorded_on_the_trials_mlflow_run(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_crashed_worker_restarts_from_its_checkpoint_and_continues_its_run(tmp_path, two_ranks):
-    """Real Ray Train: rank 1's process dies (os._exit) at step 8; Ray restarts the worker
-    group from the step-6 checkpoint; the trial's MLflow run continues with every step logged
-    exactly once, restarts = 1, and the same losses as the run that never crashed."""
-    import ray
-    import ray.train
-    from mlflow.tracking import MlflowClient
-    from ray.train.torch import TorchConfig, TorchTrainer
+def test_a_crashed_worker_restarts_from_its_checkpoint_and_continues_its_run(tmp_path, monkeypatch, two_ranks):
+    """Real Ray Tune + Ray Train, through the sweep itself (service.sweep.run_sweep in this
+    process): rank 1's process dies (os._exit) at step 8; Ray Train restarts the worker group
+    from the step-6 checkpoint (checkpoint.max_failures: 1 reaches the trainer); the trial's
+    MLflow run continues: one run, every step logged exactly once, restarts = 1, the trial ok,
+    and the same losses as the run that never crashed.
 
-    from service import ray_runtime, tracking
-    from service.worker import train_loop_per_worker
+    (This also stands for the CLI-level "crashed trial restarts in the same run" check that
+    test_sweep_e2e used to run as a sweep of its own: same sweep path, one Ray start fewer.)"""
+    import io
+
+    import ray
+    from mlflow.tracking import MlflowClient
+
+    from service.sweep import run_sweep
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # always a local Ray
+    # run_sweep sets these for Tune's console output and signal handling: undone after the test
+    for var in ("RAY_AIR_NEW_OUTPUT", "TUNE_DISABLE_SIGINT_HANDLER"):
+        monkeypatch.setenv(var, os.environ.get(var, ""))
     cfg = resume_cfg(faults=[{"kind": "crash", "step": 8, "rank": 1}])
+    cfg = SweepConfig.model_validate({**cfg.model_dump(), "storage_path": str(tmp_path / "ray")})
     trial = cfg.trials()[0]
-    run_id = tracking.start_child_run(tracking.start_parent_run(cfg, None, tracking_uri=uri), trial, cfg,
-                                      tracking_uri=uri)
-    ray_runtime.init_local(num_cpus=2)
+    progress = io.StringIO()
     try:
-        trainer = TorchTrainer(
-            train_loop_per_worker,
-            train_loop_config={"trial": trial.to_dict(), "sweep": cfg.model_dump(), "tracking_uri": uri,
-                               "run_id": run_id, "progress": None},
-            scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-            torch_config=TorchConfig(backend="gloo"),
-            run_config=ray.train.RunConfig(name="crash", storage_path=str(tmp_path / "ray"),
-                                           failure_config=ray.train.FailureConfig(max_failures=1)),
-        )
-        result = trainer.fit()
+        outcome = run_sweep(cfg, tmp_path / "crash.yaml", out=progress)
     finally:
         ray.shutdown()
-    assert result.error is None  # (Train V2 keeps only checkpointed metrics in result.metrics)
-    assert result.checkpoint is not None and "step_00000006" in result.checkpoint.path
+    assert not outcome.interrupted and outcome.failed == 0, (outcome.rows, progress.getvalue())
+    assert [row["status"] for row in outcome.rows] == ["ok"]
+
     client = MlflowClient(uri)
-    run = client.get_run(run_id)
+    runs = client.search_runs([client.get_experiment_by_name(cfg.name).experiment_id], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert [r.info.run_name for r in children] == [trial.run_name]  # the restart continued the same run
+    run = children[0]
+    assert run.info.status == "FINISHED"
     assert run.data.tags["fault.0.fired"] == "crash@step8" and run.data.tags["status"] == "ok"
     assert run.data.metrics["restarts"] == 1
-    history = client.get_metric_history(run_id, "loss")
-    assert sorted(m.step for m in history) == list(range(1, 10))  # none missing, none twice
+    history = client.get_metric_history(run.info.run_id, "loss")
+    # none missing, none twice: a restart from step 0 (or an older checkpoint) would log repeats
+    assert sorted(m.step for m in history) == list(range(1, 10))
     uninterrupted = two_ranks[0]["uninterrupted"].losses  # same config without the crash
     assert [m.value for m in sorted(history, key=lambda m: m.step)] == pytest.approx(uninterrupted, rel=1e-5)
+    # Ray Train kept the trial's checkpoints under the sweep's storage_path: every 3 steps,
+    # the latest (the restart's) at step 6, none at the final step
+    kept = sorted(p.name for p in (tmp_path / "ray").rglob("step_*") if p.is_dir())
+    assert kept == ["step_00000003", "step_00000006"], kept
