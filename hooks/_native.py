@@ -61,9 +61,8 @@ static void chunk_minmax(const float *x, int64_t n, float *lo_out, float *hi_out
             mn1 = _mm_min_ps(mn1, b); mx1 = _mm_max_ps(mx1, b);
             mn2 = _mm_min_ps(mn2, c); mx2 = _mm_max_ps(mx2, c);
             mn3 = _mm_min_ps(mn3, d); mx3 = _mm_max_ps(mx3, d);
-            /* a != a only for NaN */
-            bad = _mm_or_ps(bad, _mm_or_ps(_mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)),
-                                           _mm_or_ps(_mm_cmpunord_ps(c, c), _mm_cmpunord_ps(d, d))));
+            /* unordered: a NaN in either operand */
+            bad = _mm_or_ps(bad, _mm_or_ps(_mm_cmpunord_ps(a, b), _mm_cmpunord_ps(c, d)));
         }
         float m[4], M[4];
         _mm_storeu_ps(m, _mm_min_ps(_mm_min_ps(mn0, mn1), _mm_min_ps(mn2, mn3)));
@@ -106,10 +105,17 @@ void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes
         }
         float inv_h = (1.0f / step) / h;
         float nlo_h = -lo * h;
-        for (int64_t i = 0; i < len; i++) {
-            float t = xc[i] * h + nlo_h;
-            float v = t * inv_h + 0.5f;
-            qc[i] = (uint8_t)(int32_t)v;
+        if (overflow) {
+            for (int64_t i = 0; i < len; i++) {
+                float t = xc[i] * h + nlo_h;
+                float v = t * inv_h + 0.5f;
+                qc[i] = (uint8_t)(int32_t)v;
+            }
+        } else { /* h == 1: x * h is x, one multiply less per element */
+            for (int64_t i = 0; i < len; i++) {
+                float v = (xc[i] + nlo_h) * inv_h + 0.5f;
+                qc[i] = (uint8_t)(int32_t)v;
+            }
         }
     }
 }
