@@ -7,10 +7,11 @@ The cluster tests start real processes, as a person would on two machines:
     address is kept), each with its own --temp-dir and ports, and Ray's token authentication
     with a token of their own;
   - `mlflow server` on 127.0.0.1 with a SQLite backend store;
-then submit the smoke preset through `python -m service.submit` and through `ray job submit`,
-and read every trial back over MLflow's REST API. Everything they start is stopped by pid
-(the process trees under the cluster's own temp dir) whatever the outcome; `ray stop`, which
-stops every Ray process on the machine, is only a CI-only last resort if pids did not suffice.
+then submit a one-trial sweep (tests/one_trial_sweep.yaml) through `python -m service.submit`
+and through `ray job submit`, and read every trial back over MLflow's REST API. Everything
+they start is stopped by pid (the process trees under the cluster's own temp dir) whatever the
+outcome; `ray stop`, which stops every Ray process on the machine, is only a CI-only last
+resort if pids did not suffice.
 
 Ray calls to the cluster (state API, jobs API) run in subprocesses: a Ray auth token is cached
 per process, and this pytest process may have used Ray with another token before.
@@ -428,9 +429,13 @@ def _assert_trials_ran_on_the_worker_node(c: LoopbackCluster, job_id: str) -> No
 
 
 SMOKE = "tune_configs/smoke.yaml"
-# One smoke sweep (4 trials, each ~30 s of Ray Train start-up alone) took 12 min here on a
-# machine shared with ~40 runnable processes; far less on idle cores. The limit only stops a
-# hung job.
+# The sweeps that really run on the cluster: one trial at world size 2 (a config inside the
+# shipped project, as a job needs). What they prove (the job ships the project, its trials
+# train on the worker node and record into the server) needs no more; the smoke preset's 4
+# trials, each ~30 s of Ray Train start-up alone, run locally in test_sweep_e2e.
+ONE_TRIAL = "tests/one_trial_sweep.yaml"
+# One smoke sweep (4 trials) took 12 min here on a machine shared with ~40 runnable processes;
+# far less on idle cores. The limit only stops a hung job.
 E2E_TIMEOUT_S = 1500
 
 
@@ -504,13 +509,13 @@ def test_storage_probe_reaches_both_nodes(loopback_cluster):
 @pytest.mark.cluster
 @needs_ray_cli
 @pytest.mark.timeout(E2E_TIMEOUT_S + 300)
-def test_submit_runs_the_smoke_sweep_on_the_cluster(loopback_cluster):
+def test_submit_runs_a_sweep_on_the_cluster(loopback_cluster):
     c = loopback_cluster
-    before = set(_parent_runs(c, "smoke"))
+    before = set(_parent_runs(c, "one_trial"))
     env = {**c.env, "MLFLOW_TRACKING_URI": c.tracking_uri}
     started = time.monotonic()
     storage = c.base / "job-storage"
-    res = _run([sys.executable, "-m", "service.submit", SMOKE, "--address", c.dashboard_url,
+    res = _run([sys.executable, "-m", "service.submit", ONE_TRIAL, "--address", c.dashboard_url,
                 "--storage-path", str(storage)], env=env, timeout=E2E_TIMEOUT_S)
     log = res.stdout + res.stderr
     print(f"service.submit took {time.monotonic() - started:.0f} s")
@@ -519,23 +524,17 @@ def test_submit_runs_the_smoke_sweep_on_the_cluster(loopback_cluster):
     job_id = job_line.split()[2].rstrip(":")
     assert f"dashboard: {c.dashboard_url}/#/jobs/{job_id}" in res.stdout
     assert f"job {job_id} SUCCEEDED" in res.stdout
-    assert "Sweep 'smoke'" in res.stdout  # the job's own log was followed
+    assert "Sweep 'one_trial'" in res.stdout  # the job's own log was followed
     jobs = {j["id"]: j for j in _jobs(c)}
     assert jobs[job_id]["status"] == "SUCCEEDED"
-    [parent] = set(_parent_runs(c, "smoke")) - before
-    _assert_sweep_recorded(c, parent, SMOKE)
+    [parent] = set(_parent_runs(c, "one_trial")) - before
+    _assert_sweep_recorded(c, parent, ONE_TRIAL)
     _assert_trials_ran_on_the_worker_node(c, job_id)
     # --storage-path reached the sweep: Tune's and Train's state is there, not in the job's
     # temporary directory; the submitter's overlay config was not left behind.
     written = [p for p in storage.rglob("*") if p.is_file()]
     assert written, f"nothing under the job's storage_path {storage}"
-    assert not list((ROOT / submit.OVERLAY_DIR).glob("smoke-*.yaml"))
-
-
-# `ray job submit` needs a sweep config inside the shipped working directory; the path it
-# proves (the CLI ships the project, the job's sweep records into the server) does not need
-# the smoke preset's 4 trials, which test_submit_runs_the_smoke_sweep_on_the_cluster runs.
-ONE_TRIAL = "tests/one_trial_sweep.yaml"
+    assert not list((ROOT / submit.OVERLAY_DIR).glob(f"{Path(ONE_TRIAL).stem}-*.yaml"))
 
 
 @pytest.mark.cluster
