@@ -1,15 +1,16 @@
 """The fused CPU kernels behind hooks.quantize: a small C file, compiled once, called through ctypes.
 
-Why C through ctypes and not the alternatives (measured on the 2-core dev machine, one thread,
-25 MB float32 bucket, quantize + dequantize; see docs/hooks.md and bench/hooks_bench.py):
+Why C through ctypes and not the alternatives:
 
 * eager PyTorch makes one full memory pass per op (aminmax, subtract, scale, cast to uint8, cast
-  back, scale-and-add: about 8 passes where a copy makes 2), so it cannot come near the copy roof;
-* ``torch.utils.cpp_extension.load_inline`` compiles against the torch headers (tens of seconds,
-  in every fresh Ray worker image) and needs ninja; ``torch.compile`` pays its compile latency in
-  every Ray worker process and its generated loop still makes separate passes for the per-chunk
-  min/max and the codes;
-* plain C99 compiled by the system ``cc`` in well under a second, with portable flags only
+  back, scale-and-add: about 8 passes where a copy makes 2): measured at 11-13 % of a copy's
+  speed for a 25 MB bucket on one thread (bench/hooks_bench.py, docs/hooks.md), far from 50 %;
+* not measured here, weighed from how they work: ``torch.utils.cpp_extension.load_inline``
+  compiles against the torch headers (typically tens of seconds, in every fresh Ray worker
+  image) and needs ninja; ``torch.compile`` pays its compile latency in every Ray worker process
+  and would still need the per-chunk min/max before the codes (a reduction then a pointwise
+  kernel);
+* plain C99 compiled by the system ``cc`` in ~0.2 s of CPU (gcc 12, measured), with portable flags only
   (``-O3``: SSE2 on x86-64, no ``-march=native``, since the image and CI machines differ), does
   one pass per chunk that keeps the chunk in L1 (min/max, then codes) and one fused
   dequantize(-and-accumulate) pass.
@@ -82,10 +83,36 @@ static void chunk_minmax(const float *x, int64_t n, float *lo_out, float *hi_out
     *lo_out = lo; *hi_out = hi;
 }
 
+/* Outputs of buckets at least this long (floats; 8 MB) are written with streaming stores. */
+#define STREAM_MIN_FLOATS (2 << 20)
+
+#ifdef __SSE2__
+/* The h == 1 codes loop below with non-temporal 16-byte stores (no read-for-ownership of the
+   codes buffer). Values lie in [0.5, 255.5] here, where the saturating packs equal the cast. */
+static void codes_stream(const float *xc, uint8_t *qc, int64_t len, float nlo, float inv) {
+    int64_t i = 0;
+    for (; i < len && ((uintptr_t)(qc + i) & 15); i++) qc[i] = (uint8_t)(int32_t)((xc[i] + nlo) * inv + 0.5f);
+    const __m128 vn = _mm_set1_ps(nlo), vi = _mm_set1_ps(inv), half = _mm_set1_ps(0.5f);
+    for (; i + 16 <= len; i += 16) {
+        __m128i a = _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_add_ps(_mm_loadu_ps(xc + i), vn), vi), half));
+        __m128i b = _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_add_ps(_mm_loadu_ps(xc + i + 4), vn), vi), half));
+        __m128i c = _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_add_ps(_mm_loadu_ps(xc + i + 8), vn), vi), half));
+        __m128i d = _mm_cvttps_epi32(_mm_add_ps(_mm_mul_ps(_mm_add_ps(_mm_loadu_ps(xc + i + 12), vn), vi), half));
+        _mm_stream_si128((__m128i *)(qc + i), _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d)));
+    }
+    for (; i < len; i++) qc[i] = (uint8_t)(int32_t)((xc[i] + nlo) * inv + 0.5f);
+}
+#endif
+
 /* Per chunk of `chunk` floats (the last may be shorter): meta[2k] = lo, meta[2k+1] = step,
    codes = trunc((x*h - lo*h) * inv_h + 0.5) with h = 1, or 0.5 where max - min overflows float32.
    Mirrors hooks.quantize._quantize_torch operation by operation. */
 void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes, float *meta) {
+#ifdef __SSE2__
+    int stream = n >= STREAM_MIN_FLOATS;
+#else
+    int stream = 0;
+#endif
     for (int64_t start = 0, k = 0; start < n; start += chunk, k++) {
         int64_t len = n - start < chunk ? n - start : chunk;
         const float *xc = x + start;
@@ -111,6 +138,8 @@ void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes
                 float v = t * inv_h + 0.5f;
                 qc[i] = (uint8_t)(int32_t)v;
             }
+        } else if (stream) {
+            codes_stream(xc, qc, len, nlo_h, inv_h);
         } else { /* h == 1: x * h is x, one multiply less per element */
             for (int64_t i = 0; i < len; i++) {
                 float v = (xc[i] + nlo_h) * inv_h + 0.5f;
@@ -118,6 +147,9 @@ void hooks_quantize_f32(const float *x, int64_t n, int64_t chunk, uint8_t *codes
             }
         }
     }
+#ifdef __SSE2__
+    if (stream) _mm_sfence();
+#endif
 }
 
 #ifdef __SSE2__
@@ -143,9 +175,6 @@ static void dequantize_stream(const uint8_t *qc, float *oc, int64_t len, float l
     for (; i < len; i++) oc[i] = lo + (float)qc[i] * step;
 }
 #endif
-
-/* Outputs at least this long (floats; 8 MB) are written with streaming stores. */
-#define STREAM_MIN_FLOATS (2 << 20)
 
 /* out[i] (+)= lo + code * step over n codes in chunks of `chunk`. */
 void hooks_dequantize_f32(const uint8_t *codes, const float *meta, int64_t n, int64_t chunk,

@@ -65,8 +65,8 @@ def test_backends_agree_bit_for_bit_on_awkward_sizes(n, chunk):
 
 @pytest.mark.parametrize("n, chunk", [(3_000_001, 512), (2_097_152, 2_097_152), (2_500_000, 1000)])
 def test_backends_agree_on_large_buckets_streamed_out(n, chunk):
-    """Outputs of 8 MB and more are written with non-temporal stores (also at unaligned chunk
-    starts); the values are the same, and within half a step."""
+    """Buckets of 8 MB and more write codes and dequantized values with non-temporal stores
+    (also at unaligned starts); the values are the same, and within half a step."""
     x = torch.randn(n, generator=torch.Generator().manual_seed(n))
     codes, meta, back = _assert_identical(x, chunk)
     step = meta[:, 1].repeat_interleave(chunk)[:n]
@@ -74,6 +74,9 @@ def test_backends_agree_on_large_buckets_streamed_out(n, chunk):
     offset = torch.empty(n + 3)[3:]  # a float output whose start is not 16-byte aligned
     q.dequantize(codes, meta, chunk, out=offset, backend="native")
     assert torch.equal(offset, back)
+    codes_at_5 = torch.empty(n + 5, dtype=torch.uint8)[5:]  # nor are these codes
+    q.quantize(x, chunk, codes=codes_at_5, backend="native")
+    assert torch.equal(codes_at_5, codes)
 
 
 @pytest.mark.parametrize("offset, scale", [(50.0, 1.0), (1e4, 1e-3), (-3e5, 1.0), (0.0, 1e-30), (1.0, 1e-7)])
