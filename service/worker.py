@@ -573,7 +573,8 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         from service import tracking
 
-        tracking.set_tags(run_id, uri, attempts=attempt)
+        # which quantization kernels ran (hooks/_native.py, or the torch fallback): speed differs ~5x
+        tracking.set_tags(run_id, uri, attempts=attempt, kernel_backend=hooks.kernel_backend())
         done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
         if attempt > 1:
