@@ -74,9 +74,6 @@ def open_store(tracking_uri: str | None = None):
         raise ReportError(str(e)) from None
 
 
-MlflowReader = open_store  # the old name, still used by tests/test_report.py
-
-
 # --------------------------------------------------------------------------------------------
 # The sweep as data
 # --------------------------------------------------------------------------------------------

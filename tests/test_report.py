@@ -158,7 +158,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sweep(store):
-    return report.load_sweep(report.MlflowReader(store["uri"]), store["parent_id"])
+    return report.load_sweep(report.open_store(store["uri"]), store["parent_id"])
 
 
 def _label(t):
@@ -337,7 +337,7 @@ def test_report_of_interrupted_sweep_by_experiment_name(store, tmp_path):
     page = html_path.read_text()
     assert store["running_parent_id"] in page
     assert "not complete" in page
-    sweep = report.load_sweep(report.MlflowReader(store["uri"]), store["running_parent_id"])
+    sweep = report.load_sweep(report.open_store(store["uri"]), store["running_parent_id"])
     assert sorted(t.state for t in sweep.trials) == ["killed", "ok", "running"]
     restarted = next(t for t in sweep.trials if t.state == "running")
     assert list(restarted.loss[0]) == list(range(7))  # a step logged twice: the latest value
@@ -470,7 +470,7 @@ def test_report_of_a_real_smoke_sweep(smoke_sweep, tmp_path):
     # byte accounting the projection is computed from)
     assert html_path.read_text().count("data:image/png;base64,") == 4
 
-    sweep = report.load_sweep(report.MlflowReader(uri), parent.info.run_id)
+    sweep = report.load_sweep(report.open_store(uri), parent.info.run_id)
     curves = {run_id: c for cs in report.loss_curve_data(sweep).values() for c in cs
               for run_id in c.run_ids}
     rows = {run_id: r for r in report.summary_rows(sweep) for run_id in r.run_ids}
