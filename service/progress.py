@@ -36,6 +36,7 @@ class ProgressBoard:
         self._total = total
         self._already_done = already_done
         self._trials: dict[str, dict[str, Any]] = {}
+        self._interrupted = False
 
     def trial_started(self, key: str, name: str, steps: int) -> None:
         self._trials[key] = {"name": name, "steps": steps, "step": 0, "loss": None,
@@ -52,6 +53,14 @@ class ProgressBoard:
                                               "started": time.time()})
         trial["state"] = "done"
         trial["status"] = status
+
+    def interrupt(self) -> None:
+        """The sweep was interrupted (Ctrl-C/SIGTERM): trials whose fit fails from now on were
+        torn down by it, and end KILLED rather than FAILED."""
+        self._interrupted = True
+
+    def interrupted(self) -> bool:
+        return self._interrupted
 
     def snapshot(self) -> dict[str, Any]:
         return {"total": self._total, "already_done": self._already_done,

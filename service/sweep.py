@@ -193,10 +193,10 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED. It is
     # in place before the parent run exists, so no signal can leave that run RUNNING.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    interrupted = False
+    interrupted, interrupted_at_ms = False, None
     parent_status = "FAILED"
-    printer = None
-    with _signals_raise_keyboard_interrupt():
+    board = printer = None
+    with _signals_raise_keyboard_interrupt() as signal_received:
         try:
             if parent_run_id is None:
                 parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
@@ -211,15 +211,18 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             parent_status = "FINISHED"
         except KeyboardInterrupt:
             interrupted = True
+            interrupted_at_ms = signal_received["at_ms"] or int(time.time() * 1000)
             parent_status = "KILLED"
             print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
         finally:
             if printer is not None:
                 printer.stop()
             if interrupted:
+                _tell_trials_interrupted(board)
                 ray.shutdown()  # ends the trial actors, their Train controllers and workers
             if parent_run_id is not None:
-                _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED")
+                _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED",
+                                     interrupted_at_ms=interrupted_at_ms)
                 tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
             log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
     if parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
@@ -291,11 +294,14 @@ def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
 @contextlib.contextmanager
 def _signals_raise_keyboard_interrupt():
     """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (once: further signals
-    are ignored until the block has cleaned up, so the runs get closed)."""
+    are ignored until the block has cleaned up, so the runs get closed). Yields a dict whose
+    ``at_ms`` is the signal's time (epoch ms), None until one came."""
     watched = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.getsignal(s) for s in watched}
+    received: dict[str, int | None] = {"at_ms": None}
 
     def handler(signum, frame):
+        received["at_ms"] = int(time.time() * 1000)
         for s in watched:
             signal.signal(s, signal.SIG_IGN)
         log.warning("received %s: stopping the sweep", signal.Signals(signum).name)
@@ -304,7 +310,7 @@ def _signals_raise_keyboard_interrupt():
     for s in watched:
         signal.signal(s, handler)
     try:
-        yield
+        yield received
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -360,6 +366,9 @@ def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_u
     try:
         trainer.fit()
     except Exception as exc:
+        if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
+            tracking.end_run(run_id, "KILLED", tracking_uri=tracking_uri)
+            return
         summary, details = describe_failure(exc)
         tracking.end_run(run_id, "FAILED", error=f"{summary}\n{details}".strip(), tracking_uri=tracking_uri)
         board.trial_ended.remote(trial.key, f"failed: {summary}")
@@ -388,13 +397,46 @@ def describe_failure(exc: BaseException) -> tuple[str, str]:
     return _one_line(exc), "".join(traceback.format_exception(exc))
 
 
-def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool) -> None:
+def _tell_trials_interrupted(board) -> None:
+    """Mark the board interrupted before the trials are torn down (best effort, bounded)."""
+    import ray
+
+    if board is None:
+        return
+    try:
+        ray.get(board.interrupt.remote(), timeout=5)
+    except Exception as exc:  # the runs are still closed KILLED by _close_leftover_runs
+        log.warning("could not tell the trials about the interruption: %s", _one_line(exc))
+
+
+def _interrupted(board) -> bool:
+    """Was the sweep interrupted? (asked by a trial whose fit failed; a board that no longer
+    answers means the driver is gone, which is an interruption too)."""
+    import ray
+
+    try:
+        return bool(ray.get(board.interrupted.remote(), timeout=5))
+    except Exception:
+        return True
+
+
+def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool,
+                         interrupted_at_ms: int | None = None) -> None:
     """No child run is left RUNNING: an interrupted sweep's trials end KILLED; a trial
-    whose process died before it could close its run ends FAILED."""
+    whose process died before it could close its run ends FAILED.
+
+    ``interrupted_at_ms``: when the signal came. A trial whose TorchTrainer was torn down by
+    the interruption may get to close its own run FAILED first (a race with ``ray.shutdown``);
+    a run that ended FAILED after the signal is such a trial, and becomes KILLED, so that
+    ``--resume`` runs it again instead of taking it for a finished failure.
+    """
     from service import tracking
 
     for run in tracking.child_runs(parent_run_id, tracking_uri):
-        if run.info.status == "RUNNING":
+        if (interrupted_at_ms is not None and run.info.status == "FAILED"
+                and (run.info.end_time or 0) >= interrupted_at_ms):
+            tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+        elif run.info.status == "RUNNING":
             if killed:
                 tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
             else:
