@@ -2,9 +2,10 @@
 
 ``smoke_sweep``: ONE real `python -m service.sweep smoke` per test session (local Ray, a
 temporary SQLite MLflow store), read by every test that only inspects what such a sweep
-recorded (test_sweep_e2e: the CLI's output and the runs; test_report: the report rebuilt from
-them). Each 4-trial sweep costs minutes on a 2-core machine (~30 s of Ray Train start-up and
-tear-down per trial), so running the same sweep once per reader was most of their time.
+recorded (all in test_sweep_e2e.py: the CLI's output, the runs, the report rebuilt from them;
+one file, so that pytest-xdist's --dist loadfile runs the sweep once, on one worker). Each
+4-trial sweep costs minutes on a 2-core machine (~30 s of Ray Train start-up and tear-down per
+trial), so running the same sweep once per reader was most of their time.
 """
 
 from __future__ import annotations

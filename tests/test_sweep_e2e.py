@@ -4,7 +4,7 @@ trials recorded read back with MlflowClient.
 
 Slow by nature: Ray start-up plus ~30 s of Ray Train start-up and tear-down per trial.
 The smoke sweep itself is conftest's session fixture ``smoke_sweep`` (run once, shared with
-test_report's real-sweep test). Run alone with: .venv/bin/python -m pytest tests/test_sweep_e2e.py -q
+the report test at the end of this file). Run alone with: .venv/bin/python -m pytest tests/test_sweep_e2e.py -q
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from service import report
 from service.config import load_config
 
 # A sweep's wall time depends on the machine's load more than on its work: allow a slow,
@@ -182,3 +183,59 @@ def test_a_crashed_trial_out_of_retries_fails_and_the_sweep_carries_on(tmp_path)
 # A crashed trial that restarts from its checkpoint in the same run: test_faults'
 # test_a_crashed_worker_restarts_from_its_checkpoint_and_continues_its_run, through the same
 # sweep path (run_sweep -> Tune -> TorchTrainer with checkpoint.max_failures) in one Ray start.
+
+
+# --------------------------------------------------------------------------------------------
+# On a small REAL sweep (local Ray, the smoke preset, a temporary SQLite store)
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.ray
+def test_report_of_a_real_smoke_sweep(smoke_sweep, tmp_path):
+    """`python -m service.sweep smoke` for real (conftest's session sweep, shared with
+    the tests above), then the report: what the plots and tables are drawn from equals what the
+    trials logged, read back with a plain MlflowClient."""
+    uri = smoke_sweep.uri
+    sweep_run = smoke_sweep.proc
+    assert sweep_run.returncode == 0, sweep_run.stdout[-3000:] + sweep_run.stderr[-3000:]
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("smoke")
+    runs = client.search_runs([experiment.experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 4
+
+    out = tmp_path / "report"
+    html_path = report.build_report(parent.info.run_id, tracking_uri=uri, out_dir=out)
+    for name in report.REPORT_FILES:
+        assert (out / name).stat().st_size > 0, name
+    assert set(report.REPORT_FILES) <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # loss curves, throughput, tradeoff, and the projected throughput (real trials log the
+    # byte accounting the projection is computed from)
+    assert html_path.read_text().count("data:image/png;base64,") == 4
+
+    sweep = report.load_sweep(report.open_store(uri), parent.info.run_id)
+    curves = {run_id: c for cs in report.loss_curve_data(sweep).values() for c in cs
+              for run_id in c.run_ids}
+    rows = {run_id: r for r in report.summary_rows(sweep) for run_id in r.run_ids}
+    for child in children:
+        run_id, params = child.info.run_id, child.data.params
+        history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+        assert len(history) == int(params["steps"])  # one point per step
+        curve = curves[run_id]  # one seed: the curve is this trial's loss, point for point
+        assert curve.world_size == int(params["world_size"]) and curve.hook == params["hook"]
+        assert list(curve.steps) == [m.step for m in history]
+        assert list(curve.mean) == [m.value for m in history]
+        row = rows[run_id]
+        assert row.states == {"ok": 1} and child.data.tags["status"] == "ok"
+        for metric in ("samples_per_s", "comm_bytes_per_step", "final_loss",
+                       "final_eval_accuracy", "compression_ratio"):
+            assert row.mean(metric) == child.data.metrics[metric], metric
+    lines = {(line.config, w): m for line in report.throughput_data(sweep)
+             for w, m in zip(line.world_sizes, line.mean)}
+    assert lines == {(rows[c.info.run_id].config, int(c.data.params["world_size"])):
+                     c.data.metrics["samples_per_s"] for c in children}
+    _, points = report.tradeoff_data(sweep)
+    assert {(p.config, p.bytes_per_step) for p in points[2]} == {
+        (rows[c.info.run_id].config, c.data.metrics["comm_bytes_per_step"])
+        for c in children if c.data.params["world_size"] == "2"}
