@@ -12,8 +12,8 @@ the order a non-finite value flows through a step:
                    (compression-induced: fp16 overflow, a zero scale, ...);
 4. ``params``      the weights went non-finite in the optimizer step.
 
-Cost per step: one fused max-abs pass over the gradients and one over the weights
-(``torch._foreach_norm(..., inf)``, NaN propagates through max), the hook's one host
+Cost per step: one min/max pass over the gradients and one over the weights
+(``torch.aminmax`` per tensor: NaN propagates through both), the hook's one host
 sync, and ONE all-reduce of a tiny ``[world_size, 5]`` tensor that carries every rank's
 four flags and its loss. So all ranks see the same verdict at the same step and stop
 together, and the mean loss across ranks comes for free. Only at the first non-finite
@@ -65,14 +65,16 @@ class NanReport:
 def nonfinite(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     """A 0-dim bool tensor: does any of ``tensors`` hold NaN or inf? No host sync.
 
-    max|x| (the inf-norm) is NaN if any element is NaN and inf if any is inf, so one
-    fused multi-tensor reduction answers for all of them.
+    Each tensor's min and max: NaN propagates into both, +inf shows in the max, -inf in the
+    min. (``torch._foreach_norm(ts, inf)`` answers the same but takes a slow path on CPU:
+    6.6 ms against 0.3 ms for char_lm's 467 k gradients, measured side by side; for 500 small
+    tensors the two cost the same.)
     """
-    tensors = [t.detach() for t in tensors if t is not None]
+    tensors = [t.detach() for t in tensors if t is not None and t.numel()]
     if not tensors:
         return torch.tensor(False)
-    norms = torch._foreach_norm(tensors, float("inf"))
-    return torch.stack(norms).isfinite().all().logical_not()
+    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors])
+    return extremes.isfinite().all().logical_not()
 
 
 def nonfinite_names(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> list[str]:
