@@ -7,31 +7,17 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import TensorDataset
 
 import hooks
 from service.config import SweepConfig
-from service.workloads import Workload, cross_entropy
 from tests.dist_utils import run_distributed
+from tests.tiny_workload import TINY, tiny_digits
 
 STEPS = 6
 FIDELITY_EVERY = 2
 WARMUP = 2
-TINY = "tests.test_fidelity_service:tiny_digits"
 # Two spawned ranks import torch and sklearn: seconds on an idle machine, minutes on a loaded one.
 pytestmark = pytest.mark.timeout(1500)
-
-
-def tiny_digits(seed: int) -> Workload:
-    """A small MLP on the real digits data (the multi-process test shares 2 busy cores)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-    return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
-                    cross_entropy)
 
 
 def make_cfg(hook: str, fidelity_every: int) -> SweepConfig:

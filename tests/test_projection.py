@@ -26,7 +26,7 @@ HOOKS = ["allreduce", "fp16_compress", {"name": "quantized_allreduce", "chunk_si
 def make_cfg() -> SweepConfig:
     return SweepConfig.model_validate({
         "name": "projection-test",
-        "workload": {"name": "tests.test_fidelity_service:tiny_digits", "steps": 5,
+        "workload": {"name": "tests.tiny_workload:tiny_digits", "steps": 5,
                      "global_batch_size": 32, "lr": 0.05, "eval_every": 100, "warmup_steps": 2},
         "search": {"hooks": HOOKS, "world_size": [1], "seed": [0]},
         "tracking": {"flush_seconds": 0.5},

@@ -10,28 +10,13 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils.data import TensorDataset
 
 from service.config import SweepConfig
-from service.workloads import Workload, cross_entropy
 from service.worker import GlobalBatches, run_training
 from tests.dist_utils import free_port, run_distributed
+from tests.tiny_workload import TINY
 
 STEPS = 12
-TINY = "tests.test_worker:tiny_digits"
-
-
-def tiny_digits(seed: int) -> Workload:
-    """A small MLP on the real digits data: the multi-process tests share 2 busy cores.
-    (Custom workloads are imported by name in each worker, as a user's would be.)"""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
-    return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
-                    cross_entropy)
 
 
 def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), faults=(), on_nan=True,

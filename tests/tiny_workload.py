@@ -1,0 +1,23 @@
+"""The small workload the multi-process tests train: a tiny MLP on the real digits data (the
+tests share 2 busy cores). Referenced by name, ``tests.tiny_workload:tiny_digits``, as a user's
+custom workload is: each worker imports it."""
+from __future__ import annotations
+
+import torch
+from torch.nn.functional import cross_entropy
+from torch.utils.data import TensorDataset
+
+from service.workloads import Workload
+
+TINY = "tests.tiny_workload:tiny_digits"
+
+
+def tiny_digits(seed: int) -> Workload:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
+                    cross_entropy)
