@@ -81,7 +81,10 @@ def main() -> None:
     p.add_argument("--fidelity-every", type=int, default=50)
     p.add_argument("--no-reference", action="store_true", help="skip the allreduce runs")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/error_feedback.json)")
+    p.add_argument("--quick", action="store_true", help="4 steps, seed 0, batch 16: a smoke run")
     args = p.parse_args()
+    if args.quick:
+        args.steps, args.seeds, args.batch, args.fidelity_every = 4, [0], 16, 2
 
     from tests.dist_utils import run_distributed
 
@@ -108,8 +111,8 @@ def main() -> None:
         print(f"{seed:>4} {fmt(off):>12} {fmt(on):>9} {fmt(d):>10} {fmt(ref):>10}")
     if diffs:
         print(f"mean difference {statistics.fmean(diffs):+.4f} over {len(diffs)} seed(s)")
-    path = write_json("error_feedback", {"args": vars(args), "rows": rows, "load_before": load_before,
-                                         "load_after": load_after, "machine": machine()}, out=args.out)
+    path = write_json("error_feedback", {"settings": vars(args), "rows": rows, "load_average_before": load_before,
+                                         "load_average_after": load_after, "machine": machine()}, out=args.out)
     print(f"wrote {path}")
 
 

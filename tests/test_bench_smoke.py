@@ -53,6 +53,16 @@ def test_instrumentation_quick_writes_paired_step_times(tmp_path):
     assert data["overhead_fraction_cpu"] == pytest.approx(on["cpu_ms_per_step"] / off["cpu_ms_per_step"] - 1)
 
 
+def test_error_feedback_quick_pairs_each_seed_off_and_on_with_the_reference(tmp_path):
+    data = run_bench("error_feedback.py", tmp_path / "error_feedback.json", timeout=600)
+    assert data["bench"] == "error_feedback"
+    runs = {(r["hook"], r["params"].get("error_feedback"), r["seed"]) for r in data["rows"]}
+    hook = data["settings"]["hook"]
+    assert {(hook, False, 0), (hook, True, 0)} <= runs
+    assert any(h == "allreduce" for h, _, _ in runs)
+    assert all(positive(r["final_eval_loss"]) for r in data["rows"])
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(1300)
 def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
