@@ -207,9 +207,11 @@ def message_views(n: int, chunk_size: int, device=None) -> tuple[torch.Tensor, t
 
 
 def pack(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """One uint8 message: the (lo, step) floats as bytes, then the codes (a copy; prefer
-    :func:`message_views` to quantize straight into a message)."""
-    return torch.cat([meta.reshape(-1).view(torch.uint8), codes.reshape(-1)])
+    """One uint8 message per row: the (lo, step) floats as bytes, then the codes. ``codes``
+    (..., N), ``meta`` (..., C, 2) -> (..., 8C + N), a copy (prefer :func:`message_views` to
+    quantize straight into a single message)."""
+    lead = codes.shape[:-1]
+    return torch.cat([meta.reshape(*lead, -1).view(torch.uint8), codes.reshape(*lead, -1)], dim=-1)
 
 
 def unpack(messages: torch.Tensor, n: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,19 +61,6 @@ def shard_layout(n: int, chunk_size: int, world_size: int) -> tuple[int, int]:
     return s, world_size * s * chunk_size
 
 
-def _pack_rows(codes: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """Rows of (lo, step) bytes then codes: codes (R, S·c), meta (R, S, 2) -> uint8 (R, 8S + S·c)."""
-    r = codes.shape[0]
-    return torch.cat([meta.reshape(r, -1).view(torch.uint8), codes.reshape(r, -1)], dim=1)
-
-
-def _unpack_rows(rows: torch.Tensor, s: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes (R, S·c) (row views), meta (R, S, 2) (a copy: rows need not be 4-byte aligned)."""
-    r = rows.shape[0]
-    meta = rows.new_empty((r, 8 * s)).copy_(rows[:, : 8 * s]).view(torch.float32).view(r, s, 2)
-    return rows[:, 8 * s :], meta
-
-
 def _quantize_padded(x: torch.Tensor, chunk: int, padded: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Codes (padded,) and meta (padded / chunk, 2) of ``x`` extended to ``padded`` floats with
     copies of its last element, without copying ``x``: the n real floats are quantized in place,
@@ -107,12 +94,12 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     if state.error_feedback:
         carried = q.dequantize(codes[:n], meta[:c], chunk)
         state.store_residual(bucket, torch.sub(x.reshape(-1).to(torch.float32), carried, out=carried).to(x.dtype))
-    send = _pack_rows(codes.view(w, s * chunk), meta.view(w, s, 2))  # row r goes to rank r
+    send = q.pack(codes.view(w, s * chunk), meta.view(w, s, 2))  # row r goes to rank r
     received = torch.empty_like(send)
     state.account("all_to_all", send.numel())
     dist.all_to_all_single(received.view(-1), send.view(-1), group=state.group, async_op=True).wait()
 
-    r_codes, r_meta = _unpack_rows(received, s)
+    r_codes, r_meta = q.unpack(received, s * chunk, chunk)
     reduced = torch.empty(s * chunk, dtype=torch.float32, device=buf.device)  # my shard of the mean
     for r in range(w):
         q.dequantize(r_codes[r], r_meta[r], chunk, out=reduced, accumulate=r > 0)
@@ -133,7 +120,7 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
     def dequantize_shards(_fut):
-        g_codes, g_meta = _unpack_rows(gathered.view(w, -1), s)
+        g_codes, g_meta = q.unpack(gathered.view(w, -1), s * chunk, chunk)
         # Straight into the bucket (float32) shard by shard; the padding past n is never written.
         mean = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
         flat = mean.view(-1)
