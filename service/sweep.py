@@ -262,9 +262,9 @@ def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
                 tracking_uri: str) -> tuple[str, dict[str, str], list[TrialSpec]]:
     """(parent run id, {trial key: run id to continue}, trials still to run) for --resume.
 
-    The parent is the experiment's latest sweep run of the same config (its fingerprint). A trial is done when its run ended
-    FINISHED or FAILED; a KILLED (interrupted) or still RUNNING run is continued, so no trial
-    ever gets a second run.
+    The parent is the experiment's latest sweep run of the same config (its fingerprint). A
+    trial is done when its run ended FINISHED or FAILED; a KILLED (interrupted) or still
+    RUNNING run is continued, so no trial ever gets a second run.
     """
     from service import tracking
 
