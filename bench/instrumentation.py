@@ -57,12 +57,16 @@ class _NoChecks:
     report = None
 
     def __init__(self, *args, **kwargs):
-        pass
+        self._pending = None
 
-    def check(self, step, loss):
+    def submit(self, step, loss):
         from service.nan import StepCheck
 
-        return StepCheck(step=step, mean_loss=float(loss), nonfinite=False)
+        self._pending = StepCheck(step=step, mean_loss=float(loss), nonfinite=False)
+
+    def resolve(self):
+        pending, self._pending = self._pending, None
+        return pending
 
 
 def _plain_allreduce(name, process_group=None, **params):

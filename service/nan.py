@@ -1,6 +1,6 @@
 """WHERE NaN IS DETECTED: per-step finite checks and their cross-rank agreement.
 
-Every optimizer step, on every rank, :meth:`NanMonitor.check` looks at four places, in
+Every optimizer step, on every rank, :meth:`NanMonitor.submit` looks at four places, in
 the order a non-finite value flows through a step:
 
 1. ``loss``        the forward pass produced a non-finite loss;
@@ -15,10 +15,17 @@ the order a non-finite value flows through a step:
 Cost per step: one min/max pass over the gradients and one over the weights
 (``torch.aminmax`` per tensor: NaN propagates through both), the hook's one host
 sync, and ONE all-reduce of a tiny ``[world_size, 5]`` tensor that carries every rank's
-four flags and its loss. So all ranks see the same verdict at the same step and stop
-together, and the mean loss across ranks comes for free. Only at the first non-finite
-step do the ranks exchange the details (bucket index, parameter names) with one
-``all_gather_object``.
+four flags and its loss. So all ranks see the same verdict and stop together, and the mean
+loss across ranks comes for free. Only at the first non-finite step do the ranks exchange
+the details (bucket index, parameter names) with one ``all_gather_object``.
+
+The all-reduce is asynchronous: ``submit(step, loss)`` starts it and ``resolve()`` waits
+for it. The training loop resolves step s after step s+1's backward, so the agreement
+travels beside the next step's gradient collectives instead of being a second rendezvous
+of the ranks per step (waiting there for the peers' jitter cost 13% of char_lm's step at
+world size 2, docs/performance.md); ``check()`` does both at once. The details a report
+needs are taken at ``submit`` time (only on a rank whose own flags are set), so a report
+still describes step s, not the step that ran while its verdict was in flight.
 """
 
 from __future__ import annotations
@@ -82,8 +89,18 @@ def nonfinite_names(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> list
     return [n for n, t in named if t is not None and not bool(torch.isfinite(t.detach()).all())]
 
 
+@dataclass
+class _Pending:
+    """A submitted step whose agreement is in flight."""
+
+    step: int
+    table: torch.Tensor  # [world_size, 5]: this rank's row filled, the all-reduce's buffer
+    work: Any  # the all-reduce's handle (None on one rank)
+    details: Optional[dict[str, Any]]  # this rank's details when its own flags were set
+
+
 class NanMonitor:
-    """Per-rank NaN checks with one cross-rank agreement per step.
+    """Per-rank NaN checks with one (asynchronous) cross-rank agreement per step.
 
     ``model`` is the (DDP-wrapped or plain) module whose ``.grad`` the hook wrote back;
     ``hook_state`` is the comm hook's state (``pop_nonfinite_buckets()`` or, failing
@@ -104,6 +121,7 @@ class NanMonitor:
         self.process_group = process_group
         self._pending_buckets: list[tuple[Optional[int], list[str]]] = []
         self._seen_nonfinite_inputs = self._nonfinite_inputs_count()
+        self._pending: Optional[_Pending] = None
         self.report: Optional[NanReport] = None
 
     # -- local checks ------------------------------------------------------------
@@ -152,19 +170,39 @@ class NanMonitor:
 
     # -- the per-step agreement -------------------------------------------------------
 
-    def check(self, step: int, loss: torch.Tensor) -> StepCheck:
-        """Run after the optimizer step (grads still hold the hook's output).
+    def submit(self, step: int, loss: torch.Tensor) -> None:
+        """Start ``step``'s check: local flags now, the cross-rank agreement in flight.
 
-        Every rank must call it every step: it is a collective.
+        Run after the optimizer step (grads still hold the hook's output). Every rank must
+        call it every step, and ``resolve()`` before the next ``submit``: it is a collective.
         """
+        if self._pending is not None:
+            raise RuntimeError(f"step {self._pending.step}'s check was never resolved")
+        row = self.local_flags(loss).to(self.device)
         table = torch.zeros(self.world_size, _LOSS_COLUMN + 1, device=self.device)
-        table[self.rank] = self.local_flags(loss).to(self.device)
+        table[self.rank] = row
+        # One host read of this rank's own flags (free on CPU; the check synced every step
+        # before it went asynchronous): the details must be taken now, before the next step
+        # overwrites the gradients.
+        details = self._local_details() if bool(row[:_LOSS_COLUMN].any()) else None
+        work = None
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            dist.all_reduce(table, group=self.process_group)
-        table = table.cpu()
+            work = dist.all_reduce(table, group=self.process_group, async_op=True)
+        self._pending = _Pending(step, table, work, details)
+
+    def resolve(self) -> Optional[StepCheck]:
+        """The agreed result of the submitted step (waits for its all-reduce), or None when
+        nothing is pending. At the first non-finite step every rank must resolve at the same
+        point: the details are exchanged then (one collective)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        if pending.work is not None:
+            pending.work.wait()
+        table = pending.table.cpu()
         flags = (table[:, :_LOSS_COLUMN] > 0).int().tolist()
         losses = table[:, _LOSS_COLUMN]
-        result = StepCheck(step=step, mean_loss=float(losses.mean()),
+        result = StepCheck(step=pending.step, mean_loss=float(losses.mean()),
                            nonfinite=any(any(r) for r in flags), flags=flags)
         if result.nonfinite:
             # "hook" means: output non-finite although no rank's input was. When some
@@ -175,18 +213,30 @@ class NanMonitor:
                     result.source, result.rank = source, ranks[0]
                     break
             if self.report is None:
-                self.report = self._explain(result, losses.tolist())
+                self.report = self._explain(result, losses.tolist(), pending.details)
         return result
 
-    def _explain(self, check: StepCheck, losses: list[float]) -> NanReport:
+    def check(self, step: int, loss: torch.Tensor) -> StepCheck:
+        """``submit`` and ``resolve`` at once: the verdict before returning (a collective)."""
+        self.submit(step, loss)
+        return self.resolve()
+
+    def _local_details(self) -> dict[str, Any]:
+        """What this rank saw at a step where its own flags are set (costs a sync per tensor)."""
+        return {
+            "buckets": [{"bucket_index": i, "param_names": n} for i, n in self._pending_buckets],
+            "nonfinite_grads": nonfinite_names((n, p.grad) for n, p in self.named_params),
+            "nonfinite_params": nonfinite_names(self.named_params),
+        }
+
+    def _explain(self, check: StepCheck, losses: list[float],
+                 details: Optional[dict[str, Any]]) -> NanReport:
         """Collect every rank's details at the first non-finite step (one collective)."""
         mine = {
             "rank": self.rank,
             "flags": dict(zip(SOURCES, check.flags[self.rank])),
             "loss": losses[self.rank],
-            "buckets": [{"bucket_index": i, "param_names": n} for i, n in self._pending_buckets],
-            "nonfinite_grads": nonfinite_names((n, p.grad) for n, p in self.named_params),
-            "nonfinite_params": nonfinite_names(self.named_params),
+            **(details or {"buckets": [], "nonfinite_grads": [], "nonfinite_params": []}),
         }
         if self.world_size > 1 and dist.is_available() and dist.is_initialized():
             per_rank: list[Any] = [None] * self.world_size

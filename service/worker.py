@@ -3,10 +3,13 @@
 ``run_training`` is the loop, readable top to bottom: set up (seed, workload, DDP, the
 trial's comm hook, optimizer), then every optimizer step: inject configured faults,
 forward/backward over ``grad_accumulation`` micro-batches (all but the last under
-``no_sync()``), optimizer step, the NaN check (``service.nan``: one tiny all-reduce, so
-all ranks agree), gradient fidelity every ``tracking.fidelity_every`` steps (when asked),
-logging (``service.tracking``, rank 0, batched), evaluation every
-``eval_every`` steps, checkpoints every ``checkpoint.every`` steps. It needs an
+``no_sync()``), the previous step's NaN verdict, optimizer step, this step's NaN check
+(``service.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
+read after the next step's backward, or at once before an eval or a checkpoint, and a
+non-finite step stops every rank before the following update is applied), gradient
+fidelity every ``tracking.fidelity_every`` steps (when asked), logging
+(``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
+checkpoints every ``checkpoint.every`` steps. It needs an
 initialised process group and nothing else, so tests and users can run it without Ray.
 
 ``train_loop_per_worker`` is the function given to Ray Train's ``TorchTrainer``: it reads
@@ -105,17 +108,26 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         meter.begin()
         fidelity.begin(step)
         faults.before_step(step, model.module)
-        loss = train_step(model, optimizer, wl, batches.micro_batches(step), device)
-        check = monitor.check(step, loss)  # one tiny all-reduce: every rank gets the same verdict
+        loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device)
+        # The previous step's NaN verdict, read only now: its all-reduce travelled beside
+        # this backward's gradient collectives instead of adding a rendezvous of its own.
+        if stops(reporter.agreed(monitor.resolve()), cfg):
+            break  # this step's update is never applied: the weights stay the NaN step's
+        optimizer.step()
+        monitor.submit(step, loss)  # local checks now, the cross-rank agreement in flight
         meter.end(step)
-        reporter.step(step, check.mean_loss, meter.last_ms, fidelity.end(step))
-        if check.nonfinite and cfg.stop.on_nan:
+        reporter.record(step, meter.last_ms, fidelity.end(step))
+        evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
+        checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
+                             and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
+        # Nothing leaves the loop (an eval, a checkpoint, the summary) before its step is
+        # agreed finite: there the verdict is waited for at once.
+        if (evaluating or checkpointing) and stops(reporter.agreed(monitor.resolve()), cfg):
             break
-        if rank == 0 and (step % wl_cfg.eval_every == 0 or step == wl_cfg.steps):
+        if rank == 0 and evaluating:
             eval_metrics = run_eval(model.module, wl, device)
             reporter.eval(step, eval_metrics)
-        if checkpoint_fn and cfg.checkpoint.every and step % cfg.checkpoint.every == 0 \
-                and step < wl_cfg.steps:
+        if checkpointing:
             reporter.flush()  # nothing past a checkpoint may be missing from MLflow after a crash
             checkpoint_fn(step, capture(step, model, optimizer, hook_state, batches, rank))
 
@@ -129,7 +141,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     summary.update(fidelity.summary())
     status = "nan" if monitor.report else "ok"
     reporter.finish(summary, status, monitor.report)
-    return TrialResult(status, step, summary,
+    return TrialResult(status, int(summary["steps_done"]), summary,
                        monitor.report.to_dict() if monitor.report else None, reporter.losses)
 
 
@@ -138,6 +150,11 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
 
 def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
     return monitor.report is not None and cfg.stop.on_nan
+
+
+def stops(check, cfg) -> bool:
+    """Does this agreed step check (or None: nothing was pending) stop the trial?"""
+    return check is not None and check.nonfinite and cfg.stop.on_nan
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
@@ -183,11 +200,12 @@ class GlobalBatches:
         return list(mine.chunk(self.accumulation))
 
 
-def train_step(model: DDP, optimizer, wl: Workload, micro_batches, device) -> torch.Tensor:
-    """One optimizer step; returns this rank's mean loss over its micro-batches (a tensor).
+def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device) -> torch.Tensor:
+    """One step's gradients; returns this rank's mean loss over its micro-batches (a tensor).
 
     All micro-batches but the last run under ``no_sync()`` (gradients accumulate locally);
-    the last backward runs the comm hook, bucket by bucket, and waits for it.
+    the last backward runs the comm hook, bucket by bucket, and waits for it. The optimizer
+    step is the caller's (the loop reads the previous step's NaN verdict in between).
     """
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=device)
@@ -199,7 +217,6 @@ def train_step(model: DDP, optimizer, wl: Workload, micro_batches, device) -> to
             loss = wl.loss_fn(model(x), y) / len(micro_batches)
             loss.backward()
         total += loss.detach()
-    optimizer.step()
     return total
 
 
@@ -381,15 +398,26 @@ class Reporter:
         self.losses: list[float] = []
         self.last_loss = float("nan")
         self._last_progress = 0.0
+        self._recorded: tuple[int, float, dict] = (0, 0.0, {})
 
-    def step(self, step: int, loss: float, step_time_ms: float, fidelity: dict | None = None) -> None:
-        self.losses.append(loss)
-        self.last_loss = loss
+    def record(self, step: int, step_time_ms: float, fidelity: dict | None = None) -> None:
+        """A step ran: its metrics wait for its agreed loss (``agreed``)."""
+        self._recorded = (step, step_time_ms, fidelity or {})
+
+    def agreed(self, check):
+        """Log the recorded step with its agreed mean loss; returns ``check`` (None: none)."""
+        if check is None:
+            return None
+        step, step_time_ms, fidelity = self._recorded
+        assert step == check.step, (step, check.step)
+        self.losses.append(check.mean_loss)
+        self.last_loss = check.mean_loss
         if self.logger:
-            self.logger.log(step, loss=loss, step_time_ms=step_time_ms, **(fidelity or {}))
+            self.logger.log(step, loss=check.mean_loss, step_time_ms=step_time_ms, **fidelity)
         if self.progress and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
-            _call_quietly(self.progress, step, loss)
+            _call_quietly(self.progress, step, check.mean_loss)
+        return check
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         if self.logger:

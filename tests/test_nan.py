@@ -157,3 +157,30 @@ def test_only_the_first_nonfinite_step_is_reported():
     second = monitor.check(2, step(model, optimizer))  # NaN weights now: still non-finite
     assert second.nonfinite and monitor.report.first_nan_step == 1
     assert monitor.report.to_dict()["per_rank"][0]["flags"]["loss"] == 1
+
+
+def test_a_deferred_verdict_still_describes_its_own_step():
+    """The loop resolves step s after step s+1's backward: the report must describe step s
+    (its bucket, its non-finite gradients and weights), not what step s+1 left behind."""
+    model, monitor, optimizer = setup("allreduce")
+    monitor.submit(1, step(model, optimizer))
+    assert not monitor.resolve().nonfinite
+    monitor.submit(2, step(model, optimizer, grad_hook=lambda g: g + float("nan")))
+    with torch.no_grad():  # what the next step leaves: finite gradients and weights
+        for p in model.parameters():
+            p.zero_()
+            p.grad = torch.zeros_like(p)
+    check = monitor.resolve()
+    assert check.step == 2 and check.nonfinite and check.source == "model_grad"
+    report = monitor.report
+    assert report.first_nan_step == 2 and report.bucket_index is not None
+    assert "first.weight" in report.per_rank[0]["nonfinite_grads"]
+    assert "first.weight" in report.per_rank[0]["nonfinite_params"]
+    assert monitor.resolve() is None  # nothing left in flight
+
+
+def test_a_check_must_be_resolved_before_the_next_is_submitted():
+    model, monitor, optimizer = setup("allreduce")
+    monitor.submit(1, step(model, optimizer))
+    with pytest.raises(RuntimeError, match="step 1"):
+        monitor.submit(2, step(model, optimizer))
