@@ -184,3 +184,22 @@ def test_a_check_must_be_resolved_before_the_next_is_submitted():
     monitor.submit(1, step(model, optimizer))
     with pytest.raises(RuntimeError, match="step 1"):
         monitor.submit(2, step(model, optimizer))
+
+
+def test_non_finite_gradients_are_found_whether_or_not_they_reached_the_weights():
+    """By default the gradients are read only when the weights went bad (SGD and AdamW carry
+    a non-finite gradient into its weight); ``grads_reach_weights=False`` reads them every
+    step, for an optimizer that may skip a bad gradient (here: no optimizer step at all)."""
+    big = lambda g: g * 1e7  # noqa: E731 - fp16 overflow in the hook
+    model, monitor, optimizer = setup("fp16_compress")
+    check = monitor.check(1, step(model, optimizer, grad_hook=big))
+    assert check.flags[0][2:] == [1, 1]  # the hook's inf reached the weights: both flagged
+
+    model, monitor, _ = setup("fp16_compress")
+    skipping = NanMonitor(model, monitor.hook_state, grads_reach_weights=False)
+    handle = model.module.first.weight.register_hook(big)
+    loss = model(torch.randn(32, 8)).pow(2).mean()
+    loss.backward()  # and no optimizer step: it skipped the bad gradient
+    handle.remove()
+    check = skipping.check(1, loss.detach())
+    assert check.source == "hook" and check.flags[0][3] == 0  # weights untouched, gradient inf
