@@ -13,6 +13,11 @@ launched two ways, alternately, in one invocation:
            rank 0) -> report -> run closed; the Ray instance is started once (ray.init is a
            per-sweep cost, reported on its own line), with ``service.ray_runtime``'s settings.
 
+and, in the same rounds, Ray's floor: an empty TorchTrainer fitted from the bench process
+(``train_noop``), the same inside one Tune function trial as the service runs it
+(``tune_train_noop``: the floor of the mandated "Tune trial + TorchTrainer per trial", no
+MLflow anywhere), and one empty actor (``actor_start``).
+
 overhead = launch wall - in-loop time (rank 0's ``run_training`` call, same clock), and the
 ratio service overhead / bare overhead is the figure of issue 7 (target <= 2). The service
 trial's time is also split into phases from timestamps (driver, MLflow run times, the worker).
@@ -39,7 +44,10 @@ RAY_DEFAULT_NICENESS = 15  # Ray's worker_niceness default
 # actor_start (one empty Ray actor) measure the floor Ray itself sets.
 # train_noop_ray_defaults: the same empty TorchTrainer with service.ray_runtime's Train/Tune
 # variables at Ray's defaults (what they save, side by side).
-ARMS = ("bare", "service", "train_noop", "train_noop_ray_defaults", "actor_start")
+# tune_train_noop: the empty TorchTrainer inside one Tune function trial with the service's
+# trial resources and settings, no MLflow: the floor of the architecture the spec mandates
+# ("Ray Tune sweeps the grid; each trial is a Ray Train TorchTrainer").
+ARMS = ("bare", "service", "train_noop", "train_noop_ray_defaults", "tune_train_noop", "actor_start")
 
 
 def sweep_yaml(world_size: int, steps: int, storage: str) -> str:
@@ -205,6 +213,54 @@ def _fit_noop(world_size, storage, TorchTrainer, TorchConfig, train) -> dict:
             "overhead_cpu_s": cpu}
 
 
+def _tune_noop_trial(config: dict) -> None:
+    """What the service's Tune trial (service.sweep._run_trial) does with MLflow, the progress
+    board and training taken out: apply the Train settings, fit an empty TorchTrainer of the
+    trial's world size (Tune's report callback attached, as there), report once to Tune."""
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from service import ray_runtime
+
+    ray_runtime.apply_env()
+    TorchTrainer(_noop_train_loop,
+                 scaling_config=ray.train.ScalingConfig(num_workers=config["world_size"],
+                                                        resources_per_worker={"CPU": 0.5}),
+                 torch_config=TorchConfig(backend="gloo"),
+                 run_config=ray.train.RunConfig(name="noop", storage_path=config["storage"],
+                                                callbacks=[TuneReportCallback()])).fit()
+    tune.report({"status": "ok"})
+
+
+def run_tune_train_noop(world_size: int, storage: Path) -> dict:
+    """One Tune experiment of one function trial (service.sweep._make_tuner's resources, run
+    and failure settings) whose trial fits an empty TorchTrainer: Tune's start, the trial's
+    process, Train's worker group, teardown; no MLflow, no progress actor, no training."""
+    from ray import tune
+
+    from service.sweep import TRIAL_DRIVER_CPUS
+
+    # the same two variables run_sweep sets in the driver before its Tuner
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    name = f"tune-noop-{time.monotonic_ns()}"
+    meter, started = TreeCpu().start(), time.time()
+    results = tune.Tuner(
+        tune.with_resources(_tune_noop_trial, {"CPU": TRIAL_DRIVER_CPUS}),
+        param_space={"world_size": world_size, "storage": str(storage / name / "trials")},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    ).fit()
+    wall, cpu = time.time() - started, meter.stop()
+    if results.errors:
+        raise RuntimeError(f"the Tune no-op trial failed: {results.errors[0]}")
+    return {"wall_s": wall, "in_loop_s": 0.0, "overhead_s": wall, "cpu_s": cpu, "in_loop_cpu_s": 0.0,
+            "overhead_cpu_s": cpu}
+
+
 @__import__("functools").lru_cache(maxsize=None)
 def _pinger():
     import ray
@@ -271,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-defaults", action="store_true",
                         help="run the service trials with service.ray_runtime's variables and worker niceness "
                              "at Ray's defaults (the settings before issue 7) to compare against a default run")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                        help="run only these arms (bare and service always run: they are the comparison); "
+                             "e.g. --arms bare service to compare two versions of the service in alternating "
+                             "invocations. The other arms' figures are then NaN")
     parser.add_argument("--quick", action="store_true", help="world size 1, one round, 3 steps")
     parser.add_argument("--out", help="JSON path (default bench/results/overhead.json)")
     args = parser.parse_args(argv)
@@ -307,12 +367,13 @@ def main(argv: list[str] | None = None) -> int:
     ray_init_s = time.time() - t0
     sweep._init_ray = lambda *a, **k: None  # Ray is already up (with ray_runtime's settings): one per bench
 
+    arms = [arm for arm in ARMS if arm in {"bare", "service", *args.arms}]
     samples: dict[int, dict[str, list]] = {ws: {arm: [] for arm in ARMS} for ws in args.world_sizes}
     try:
         for r in range(args.rounds):
             for ws in args.world_sizes:
                 cfg, path, trial = configs[ws]
-                order = ARMS if r % 2 == 0 else ARMS[::-1]
+                order = arms if r % 2 == 0 else arms[::-1]
                 for kind in order:
                     if kind == "bare":
                         result = run_bare(cfg, trial, workdir)
@@ -322,11 +383,13 @@ def main(argv: list[str] | None = None) -> int:
                         result = run_train_noop(ws, workdir / "noop")
                     elif kind == "train_noop_ray_defaults":
                         result = run_train_noop(ws, workdir / "noop", ray_defaults=True)
+                    elif kind == "tune_train_noop":
+                        result = run_tune_train_noop(ws, workdir / "tune-noop")
                     else:
                         result = run_actor_start()
                     result["load_1m"] = load_average()[:1]
                     samples[ws][kind].append(result)
-                    print(f"round {r + 1} w{ws} {kind:11s} wall {result['wall_s']:6.2f} s  in-loop "
+                    print(f"round {r + 1} w{ws} {kind:23s} wall {result['wall_s']:6.2f} s  in-loop "
                           f"{result['in_loop_s']:5.2f} s  overhead {result['overhead_s']:6.2f} s  "
                           f"(cpu {result['overhead_cpu_s']:6.2f} s)", flush=True)
     finally:
@@ -343,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                        "train_noop_ray_defaults_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop_ray_defaults"]),
                        "actor_start_s": median(x["wall_s"] for x in samples[ws]["actor_start"]),
                        "train_noop_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop"]),
+                       "tune_train_noop_wall_s": median(x["wall_s"] for x in samples[ws]["tune_train_noop"]),
+                       "tune_train_noop_cpu_s": median(x["cpu_s"] for x in samples[ws]["tune_train_noop"]),
                        "actor_start_cpu_s": median(x["cpu_s"] for x in samples[ws]["actor_start"]),
                        "bare_overhead_cpu_s": b_cpu, "service_overhead_cpu_s": s_cpu,
                        "overhead_cpu_ratio": s_cpu / b_cpu,
@@ -351,16 +416,24 @@ def main(argv: list[str] | None = None) -> int:
                        "bare_overhead_s": b_over, "service_overhead_s": s_over,
                        "in_loop_s": median(x["in_loop_s"] for x in bare + service),
                        "overhead_ratio": s_over / b_over, "service_phases_s": phases}
+        tune_noop = summary[ws]["tune_train_noop_wall_s"]
+        # the mandated architecture's floor against the bare launch, and what the service adds to it
+        summary[ws]["tune_train_noop_ratio"] = tune_noop / b_over
+        summary[ws]["service_over_tune_train_noop_s"] = s_over - tune_noop
         rows.append([ws, summary[ws]["in_loop_s"], b_over, s_over, s_over / b_over,
-                     summary[ws]["train_noop_wall_s"], summary[ws]["actor_start_s"]])
+                     summary[ws]["train_noop_wall_s"], tune_noop, tune_noop / b_over, s_over - tune_noop,
+                     summary[ws]["actor_start_s"]])
         cpu_rows.append([ws, b_cpu, s_cpu, s_cpu / b_cpu, summary[ws]["train_noop_cpu_s"],
-                         summary[ws]["train_noop_ray_defaults_cpu_s"], summary[ws]["actor_start_cpu_s"]])
+                         summary[ws]["train_noop_ray_defaults_cpu_s"], summary[ws]["tune_train_noop_cpu_s"],
+                         summary[ws]["tune_train_noop_cpu_s"] / b_cpu, summary[ws]["actor_start_cpu_s"]])
     print("\nwall time (median):")
     print(table(["world", "in-loop s", "bare overhead s", "service overhead s", "ratio",
-                 "TorchTrainer no-op s", "1 actor start s"], rows))
+                 "TorchTrainer no-op s", "Tune trial + TorchTrainer no-op s", "its ratio", "service - that s",
+                 "1 actor start s"], rows))
     print("\nCPU time of the whole process tree beyond the loop's own (median; holds still under load):")
     print(table(["world", "bare overhead cpu-s", "service overhead cpu-s", "ratio", "TorchTrainer no-op cpu-s",
-                 "same, Ray defaults", "1 actor start cpu-s"], cpu_rows))
+                 "same, Ray defaults", "Tune trial + TorchTrainer no-op cpu-s", "its ratio",
+                 "1 actor start cpu-s"], cpu_rows))
     print(f"\nray.init (once per sweep, not in the figures above): {ray_init_s:.1f} s")
     print("\nCPU seconds to start a Python process and import (median):")
     print(table(["imports", "cpu s"], [[k, v] for k, v in imports.items()]))
@@ -369,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(["phase"] + [f"w{ws}" for ws in args.world_sizes],
                 [[p] + [summary[ws]["service_phases_s"][p] for ws in args.world_sizes] for p in phase_names]))
     path = write_json("overhead", {
-        "settings": {"world_sizes": args.world_sizes, "rounds": args.rounds, "steps": args.steps,
+        "settings": {"world_sizes": args.world_sizes, "rounds": args.rounds, "steps": args.steps, "arms": arms,
                      "workload": "mlp_digits", "hook": "allreduce",
                      "ray_defaults": args.ray_defaults,
                      "worker_niceness": [x.get("worker_niceness") for ws in samples for x in samples[ws]["actor_start"]],

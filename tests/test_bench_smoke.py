@@ -74,9 +74,14 @@ def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
     assert all(positive(v) for v in imports.values())
     summary = data["summary"]["1"]
     for key in ("bare_wall_s", "service_wall_s", "bare_overhead_s", "service_overhead_s", "in_loop_s",
-                "overhead_ratio", "train_noop_wall_s", "actor_start_s"):
+                "overhead_ratio", "train_noop_wall_s", "actor_start_s", "tune_train_noop_wall_s",
+                "tune_train_noop_cpu_s", "tune_train_noop_ratio"):
         assert positive(summary[key]), key
     assert summary["overhead_ratio"] == pytest.approx(summary["service_overhead_s"] / summary["bare_overhead_s"])
+    # the mandated architecture's floor (Tune trial + empty TorchTrainer), against the same bare launch
+    assert summary["tune_train_noop_ratio"] == pytest.approx(summary["tune_train_noop_wall_s"] / summary["bare_overhead_s"])
+    assert summary["service_over_tune_train_noop_s"] == pytest.approx(
+        summary["service_overhead_s"] - summary["tune_train_noop_wall_s"])
     phases = summary["service_phases_s"]
     assert set(phases) == {"sweep_start_to_trial_start", "trainer_start", "worker_setup", "in_loop",
                            "final_report", "trainer_shutdown", "trial_end_to_sweep_end"}
