@@ -6,17 +6,18 @@ The shape of a sweep:
       -> ray.init: a local Ray instance, or the cluster RAY_ADDRESS names
       -> MLflow parent run (tracking.start_parent_run)
       -> Ray Tune, one function trial per grid point (_run_trial), max_concurrent_trials at once
-           -> MLflow child run (tracking.start_child_run)
+           -> MLflow child run (opened by the sweep's TrialRuns actor, service/trial_runs.py)
            -> TorchTrainer(service.worker.train_loop_per_worker).fit(): world_size workers,
               rank 0 logs the trial into the child run
-           -> the child run ends FINISHED, or FAILED with the error text
+           -> the child run ends FINISHED, or FAILED with the error text (TrialRuns again)
       -> the parent run ends FINISHED; a table of the trials, read back from MLflow
 
 Ray Train V2 (Ray >= 2.43) no longer accepts a trainer inside ``Tuner``: each Tune trial is a
 plain function that builds and fits its own ``TorchTrainer``.
 
 Ray is only here: the workers see plain PyTorch (service/worker.py) and MLflow is only behind
-service/tracking.py.
+service/tracking.py. The Tune trial's process never imports MLflow (a second of CPU per trial
+on its critical path): it asks the TrialRuns actor, which imported it once for the sweep.
 """
 
 from __future__ import annotations
@@ -161,6 +162,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
 
     from service import tracking
     from service.progress import ProgressBoard, ProgressPrinter
+    from service.trial_runs import TrialRuns
 
     if _log_file is not None:  # main() keeps the terminal for the sweep's own lines
         _route_library_logs_to_file()
@@ -204,10 +206,12 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
                       file=out, flush=True)
             else:
                 tracking.reopen_run(parent_run_id, tracking_uri)
+            # Started before Tune, so its process start and MLflow import overlap Tune's own start.
+            trial_runs = TrialRuns.remote(cfg, parent_run_id, tracking_uri)
             board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
             printer = ProgressPrinter(board, out=out).start()
             _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
-                        resume, board).fit()
+                        resume, board, trial_runs).fit()
             parent_status = "FINISHED"
         except KeyboardInterrupt:
             interrupted = True
@@ -234,7 +238,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
 
 def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
                 storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board):
+                resume: bool, board, trial_runs):
     """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``)."""
     from ray import tune
 
@@ -243,9 +247,8 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
     sweep_dir = f"{_safe(cfg.name)}-{parent_run_id[:8]}"
     trainable = tune.with_parameters(
         tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
-        cfg=cfg, parent_run_id=parent_run_id, tracking_uri=tracking_uri,
-        trials_storage=_join(storage, sweep_dir, "trials"), board=board, train_loop=train_loop,
-        reusable_runs=reusable_runs,
+        cfg=cfg, tracking_uri=tracking_uri, trials_storage=_join(storage, sweep_dir, "trials"),
+        board=board, trial_runs=trial_runs, train_loop=train_loop, reusable_runs=reusable_runs,
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
     return tune.Tuner(
@@ -316,30 +319,29 @@ def _signals_raise_keyboard_interrupt():
             signal.signal(s, h)
 
 
-def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_uri: str,
-               trials_storage: str, board, train_loop: Callable[[dict], None],
+def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_storage: str, board,
+               trial_runs, train_loop: Callable[[dict], None],
                reusable_runs: dict[str, str] | None = None) -> None:
     """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
 
     A failing fit ends the run FAILED with the error text and returns normally, so the
-    sweep goes on with the other trials.
+    sweep goes on with the other trials. The run is opened and closed by ``trial_runs``
+    (service.trial_runs.TrialRuns): this process never imports MLflow, and says so in its
+    Tune result (``trial_process_imported_mlflow``).
     """
+    import ray
     import ray.train
     from ray import tune
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from service import ray_runtime, tracking
+    from service import ray_runtime
     from service.progress import Publisher
 
     ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
     trial = TrialSpec.from_dict(config["trial"])
-    run_id = (reusable_runs or {}).get(trial.key)
-    if run_id:  # a resumed trial continues its interrupted run
-        tracking.reopen_run(run_id, tracking_uri)
-    else:
-        run_id = tracking.start_child_run(parent_run_id, trial, cfg, tracking_uri=tracking_uri)
-        tracking.set_tags(run_id, tracking_uri, trial_key=trial.key)
+    # a resumed trial continues its interrupted run; the run id is needed before Train starts
+    run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
     board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
 
     use_gpu = cfg.resources.use_gpu
@@ -367,17 +369,18 @@ def _run_trial(config: dict, *, cfg: SweepConfig, parent_run_id: str, tracking_u
         trainer.fit()
     except Exception as exc:
         if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
-            tracking.end_run(run_id, "KILLED", tracking_uri=tracking_uri)
+            ray.get(trial_runs.close.remote(run_id, "KILLED"))
             return
         summary, details = describe_failure(exc)
-        tracking.end_run(run_id, "FAILED", error=f"{summary}\n{details}".strip(), tracking_uri=tracking_uri)
+        ray.get(trial_runs.close.remote(run_id, "FAILED", f"{summary}\n{details}".strip()))
         board.trial_ended.remote(trial.key, f"failed: {summary}")
-        tune.report({"status": "failed", "error": summary, "run_id": run_id})
+        tune.report({"status": "failed", "error": summary, "run_id": run_id,
+                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
         return
-    tracking.end_run(run_id, "FINISHED", tracking_uri=tracking_uri)
-    status = tracking.run_tags(run_id, tracking_uri).get("status", "ok")
+    status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
     board.trial_ended.remote(trial.key, status)
-    tune.report({"status": status, "run_id": run_id})
+    tune.report({"status": status, "run_id": run_id,
+                 "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 
 def describe_failure(exc: BaseException) -> tuple[str, str]:

@@ -1,0 +1,54 @@
+"""The MLflow side of each Tune trial, kept out of the trial's process.
+
+Every Tune trial is a fresh Python process (Ray never reuses one for an actor). When the trial
+opened and closed its own MLflow run it imported ``mlflow`` first (~1.2 CPU-s, see
+docs/performance.md), on the path of every trial before its TorchTrainer could start.
+:class:`TrialRuns` is one small actor (0 CPUs) per sweep, started by the driver next to the
+progress board: it imports ``service.tracking`` once and opens, tags and closes the trials'
+runs when a trial asks (``ray.get`` on its methods; the trial needs its run id before its
+TorchTrainer starts, so the call is synchronous). Calls are served one at a time, which also
+keeps concurrent trials from contending for a SQLite store's write lock.
+
+This module imports no MLflow at import time: a trial process that unpickles the actor's
+handle must not pull it in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+
+@ray.remote(num_cpus=0)
+class TrialRuns:
+    """Opens and closes the MLflow runs of one sweep's trials (nested under ``parent_run_id``)."""
+
+    def __init__(self, cfg: Any, parent_run_id: str, tracking_uri: str):
+        from service import tracking  # here, in the actor's process, once per sweep
+
+        self._tracking = tracking
+        self._cfg = cfg
+        self._parent_run_id = parent_run_id
+        self._tracking_uri = tracking_uri
+        # The first request of a process opens the store (a SQLite store checks its schema:
+        # ~0.65 s measured): done now, while Tune starts, not in the first trial's open().
+        tracking.client(tracking_uri).get_run(parent_run_id)
+
+    def open(self, trial: Any, reusable_run_id: str | None = None) -> str:
+        """The run id for ``trial`` (a TrialSpec): ``reusable_run_id`` marked RUNNING again (a
+        resumed trial continues its interrupted run), else a new child run with its params and
+        the ``trial_key`` tag that --resume matches on."""
+        if reusable_run_id:
+            self._tracking.reopen_run(reusable_run_id, self._tracking_uri)
+            return reusable_run_id
+        run_id = self._tracking.start_child_run(self._parent_run_id, trial, self._cfg,
+                                                tracking_uri=self._tracking_uri)
+        self._tracking.set_tags(run_id, self._tracking_uri, trial_key=trial.key)
+        return run_id
+
+    def close(self, run_id: str, status: str, error: str | None = None) -> str:
+        """End ``run_id`` FINISHED, FAILED (with ``error``) or KILLED; returns the run's
+        ``status`` tag as it ended (ok | nan | failed | killed)."""
+        self._tracking.end_run(run_id, status, error=error, tracking_uri=self._tracking_uri)
+        return self._tracking.run_tags(run_id, self._tracking_uri).get("status", "ok")
