@@ -4,7 +4,7 @@ A DDP comm hook is a plain function ``hook(state, bucket) -> Future[Tensor]`` (P
 ddp_comm_hooks shape). Everything a hook needs to remember between calls lives in its state,
 an instance of :class:`HookState` (or a subclass). The hook calls, in order::
 
-    t0 = state.begin(bucket)               # counts the call, raw bytes, flags NaN/inf (no host sync)
+    t0 = state.begin(bucket)               # counts the call, raw bytes, flags NaN/inf (see nonfinite)
     x = state.add_residual(bucket, buf)    # error feedback, only if enabled
     state.account("allreduce", nbytes)     # once per collective, with the bytes handed to it
     return state.finish(fut, t0)           # records hook-entry -> future-completion seconds
@@ -33,6 +33,32 @@ class NonfiniteBucket(NamedTuple):
 
     bucket_index: int
     parameters: list  # list[torch.Tensor]: the model parameters whose gradients share the bucket
+
+
+def nonfinite(tensors) -> torch.Tensor:
+    """A 0-dim bool tensor: does any of ``tensors`` hold NaN or inf? Exact.
+
+    On CPU, one sum per tensor first: a NaN/inf anywhere makes its sum non-finite, and a
+    sum is one read (0.15 ms for 467 k float32 values, against 0.34 ms for a min/max per
+    tensor, measured side by side). A non-finite sum can also be finite values that
+    overflowed when added (values near 1e38), so only then the exact min/max pass decides;
+    reading the sum's flag is free on CPU. On GPUs the min/max pass always runs: it needs
+    no host sync there. (``torch._foreach_norm(ts, inf)`` answers the same but takes a slow
+    path on CPU: 6.6 ms for those 467 k values.)
+    """
+    tensors = [t.detach() for t in tensors if t is not None and t.numel()]
+    if not tensors:
+        return torch.tensor(False)
+    if tensors[0].device.type == "cpu":
+        sums = torch.stack([t.sum(dtype=torch.float32) if t.dtype in _LOW_PRECISION else t.sum()
+                            for t in tensors])
+        if bool(sums.isfinite().all()):
+            return torch.tensor(False)
+    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors])
+    return extremes.isfinite().all().logical_not()
+
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _param_layout(params: list) -> tuple:
@@ -82,10 +108,9 @@ class HookState:
         idx = bucket.index()
         self._calls += 1
         self._raw_bytes += buf.numel() * buf.element_size()
-        # One fused reduction over the bucket; min/max propagate NaN and expose +-inf exactly.
-        # The result stays a device tensor: it is read once, in pop_nonfinite_buckets()/stats().
-        lo, hi = torch.aminmax(buf)
-        bad = (torch.isfinite(lo) & torch.isfinite(hi)).logical_not()
+        # One reduction over the bucket (exact, see nonfinite). The flag stays a tensor: on a
+        # GPU it is read once, in pop_nonfinite_buckets()/stats(), not here.
+        bad = nonfinite([buf])
         count = self._nonfinite_counts.get(idx)
         if count is None or count.device != buf.device:
             self._nonfinite_counts[idx] = bad.to(torch.int64)

@@ -13,7 +13,7 @@ the order a non-finite value flows through a step:
 4. ``params``      the weights went non-finite in the optimizer step.
 
 Cost per step: one pass over the weights (a sum per tensor on CPU, a min/max on GPUs:
-NaN/inf propagate through both; see ``nonfinite``), a second one over the gradients only
+NaN/inf propagate through both; ``hooks.state.nonfinite``), a second one over the gradients only
 when the weights went non-finite (``grads_reach_weights``), the hook's one host sync, and
 ONE all-reduce of a tiny ``[world_size, 5]`` tensor that carries every rank's four flags
 and its loss. So all ranks see the same verdict and stop together, and the mean
@@ -36,6 +36,8 @@ from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
+
+from hooks.state import nonfinite  # the exact NaN/inf test the hooks flag their inputs with
 
 # Provenance order: the earliest place a non-finite value can appear in a step.
 SOURCES = ("loss", "model_grad", "hook", "params")
@@ -68,31 +70,6 @@ class NanReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def nonfinite(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    """A 0-dim bool tensor: does any of ``tensors`` hold NaN or inf? Exact.
-
-    On CPU, one sum per tensor first: a NaN/inf anywhere makes its sum non-finite, and a
-    sum is one read (0.15 ms for char_lm's 467 k gradients, against 0.34 ms for a min/max
-    per tensor, measured side by side). A non-finite sum can also be finite values that
-    overflowed float32 when added (values near 1e38), so only then the exact min/max pass
-    decides. On GPUs the min/max pass always runs: it needs no host sync there.
-    (``torch._foreach_norm(ts, inf)`` answers the same but takes a slow path on CPU: 6.6 ms.)
-    """
-    tensors = [t.detach() for t in tensors if t is not None and t.numel()]
-    if not tensors:
-        return torch.tensor(False)
-    if tensors[0].device.type == "cpu":
-        sums = torch.stack([t.sum(dtype=torch.float32) if t.dtype in _LOW_PRECISION else t.sum()
-                            for t in tensors])
-        if bool(sums.isfinite().all()):
-            return torch.tensor(False)
-    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors])
-    return extremes.isfinite().all().logical_not()
-
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def nonfinite_names(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> list[str]:
