@@ -202,10 +202,10 @@ class NanMonitor:
             return None
         if pending.work is not None:
             pending.work.wait()
-        table = pending.table.cpu()
-        flags = (table[:, :_LOSS_COLUMN] > 0).int().tolist()
-        losses = table[:, _LOSS_COLUMN]
-        result = StepCheck(step=pending.step, mean_loss=float(losses.mean()),
+        rows = pending.table.tolist()  # one transfer; the rest is a few floats in Python
+        flags = [[int(v > 0) for v in row[:_LOSS_COLUMN]] for row in rows]
+        losses = [row[_LOSS_COLUMN] for row in rows]
+        result = StepCheck(step=pending.step, mean_loss=sum(losses) / len(losses),
                            nonfinite=any(any(r) for r in flags), flags=flags)
         if result.nonfinite:
             # "hook" means: output non-finite although no rank's input was. When some
@@ -216,7 +216,7 @@ class NanMonitor:
                     result.source, result.rank = source, ranks[0]
                     break
             if self.report is None:
-                self.report = self._explain(result, losses.tolist(), pending.details)
+                self.report = self._explain(result, losses, pending.details)
         return result
 
     def check(self, step: int, loss: torch.Tensor) -> StepCheck:
