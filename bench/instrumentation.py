@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
@@ -91,6 +92,7 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
 
     saved = worker.StepMeter, worker.NanMonitor, worker.hooks.build
     worker.StepMeter = RecordingMeter
+    inside = _time_instrumentation_calls(worker) if mode == "on" else None
     logger = None
     if mode not in ("on", "only_nan_checks"):
         worker.NanMonitor = _NoChecks
@@ -104,13 +106,64 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
         total = time.perf_counter() - started
     finally:
         worker.StepMeter, worker.NanMonitor, worker.hooks.build = saved
+        if inside is not None:
+            inside.restore()
     warm = cfg.workload.warmup_steps
     steps = [b - a for a, b in zip(begins[warm:], begins[warm + 1:])]
     cpu = cpu_begins[-1] - cpu_begins[warm]
     return {"mode": mode, "step_ms_mean": 1000 * sum(steps) / len(steps), "step_ms_median": 1000 * median(steps),
             "cpu_ms_per_step": 1000 * cpu / len(steps),  # this rank's CPU (all its threads)
             "steps_measured": len(steps), "run_training_s": total,
-            "flush_s": getattr(logger, "flush_seconds_spent", 0.0)}
+            "flush_s": getattr(logger, "flush_seconds_spent", 0.0),
+            # wall ms per step spent inside the instrumentation's own calls ("on" only)
+            "inside_ms_per_step": inside.per_step(len(begins)) if inside is not None else {}}
+
+
+class _CallTimers:
+    """Wall time spent inside named methods (patched on their classes), restorable."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def wrap(self, cls: type, method: str, part: str) -> None:
+        original = getattr(cls, method)
+        self._saved.append((cls, method, original))
+        seconds = self.seconds
+        seconds.setdefault(part, 0.0)
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                seconds[part] += time.perf_counter() - started
+
+        setattr(cls, method, timed)
+
+    def restore(self) -> None:
+        for cls, method, original in reversed(self._saved):
+            setattr(cls, method, original)
+
+    def per_step(self, steps: int) -> dict[str, float]:
+        return {part: 1000 * s / max(steps, 1) for part, s in self.seconds.items()}
+
+
+def _time_instrumentation_calls(worker) -> _CallTimers:
+    """Time the instrumentation's own calls in the loop: what it costs in itself, apart from
+    what it does to the rest of the step (caches, threads, waiting for a peer)."""
+    import hooks.state
+    from service import nan, tracking
+
+    timers = _CallTimers()
+    timers.wrap(nan.NanMonitor, "submit", "nan_submit")
+    timers.wrap(nan.NanMonitor, "resolve", "nan_resolve")
+    timers.wrap(worker.Reporter, "record", "logging")
+    timers.wrap(worker.Reporter, "agreed", "logging")
+    timers.wrap(tracking.MetricLogger, "flush", "logging_flush")
+    timers.wrap(hooks.state.HookState, "begin", "accounting")
+    timers.wrap(hooks.state.HookState, "account", "accounting")
+    return timers
 
 
 def _worker(rank: int, port: int, sweep: dict, rounds: int, modes: list[str], run_ids: list[str], uri: str,
@@ -173,10 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     out = workdir / "results.json"
     mp.spawn(_worker, args=(free_port(), sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
              nprocs=args.world_size, join=True)
-    results = json.loads(Path(f"{out}-rank0").read_text())
-    for rank in range(1, args.world_size):  # CPU of all ranks per step: the work the machine does
-        for mine, theirs in zip(results, json.loads(Path(f"{out}-rank{rank}").read_text())):
+    per_rank = [json.loads(Path(f"{out}-rank{rank}").read_text()) for rank in range(args.world_size)]
+    results = per_rank[0]
+    for theirs_all in per_rank[1:]:  # CPU of all ranks per step: the work the machine does
+        for mine, theirs in zip(results, theirs_all):
             mine["cpu_ms_per_step"] += theirs["cpu_ms_per_step"]
+    # Wall ms per step inside the instrumentation's own calls, "on" mode, median over rounds.
+    inside = {f"rank{rank}": {part: median(x["inside_ms_per_step"][part] for x in runs if x["mode"] == "on")
+                              for part in next(x for x in runs if x["mode"] == "on")["inside_ms_per_step"]}
+              for rank, runs in enumerate(per_rank)}
 
     summary = {}
     for mode in modes:
@@ -204,12 +262,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ninstrumentation overhead (on/off - 1, median of paired rounds): "
           f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time, "
           f"{100 * summary['on']['vs_off_cpu']:.1f}% of CPU per step")
+    parts = list(inside["rank0"])
+    print("\nwall ms per step inside the instrumentation's own calls ('on', median of rounds; "
+          "logging includes logging_flush, nan_resolve includes waiting for the agreement):")
+    print(table(["rank"] + parts, [[r] + [inside[r][p] for p in parts] for r in inside]))
     path = write_json("instrumentation", {
         "settings": {"workload": "char_lm", "world_size": args.world_size, "steps": args.steps, "warmup": args.warmup,
                      "rounds": args.rounds, "flush_seconds": args.flush_seconds},
         "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
         "summary": summary, "overhead_fraction_mean": overhead_mean, "overhead_fraction_median": overhead_median,
         "overhead_fraction_cpu": summary["on"]["vs_off_cpu"],
+        "inside_ms_per_step": inside,
         "runs": results,
     }, args.out)
     print(f"wrote {path}")
