@@ -107,6 +107,9 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     for step in range(first_step, wl_cfg.steps + 1):
         meter.begin()
         fidelity.begin(step)
+        # A configured fault never fires after the trial went non-finite (same steps on every rank)
+        if faults.due(step) and stops(reporter.agreed(monitor.resolve()), cfg):
+            break
         faults.before_step(step, model.module)
         loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
@@ -466,8 +469,14 @@ class FaultInjector:
 
     def __init__(self, faults, rank: int, fired=frozenset(), on_fault=None):
         self.faults = [(i, f) for i, f in enumerate(faults or []) if f.rank == rank and i not in fired]
+        # steps where a fault fires on some rank: the same set on every rank
+        self.steps = {f.step for i, f in enumerate(faults or []) if i not in fired}
         self.on_fault = on_fault
         self._handles: list = []
+
+    def due(self, step: int) -> bool:
+        """Does a fault fire at ``step`` on any rank?"""
+        return step in self.steps
 
     def before_step(self, step: int, module: torch.nn.Module) -> None:
         for handle in self._handles:

@@ -153,6 +153,18 @@ def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
     assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
 
 
+def test_a_fault_configured_after_the_nan_step_never_fires(single_rank_group):
+    """The NaN verdict of step 3 is read during step 4; a fault configured at step 4 must not
+    fire first (the trial stops at 3, as it did when the verdict was read at once)."""
+    cfg = make_cfg(steps=6, world_sizes=(1,), faults=[{"kind": "nan_grad", "step": 3, "rank": 0},
+                                                      {"kind": "scale_grad", "step": 4, "rank": 0,
+                                                       "factor": 2.0}])
+    fired = []
+    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu",
+                          on_fault=lambda index, fault: fired.append(index))
+    assert result.status == "nan" and result.steps_done == 3 and fired == [0]
+
+
 def test_without_stop_on_nan_the_trial_runs_to_the_end(single_rank_group):
     cfg = make_cfg(steps=6, on_nan=False, world_sizes=(1,),
                    faults=[{"kind": "nan_grad", "step": 3, "rank": 0}])
