@@ -9,6 +9,7 @@ the report test at the end of this file). Run alone with: .venv/bin/python -m py
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -116,6 +117,14 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
             assert metrics["compression_ratio"] == pytest.approx(1.0), where
         else:  # uint8 per chunk of 512 plus a scale/offset per chunk: well above 3x
             assert metrics["compression_ratio"] > 3.0, where
+
+    # Issue 7: each Tune trial's process asked the sweep's TrialRuns actor for its run and never
+    # imported mlflow itself (a second of CPU per trial); it says so in its Tune result.
+    reported = [r for path in (smoke_sweep.workdir / "results").rglob("result.json")
+                for r in map(json.loads, path.read_text().splitlines())
+                if "trial_process_imported_mlflow" in r]
+    assert sorted(r["run_id"] for r in reported) == sorted(r.info.run_id for r in children)
+    assert not any(r["trial_process_imported_mlflow"] for r in reported), reported
 
 
 CRASH_CONFIG = """
