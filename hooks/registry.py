@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -13,12 +13,18 @@ from .state import HookState
 
 @dataclass(frozen=True)
 class HookSpec:
-    """A hook's name, its parameters with their defaults, whether it is lossy, a one-line doc."""
+    """A hook's name, its parameters with their defaults, whether it is lossy, a one-line doc,
+    and how plots draw it: ``colour`` (a matplotlib colour) and ``marker`` (a matplotlib
+    marker; not "X" or "P", which mark where a trial went NaN or failed). Every registered hook
+    has its own (colour, marker) pair, so no two hooks draw alike in a report (line style is
+    left to the chunk size)."""
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
     lossy: bool = False
     doc: str = ""
+    colour: str = "grey"
+    marker: str = "o"
 
 
 _EF = {"error_feedback": False}
@@ -26,28 +32,36 @@ _EF = {"error_feedback": False}
 _SPECS: dict[str, HookSpec] = {
     s.name: s
     for s in [
-        HookSpec("allreduce", {}, False, "fp32 ring allreduce of the mean (exact; DDP's default)"),
-        HookSpec("allgather_then_aggregate", {}, False, "allgather every rank's bucket, average locally (exact)"),
-        HookSpec("fp16_compress", dict(_EF), True, "allreduce in float16 (2 bytes/float)"),
-        HookSpec("bf16_compress", dict(_EF), True, "allreduce in bfloat16 (2 bytes/float)"),
-        HookSpec("quantization_pertensor", dict(_EF), True, "uint8 min/max, one scale per bucket, by allgather"),
+        HookSpec("allreduce", {}, False, "fp32 ring allreduce of the mean (exact; DDP's default)", "black", "o"),
+        HookSpec("allgather_then_aggregate", {}, False, "allgather every rank's bucket, average locally (exact)",
+                 "tab:gray", "s"),
+        HookSpec("fp16_compress", dict(_EF), True, "allreduce in float16 (2 bytes/float)", "tab:orange", "^"),
+        HookSpec("bf16_compress", dict(_EF), True, "allreduce in bfloat16 (2 bytes/float)", "tab:brown", "v"),
+        HookSpec("quantization_pertensor", dict(_EF), True, "uint8 min/max, one scale per bucket, by allgather",
+                 "tab:blue", "D"),
         HookSpec(
             "quantization_perchannel",
             {"chunk_size": 512, **_EF},
             True,
             "uint8 min/max, one scale per chunk of chunk_size floats, by allgather",
+            "tab:green",
+            "p",
         ),
         HookSpec(
             "powersgd",
             {"rank": 1, "start_iter": 10, "error_feedback": True, "warm_start": True, "orthogonalization_epsilon": 1e-8},
             True,
             "PowerSGD low-rank compression (torch's), after start_iter plain allreduces",
+            "tab:purple",
+            "*",
         ),
         HookSpec(
             "quantized_allreduce",
             {"chunk_size": 512, **_EF},
             True,
             "uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
+            "tab:red",
+            "h",
         ),
     ]
 }
@@ -65,8 +79,8 @@ _HOOKS: dict[str, Callable] = {
 
 
 def available() -> dict[str, HookSpec]:
-    """All hooks: ``{name: HookSpec(name, params={param: default}, lossy, doc)}``."""
-    return {name: HookSpec(s.name, dict(s.params), s.lossy, s.doc) for name, s in _SPECS.items()}
+    """All hooks: ``{name: HookSpec(name, params={param: default}, lossy, doc, colour, marker)}``."""
+    return {name: replace(s, params=dict(s.params)) for name, s in _SPECS.items()}
 
 
 def _is_int(v) -> bool:

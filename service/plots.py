@@ -1,12 +1,12 @@
 """Drawings of the report's data (service.report computes it; this module only draws).
 
 matplotlib with the Agg backend: no display needed. Every plot keeps the same visual code:
-colour = hook, line style = chunk size, so one legend reads across all figures.
+colour and marker = hook (from the hook's registry entry, ``hooks.available()``), line style =
+chunk size, so one legend reads across all figures.
 """
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import matplotlib
@@ -16,19 +16,25 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-# Fixed colours for the hooks we know, so a hook keeps its colour from sweep to sweep.
-_KNOWN_HOOKS = ["allreduce", "fp16", "bf16", "quantization_pertensor", "quantization_perchannel",
-                "powersgd", "batched_powersgd", "noop"]
-_PALETTE = plt.get_cmap("tab10").colors
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+# A hook no longer registered (an old run read back from MLflow) still draws, in grey.
+_UNREGISTERED = ("grey", "o")
 
 
-def hook_colour(hook: str):
-    if hook == "allreduce":
-        return "black"
-    if hook in _KNOWN_HOOKS:
-        return _PALETTE[_KNOWN_HOOKS.index(hook) % len(_PALETTE)]
-    return _PALETTE[int(hashlib.md5(hook.encode()).hexdigest(), 16) % len(_PALETTE)]
+def hook_style(hook: str) -> tuple[str, str]:
+    """(colour, marker) of ``hook``: its registry entry's, the same in every sweep."""
+    import hooks
+
+    spec = hooks.available().get(hook)
+    return (spec.colour, spec.marker) if spec is not None else _UNREGISTERED
+
+
+def hook_colour(hook: str) -> str:
+    return hook_style(hook)[0]
+
+
+def hook_marker(hook: str) -> str:
+    return hook_style(hook)[1]
 
 
 class ChunkStyles:
@@ -81,11 +87,12 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
             _empty(ax, "no trial has logged a loss yet")
             continue
         for c in curves[world_size]:
-            colour, ls = hook_colour(c.hook), chunk_style(c.chunk_size)
-            legend.setdefault(c.config, (colour, ls))
+            (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
+            legend.setdefault(c.config, (colour, ls, marker))
             if len(c.steps) == 0:
                 continue
-            ax.plot(c.steps, c.mean, color=colour, linestyle=ls, lw=1.5, alpha=0.9)
+            ax.plot(c.steps, c.mean, color=colour, linestyle=ls, lw=1.5, alpha=0.9, marker=marker,
+                    markevery=max(1, len(c.steps) // 8), ms=5)
             band = c.count > 1
             if band.any():
                 ax.fill_between(c.steps, np.where(band, c.mean - c.std, np.nan),
@@ -114,7 +121,7 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
                                   color="white", markeredgecolor="red" if nan else "black",
                                   markeredgewidth=1.5))
         else:
-            handles.append(Line2D([], [], color=style[0], linestyle=style[1], lw=2))
+            handles.append(Line2D([], [], color=style[0], linestyle=style[1], marker=style[2], lw=2))
     if handles:
         fig.legend(handles, list(legend), loc="upper center", bbox_to_anchor=(0.5, 0.0),
                    ncol=min(4, len(handles)), frameon=False, fontsize=9)
@@ -133,7 +140,7 @@ def plot_throughput(lines: list, path: Path, title: str = "") -> Path:
     for line in lines:
         ax.errorbar(line.world_sizes, line.mean, yerr=line.std if any(line.std) else None,
                     color=hook_colour(line.hook), linestyle=chunk_style(line.chunk_size),
-                    marker="o", capsize=3, lw=1.6, label=line.config)
+                    marker=hook_marker(line.hook), capsize=3, lw=1.6, label=line.config)
     if lines:
         ax.set_xticks(world_sizes)
         ax.set_xlabel("world size (workers)")
@@ -160,9 +167,9 @@ def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = ""
         group = points[world_size]
         for p in group:
             ax.errorbar([p.bytes_per_step / scale], [p.quality], yerr=[p.quality_std] if p.quality_std
-                        else None, marker="o" if p.on_front else "s", ms=8 if p.on_front else 6,
+                        else None, marker=hook_marker(p.hook), ms=9 if p.on_front else 7,
                         color=hook_colour(p.hook), markeredgecolor="black" if p.on_front
-                        else "none", capsize=3, linestyle="none")
+                        else "none", alpha=1.0 if p.on_front else 0.55, capsize=3, linestyle="none")
             ax.annotate(p.config, (p.bytes_per_step / scale, p.quality), textcoords="offset points",
                         xytext=(5, 4), fontsize=7)
         front = sorted((p for p in group if p.on_front), key=lambda p: p.bytes_per_step)
@@ -172,8 +179,8 @@ def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = ""
         ax.legend(handles=[
             Line2D([], [], color="green", lw=1.5, alpha=0.6, marker="o", markeredgecolor="black",
                    markerfacecolor="lightgrey", label="Pareto front: worth choosing"),
-            Line2D([], [], linestyle="none", marker="s", color="lightgrey",
-                   label="dominated: another is no worse on both axes"),
+            Line2D([], [], linestyle="none", marker="o", color="lightgrey", alpha=0.55,
+                   label="dominated (faded): another is no worse on both axes"),
         ], fontsize=8, loc="lower right" if quality_metric == "final_eval_accuracy" else "upper right")
         values = [p.bytes_per_step for p in group if p.bytes_per_step > 0]
         if values and max(values) / min(values) > 8:

@@ -238,7 +238,7 @@ def plot(projections: list[Projection], path: Path, title: str = "") -> Path:
             plots._empty(ax, "no trial logged the accounting the projection needs")
             continue
         for p in projections:
-            ax.plot(WORLD_SIZES, [p.samples_per_s[(w, gbps)] for w in WORLD_SIZES], marker="o",
+            ax.plot(WORLD_SIZES, [p.samples_per_s[(w, gbps)] for w in WORLD_SIZES], marker=plots.hook_marker(p.hook),
                     color=plots.hook_colour(p.hook), linestyle=chunk_style(_chunk(p)), lw=1.6,
                     label=p.config)
         ax.set_xscale("log", base=2)
