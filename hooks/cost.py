@@ -81,6 +81,16 @@ def hook_collectives(name: str, n: int, world_size: int, element_size: int = 4, 
         return [("all_to_all", world_size * shard), ("allgather", shard)]
     if name == "powersgd":
         return [("allreduce", int(raw * params.get("compressed_fraction", 1.0)))]
+    if name in ("topk", "randomk"):
+        from .sparsify import num_selected
+
+        k = num_selected(n, params.get("ratio", 0.01))
+        # topk: k int32 indices + k float32 values by allgather; randomk: shared indices, k values
+        return [("allgather", 8 * k)] if name == "topk" else [("allreduce", 4 * k)]
+    if name == "signsgd":
+        return [("allgather", -(-n // 8) + 4 * num_chunks(n, params.get("chunk_size", 512)))]
+    if name == "qsgd":
+        return [("allgather", n + 4 * num_chunks(n, params.get("chunk_size", 512)))]
     raise ValueError(f"unknown hook {name!r}")
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import basic, powersgd, quantization, quantized_allreduce
+from . import basic, powersgd, qsgd, quantization, quantized_allreduce, sign, sparsify
 from .state import HookState
 
 
@@ -63,6 +63,18 @@ _SPECS: dict[str, HookSpec] = {
             "tab:red",
             "h",
         ),
+        HookSpec("topk", {"ratio": 0.01, **_EF}, True,
+                 "each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
+                 "tab:cyan", ">"),
+        HookSpec("randomk", {"ratio": 0.01, **_EF}, True,
+                 "the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
+                 "tab:olive", "<"),
+        HookSpec("signsgd", {"chunk_size": 512, "majority_vote": False, **_EF}, True,
+                 "1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
+                 "tab:pink", "d"),
+        HookSpec("qsgd", {"levels": qsgd.MAX_LEVELS, "chunk_size": 512, **_EF}, True,
+                 "QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
+                 "navy", "8"),
     ]
 }
 
@@ -75,6 +87,10 @@ _HOOKS: dict[str, Callable] = {
     "quantization_perchannel": quantization.quantization_perchannel,
     "powersgd": powersgd.powersgd,
     "quantized_allreduce": quantized_allreduce.quantized_allreduce,
+    "topk": sparsify.topk,
+    "randomk": sparsify.randomk,
+    "signsgd": sign.signsgd,
+    "qsgd": qsgd.qsgd,
 }
 
 
@@ -112,7 +128,15 @@ def validate(name: str, **params) -> dict[str, Any]:
         elif param == "start_iter":
             _check(name, param, value, _is_int(value) and value >= 0, "a non-negative integer")
             full[param] = int(value)
-        elif param in ("error_feedback", "warm_start"):
+        elif param == "ratio":
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value <= 1
+            _check(name, param, value, ok, "a number in (0, 1] (the fraction of values each rank sends)")
+            full[param] = float(value)
+        elif param == "levels":
+            ok = _is_int(value) and 1 <= value <= qsgd.MAX_LEVELS
+            _check(name, param, value, ok, f"an integer from 1 to {qsgd.MAX_LEVELS} (codes are int8)")
+            full[param] = int(value)
+        elif param in ("error_feedback", "warm_start", "majority_vote"):
             _check(name, param, value, isinstance(value, bool), "true or false")
         elif param == "orthogonalization_epsilon":
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 <= value < 1
@@ -142,6 +166,12 @@ def build(name: str, process_group=None, **params) -> tuple[HookState, Callable]
         state = quantized_allreduce.QuantizedAllreduceState(p["chunk_size"], process_group, error_feedback=p["error_feedback"])
     elif name == "powersgd":
         state = powersgd.PowerSGDHookState(process_group, **p)
+    elif name in ("topk", "randomk"):
+        state = sparsify.SparsifyState(p["ratio"], process_group, error_feedback=p["error_feedback"])
+    elif name == "signsgd":
+        state = sign.SignState(p["chunk_size"], p["majority_vote"], process_group, error_feedback=p["error_feedback"])
+    elif name == "qsgd":
+        state = qsgd.QSGDState(p["levels"], p["chunk_size"], process_group, error_feedback=p["error_feedback"])
     else:  # pragma: no cover - every spec has a branch
         raise AssertionError(name)
     state.name = name

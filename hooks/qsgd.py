@@ -1,0 +1,104 @@
+"""qsgd: QSGD (Alistarh et al. 2017) stochastic quantization per chunk, by allgather.
+
+Every rank cuts its bucket into C = ceil(N / chunk_size) chunks; for a chunk v with L2 norm
+||v|| and s = ``levels``, each element becomes the integer level
+
+    l_i = floor(s * |v_i| / ||v|| + u_i),  u_i ~ U[0, 1)  (0 <= l_i <= s)
+
+with the sign of v_i, sent as one int8 code (hence s <= 127), and the chunk's norm as one
+float32: 4C + N bytes in one uint8 message. Each element decodes to sign * l_i * ||v|| / s.
+Rounding up with probability equal to the fractional part makes the code unbiased,
+E[decoded] = v_i; per element and rank the error is below one level, ||v|| / s. All ranks
+allgather the messages and average the W decoded contributions, so the mean's error per element
+is at most the mean over ranks of ||v_r|| / s of the element's chunk. Unbiased (the noise averages
+out over steps rather than adding up). A chunk of zeros is exact; so is a chunk whose only
+nonzero element carries the whole norm (level s exactly).
+
+Wire per rank: (W-1) * (N + 4C) bytes. The random draws are seeded per rank and call
+(seed = base + 2^20 * calls so far + rank): a run is reproducible, ranks draw independently,
+and the call count is kept in checkpoints. With error feedback each rank keeps x - decoded(x).
+
+A chunk whose norm overflows float32 (|x| beyond ~1e19) or holds NaN/inf decodes to NaN.
+"""
+import torch
+import torch.distributed as dist
+
+from . import chunks
+from .state import HookState
+
+MAX_LEVELS = 127  # codes are int8: -levels .. levels
+_SEED_BASE = 0x95D_0000_0000
+
+
+class QSGDState(HookState):
+    """State of qsgd: ``levels``, ``chunk_size`` and the number of calls so far (seeds the draws)."""
+
+    def __init__(self, levels: int, chunk_size: int, process_group=None, error_feedback: bool = False):
+        super().__init__(process_group, error_feedback)
+        self.levels = int(levels)
+        self.chunk_size = int(chunk_size)
+        self.draws = 0
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["draws"] = self.draws
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.draws = int(d.get("draws", 0))
+
+
+def encode(x: torch.Tensor, levels: int, chunk_size: int, generator: torch.Generator,
+           codes: torch.Tensor, norms: torch.Tensor) -> None:
+    """Write the int8 codes (N,) and float32 norms (C,) of the flat float32 ``x`` (see module doc)."""
+    norms.copy_(chunks.reduce(x, chunk_size, torch.linalg.vector_norm))
+    inv = torch.where(norms > 0, levels / norms, torch.zeros_like(norms))  # zero chunks: level 0
+    t = chunks.scale(x.abs(), inv, chunk_size, out=torch.empty_like(x))  # s |x| / ||v|| in [0, s]
+    t.add_(torch.rand(t.shape, generator=generator, dtype=t.dtype, device=t.device)).floor_()
+    t.clamp_(max=levels).copysign_(x)  # rounding may put s|x|/||v|| a hair above s
+    codes.copy_(t.nan_to_num_(0.0))  # a NaN chunk already decodes to NaN through its norm
+
+
+def decode(codes: torch.Tensor, norms: torch.Tensor, levels: int, chunk_size: int,
+           out: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``code * norm / levels`` per element into ``out`` (float32, N), added to it with ``accumulate``."""
+    return chunks.scale(codes.to(torch.float32), norms / levels, chunk_size, out=out, accumulate=accumulate)
+
+
+def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """QSGD: stochastic rounding to ``levels`` levels of each chunk's L2 norm, by allgather; see module doc."""
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    w = state.world_size()
+    n = buf.numel()
+    chunk, s = state.chunk_size, state.levels
+    c = chunks.num_chunks(n, chunk)
+    x = state.add_residual(bucket, buf)
+    xf = x.reshape(-1)
+    xf = xf if xf.dtype == torch.float32 else xf.to(torch.float32)
+    g = torch.Generator(device=buf.device)
+    g.manual_seed(_SEED_BASE + (state.draws << 20) + dist.get_rank(state.group))
+    state.draws += 1
+    message = torch.empty(4 * c + n, dtype=torch.uint8, device=buf.device)  # norms, then codes
+    norms, codes = message[: 4 * c].view(torch.float32), message[4 * c :].view(torch.int8)
+    encode(xf, s, chunk, g, codes, norms)
+    if state.error_feedback:
+        carried = decode(codes, norms, s, chunk, out=torch.empty_like(xf))
+        state.store_residual(bucket, torch.sub(xf, carried, out=carried).to(x.dtype))
+    gathered = message.new_empty((w * message.numel(),))
+    state.account("allgather", message.numel())
+    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+
+    def average(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises if the allgather failed
+        rows = gathered.view(w, -1)
+        all_norms = rows[:, : 4 * c].contiguous().view(torch.float32)  # a copy: rows are not 4-byte aligned
+        total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        flat = total.view(-1)
+        for r in range(w):
+            decode(rows[r, 4 * c :].view(torch.int8), all_norms[r], s, chunk, out=flat, accumulate=r > 0)
+        flat.div_(w)
+        return total if total is buf else buf.copy_(total.view_as(buf))
+
+    return state.finish(fut.then(average), t0)

@@ -1,0 +1,153 @@
+"""Sparsifying hooks: topk and randomk (each rank sends k = ceil(ratio * N) values per bucket).
+
+``topk``: every rank keeps the k largest-magnitude values of its bucket (its own index set) and
+sends (index, value) pairs, int32 + float32, in one allgather; every rank then adds the W sparse
+contributions into a zeroed bucket and divides by W (the mean of the sparse contributions,
+densified). Wire per rank: (W-1) * 8k bytes. Biased: what a rank leaves out is lost unless error
+feedback carries it into the next step. Error per element: (1/W) * sum over the ranks that did
+not keep it of |x_r[i]|, so at most the mean over ranks of min(|x_r[i]|, tau_r), tau_r = rank r's
+k-th largest magnitude; exact where every rank kept all of its nonzeros (k >= their count).
+
+``randomk``: all ranks keep the same k indices, drawn afresh every call from a seed that is the
+same on every rank (the number of calls so far): one uniformly random index in each of k equal
+strata of the bucket (systematic sampling: every element is kept with probability ~k/N, the
+indices are distinct and cost O(k) to draw, where ``torch.randperm(N)`` takes 0.3 s on a 25 MB
+bucket). Because the index set is shared, no indices travel: a plain ring allreduce of the k
+values suffices. Wire per rank: 2(W-1)/W * 4k bytes. Biased (no N/k rescaling, as GRACE's
+RandomK): the result is the exact mean on the kept indices and 0 elsewhere; exact at ratio 1.
+
+The densified result is written into the bucket (float32 buckets; others through a float32
+temporary). With error feedback each rank keeps what it did not send (its bucket with the sent
+indices zeroed) for the next step.
+"""
+import math
+
+import torch
+import torch.distributed as dist
+
+from .state import HookState
+
+# randomk's index draws: seed = _SEED_BASE + calls so far, the same on every rank.
+_SEED_BASE = 0x5EED_0000
+
+
+def num_selected(n: int, ratio: float) -> int:
+    """k for a bucket of n elements: ceil(ratio * n), at least 1, at most n (float noise trimmed:
+    0.07 * 100 is 7.000000000000001 in binary floating point and must give 7, not 8)."""
+    return min(n, max(1, math.ceil(ratio * n * (1 - 1e-12))))
+
+
+class SparsifyState(HookState):
+    """State of topk / randomk: ``ratio`` and, for randomk, the number of index draws so far
+    (it seeds the next draw; kept in checkpoints so a resumed run draws the same indices)."""
+
+    def __init__(self, ratio: float, process_group=None, error_feedback: bool = False):
+        super().__init__(process_group, error_feedback)
+        self.ratio = float(ratio)
+        self.draws = 0
+
+    def state_dict(self) -> dict:
+        d = super().state_dict()
+        d["draws"] = self.draws
+        return d
+
+    def load_state_dict(self, d: dict) -> None:
+        super().load_state_dict(d)
+        self.draws = int(d.get("draws", 0))
+
+
+def _as_float32(x: torch.Tensor) -> torch.Tensor:
+    flat = x.reshape(-1)
+    return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
+
+
+def _result_buffer(buf: torch.Tensor) -> torch.Tensor:
+    """Where the float32 mean is assembled: the bucket itself when it is contiguous float32."""
+    if buf.dtype == torch.float32 and buf.is_contiguous():
+        return buf.view(-1)
+    return torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+
+
+def _store_unsent(state: HookState, bucket, x: torch.Tensor, idx: torch.Tensor) -> None:
+    residual = x.reshape(-1).clone()
+    residual.index_fill_(0, idx, 0)
+    state.store_residual(bucket, residual)
+
+
+def topk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Per rank the k = ceil(ratio * N) largest |values|, (index, value) pairs by allgather,
+    mean of the sparse contributions densified; see the module doc."""
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    w = state.world_size()
+    n = buf.numel()
+    if n >= 2**31:
+        raise ValueError(f"topk: a bucket of {n} elements does not fit int32 indices")
+    k = num_selected(n, state.ratio)
+    x = state.add_residual(bucket, buf)
+    xf = _as_float32(x)
+    idx = xf.abs().topk(k, sorted=False).indices
+    # One int32 message: k indices, then the k float32 values bit for bit.
+    message = torch.empty(2 * k, dtype=torch.int32, device=buf.device)
+    message[:k].copy_(idx)
+    torch.index_select(xf, 0, idx, out=message[k:].view(torch.float32))
+    if state.error_feedback:
+        _store_unsent(state, bucket, x, idx)
+    gathered = message.new_empty((w * 2 * k,))
+    state.account("allgather", 8 * k)
+    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+
+    def densify(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises if the allgather failed
+        parts = gathered.view(w, 2, k)
+        total = _result_buffer(buf)
+        total.zero_()
+        # Rank by rank: a rank's indices are distinct, so each index_add_ has no colliding adds
+        # and the sum order is the same on every rank and device (atomics on GPUs included).
+        for r in range(w):
+            total.index_add_(0, parts[r, 0].long(), parts[r, 1].view(torch.float32))
+        total.div_(w)
+        return buf if total.data_ptr() == buf.data_ptr() else buf.copy_(total.view_as(buf))
+
+    return state.finish(fut.then(densify), t0)
+
+
+def strata_indices(n: int, k: int, generator: torch.Generator, device=None) -> torch.Tensor:
+    """k distinct int64 indices in [0, n): one uniformly random index in each stratum
+    [floor(j n / k), floor((j+1) n / k)), j = 0..k-1 (sorted; all of 0..n-1 when k == n)."""
+    bounds = torch.arange(k + 1, dtype=torch.int64, device=device).mul_(n).div_(k, rounding_mode="floor")
+    starts, lengths = bounds[:-1], bounds[1:] - bounds[:-1]  # every length >= 1 as k <= n
+    u = torch.rand(k, generator=generator, dtype=torch.float64, device=device)
+    offsets = torch.minimum(u.mul_(lengths).long(), lengths - 1)  # u * len may round up to len
+    return starts + offsets
+
+
+def randomk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The same k random indices on every rank (seeded by the call count), allreduce of the k
+    values, mean densified; see the module doc."""
+    t0 = state.begin(bucket)
+    buf = bucket.buffer()
+    w = state.world_size()
+    n = buf.numel()
+    k = num_selected(n, state.ratio)
+    x = state.add_residual(bucket, buf)
+    xf = _as_float32(x)
+    g = torch.Generator(device=buf.device)
+    g.manual_seed(_SEED_BASE + state.draws)
+    state.draws += 1
+    idx = strata_indices(n, k, g, device=buf.device)
+    values = xf.index_select(0, idx)
+    if state.error_feedback:
+        _store_unsent(state, bucket, x, idx)
+    values.div_(w)  # as the allreduce hook: divide, then sum (ratio 1 equals it bit for bit)
+    state.account("allreduce", 4 * k)
+    fut = dist.all_reduce(values, group=state.group, async_op=True).get_future()
+
+    def densify(done: torch.futures.Future) -> torch.Tensor:
+        done.value()  # re-raises if the allreduce failed
+        total = _result_buffer(buf)
+        total.zero_()
+        total.index_copy_(0, idx, values)
+        return buf if total.data_ptr() == buf.data_ptr() else buf.copy_(total.view_as(buf))
+
+    return state.finish(fut.then(densify), t0)
