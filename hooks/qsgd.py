@@ -93,7 +93,8 @@ def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torc
     def average(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         rows = gathered.view(w, -1)
-        all_norms = rows[:, : 4 * c].contiguous().view(torch.float32)  # a copy: rows are not 4-byte aligned
+        # a copy: row r's norm bytes start at r * (4C + N), not always 4-byte aligned
+        all_norms = rows.new_empty((w, 4 * c)).copy_(rows[:, : 4 * c]).view(torch.float32)  # (W, C)
         total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
         flat = total.view(-1)
         for r in range(w):

@@ -103,7 +103,7 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
         done.value()  # re-raises if the allgather failed
         g = gathered.view(w, -1)
         # a copy: a row's scale bytes start at r * (4C + nb), not always 4-byte aligned
-        all_scales = g[:, : 4 * c].contiguous().view(torch.float32)  # (W, C)
+        all_scales = g.new_empty((w, 4 * c)).copy_(g[:, : 4 * c]).view(torch.float32)  # (W, C)
         total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
         flat = total.view(-1)
         if state.majority_vote:

@@ -23,6 +23,10 @@ NAMES = {
     "quantization_perchannel",
     "powersgd",
     "quantized_allreduce",
+    "topk",
+    "randomk",
+    "signsgd",
+    "qsgd",
 }
 
 
@@ -57,6 +61,20 @@ def test_validate_fills_defaults_without_a_process_group():
         ("powersgd", {"start_iter": 1}, ["start_iter", ">= 2"]),
         ("powersgd", {"warm_start": "yes"}, ["warm_start", "true or false"]),
         ("fp16_compress", {"error_feedback": 1}, ["error_feedback", "true or false"]),
+        ("topk", {"ratio": 0}, ["ratio", "(0, 1]"]),
+        ("topk", {"ratio": 1.5}, ["ratio", "(0, 1]"]),
+        ("randomk", {"ratio": -0.1}, ["ratio", "(0, 1]"]),
+        ("randomk", {"ratio": float("nan")}, ["ratio", "(0, 1]"]),
+        ("topk", {"ratio": "1%"}, ["ratio", "(0, 1]"]),
+        ("topk", {"ratio": True}, ["ratio"]),
+        ("topk", {"chunk_size": 64}, ["no parameter 'chunk_size'", "ratio (default 0.01)"]),
+        ("qsgd", {"levels": 0}, ["levels", "1 to 127"]),
+        ("qsgd", {"levels": 128}, ["levels", "1 to 127", "int8"]),
+        ("qsgd", {"levels": 2.5}, ["levels", "integer"]),
+        ("qsgd", {"chunk_size": 0}, ["chunk_size", "positive integer"]),
+        ("signsgd", {"chunk_size": -8}, ["chunk_size", "positive integer"]),
+        ("signsgd", {"majority_vote": "yes"}, ["majority_vote", "true or false"]),
+        ("signsgd", {"error_feedback": None}, ["error_feedback", "true or false"]),
     ],
 )
 def test_validate_rejects_bad_input_in_one_line(name, params, words):
@@ -68,6 +86,84 @@ def test_validate_rejects_bad_input_in_one_line(name, params, words):
         assert word in message
     with pytest.raises(ValueError):
         hooks.build(name, **params)  # build validates first
+
+
+def test_compressor_defaults_and_coercion():
+    assert hooks.validate("topk") == {"ratio": 0.01, "error_feedback": False}
+    assert hooks.validate("randomk", ratio=1) == {"ratio": 1.0, "error_feedback": False}
+    assert hooks.validate("signsgd") == {"chunk_size": 512, "majority_vote": False, "error_feedback": False}
+    assert hooks.validate("qsgd") == {"levels": 127, "chunk_size": 512, "error_feedback": False}
+    for name in ("topk", "randomk", "signsgd", "qsgd"):
+        assert hooks.available()[name].lossy
+
+
+def test_num_selected_is_ceil_of_ratio_times_n_without_float_noise():
+    from hooks.sparsify import num_selected
+
+    assert num_selected(100, 0.07) == 7  # 0.07 * 100 = 7.000000000000001 in binary floating point
+    assert num_selected(5037, 0.01) == 51 and num_selected(5037, 0.1) == 504
+    assert num_selected(10, 0.01) == 1 and num_selected(10, 1.0) == 10 and num_selected(1, 0.5) == 1
+
+
+def test_strata_indices_are_distinct_one_per_stratum_and_reproducible():
+    from hooks.sparsify import strata_indices
+
+    for n, k in ((1000, 10), (1001, 7), (5037, 504), (12, 12), (1, 1)):
+        idx = strata_indices(n, k, torch.Generator().manual_seed(3))
+        assert idx.dtype == torch.int64 and idx.numel() == k and idx.unique().numel() == k
+        bounds = torch.arange(k + 1) * n // k
+        assert bool(((idx >= bounds[:-1]) & (idx < bounds[1:])).all())
+        assert torch.equal(idx, strata_indices(n, k, torch.Generator().manual_seed(3)))
+    assert torch.equal(strata_indices(12, 12, torch.Generator().manual_seed(0)), torch.arange(12))
+    # uniform within a stratum: over many draws each of a 10-element stratum's positions turns up
+    draws = torch.stack([strata_indices(100, 10, torch.Generator().manual_seed(s)) for s in range(400)])
+    counts = torch.bincount(draws[:, 0], minlength=10)
+    assert int(counts.min()) > 15, counts
+
+
+def test_sign_bits_pack_eight_per_byte_and_round_trip():
+    from hooks.sign import pack_signs, unpack_signs
+
+    # every byte value: element 8b + j negative exactly where bit j of b is set
+    patterns = torch.arange(256)
+    bits = (patterns[:, None] >> torch.arange(8)) & 1
+    x = torch.where(bits.bool(), -1.5, 2.0).reshape(-1)
+    assert torch.equal(pack_signs(x), patterns.to(torch.uint8))
+    for n in (1, 7, 8, 9, 5037, 100_003):
+        v = torch.randn(n, generator=torch.Generator().manual_seed(n))
+        v[:: 11] = 0.0
+        v[5 :: 13] = -0.0
+        packed = pack_signs(v)
+        assert packed.dtype == torch.uint8 and packed.numel() == math.ceil(n / 8)
+        expect = torch.where(v < 0, -1.0, 1.0)  # zeros (and -0.0) are sent as +
+        assert torch.equal(unpack_signs(packed, n), expect)
+        if n % 8:  # the last byte's unused bits are 0
+            assert int(packed[-1]) >> (n % 8) == 0
+    nan = torch.tensor([float("nan"), -1.0, float("-inf"), float("inf")])
+    assert unpack_signs(pack_signs(nan), 4).tolist() == [1.0, -1.0, -1.0, 1.0]
+    out = torch.empty(2, dtype=torch.uint8)
+    assert pack_signs(torch.full((16,), -1.0), out=out) is out and out.tolist() == [255, 255]
+
+
+def test_qsgd_encode_is_unbiased_within_one_level_and_exact_on_levels():
+    from hooks import qsgd
+
+    x = layered(seed=4, sizes=(1000,), scales=(1.0,))
+    codes, norms = torch.empty(1000, dtype=torch.int8), torch.empty(16)
+    qsgd.encode(x, 3, 64, torch.Generator().manual_seed(0), codes, norms)
+    assert int(codes.abs().max()) <= 3
+    back = qsgd.decode(codes, norms, 3, 64, out=torch.empty(1000))
+    per_chunk_level = torch.repeat_interleave(norms / 3, 64)[:1000]
+    assert bool(((back - x).abs() < per_chunk_level * (1 + 1e-6)).all())
+    total = torch.zeros(1000, dtype=torch.float64)
+    for s in range(300):
+        qsgd.encode(x, 3, 64, torch.Generator().manual_seed(s), codes, norms)
+        total += qsgd.decode(codes, norms, 3, 64, out=torch.empty(1000)).double()
+    single = float((back - x).norm())
+    assert float((total / 300 - x.double()).norm()) < 0.15 * single  # ~1/sqrt(300) = 0.06 of one draw
+    zero = torch.zeros(70)
+    qsgd.encode(zero, 5, 64, torch.Generator(), codes[:70], norms[:2])
+    assert torch.equal(qsgd.decode(codes[:70], norms[:2], 5, 64, out=torch.empty(70)), zero)
 
 
 def test_powersgd_without_memory_may_start_at_once():
@@ -231,6 +327,13 @@ def test_hook_collectives_match_the_documented_wire_formulas():
         )
         s = math.ceil(math.ceil(n / c) / w)
         assert hooks.cost.hook_wire_bytes("quantized_allreduce", n, w, chunk_size=c) == pytest.approx(2 * (w - 1) * (s * c + 8 * s))
+        k = math.ceil(0.01 * n)
+        assert hooks.cost.hook_wire_bytes("topk", n, w, ratio=0.01) == pytest.approx((w - 1) * 8 * k)
+        assert hooks.cost.hook_wire_bytes("randomk", n, w, ratio=0.01) == pytest.approx(ring * 4 * k)
+        assert hooks.cost.hook_wire_bytes("signsgd", n, w, chunk_size=c) == pytest.approx(
+            (w - 1) * (math.ceil(n / 8) + 4 * math.ceil(n / c)))
+        assert hooks.cost.hook_wire_bytes("qsgd", n, w, chunk_size=c) == pytest.approx((w - 1) * (n + 4 * math.ceil(n / c)))
+        assert hooks.cost.hook_collectives("randomk", n, w) == [("allreduce", 4 * k)]  # defaults: ratio 0.01
     # about a quarter of fp32 ring allreduce at every world size, for buckets >> W * chunk_size
     big = 25_000_000 // 4
     for w in (2, 4, 8, 64, 512):

@@ -21,10 +21,14 @@ def test_world_size_2_buckets_accumulation_bit_exactness_feedback_fidelity_resum
                 "check_error_feedback",
                 "check_fidelity",
                 "check_resume",
+                "check_compressors",
+                "check_feedback_across_no_sync",
+                "check_accumulation_compressors",
             ],
         ),
     )
     assert results[0]["check_accumulation"]["checked_buckets"] > 0
+    assert results[0]["check_accumulation_compressors"]["checked_buckets"] > 0
 
 
 @pytest.mark.timeout(900)
@@ -32,7 +36,8 @@ def test_world_size_3_odd():
     run_distributed(
         run_checks,
         world_size=3,
-        args=(["check_buckets", "check_accumulation_quantized_allreduce", "check_error_feedback"],),
+        args=(["check_buckets", "check_accumulation_quantized_allreduce", "check_error_feedback",
+               "check_compressors", "check_feedback_across_no_sync", "check_accumulation_compressors"],),
     )
 
 
