@@ -64,11 +64,16 @@ class Projection:
 
 
 def _hook_kwargs(hook: str, hook_params: dict[str, str]) -> dict:
-    """Params as hooks.cost takes them (MLflow returns strings): chunk_size as an int."""
+    """Params as hooks.cost takes them (MLflow returns strings): chunk_size and levels as ints,
+    ratio (topk/randomk: the fraction of values sent) as a float."""
     out = {}
     for k, v in hook_params.items():
-        if k == "chunk_size" and v not in (None, "", "None"):
+        if v in (None, "", "None"):
+            continue
+        if k in ("chunk_size", "levels"):
             out[k] = int(float(v))
+        elif k == "ratio":
+            out[k] = float(v)
     return out
 
 

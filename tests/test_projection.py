@@ -127,3 +127,19 @@ def test_sweep_without_accounting_gets_an_empty_projection(tmp_path):
     assert "No trial logged" in md
     path = projection.plot([], tmp_path / "p.png")
     assert path.stat().st_size > 0
+
+
+def test_mlflow_string_params_of_the_compressors_reach_the_cost_model():
+    """MLflow hands params back as strings: a swept topk ratio or qsgd chunk size must price
+    the bytes that trial sent, not the hook's defaults."""
+    stats = {"calls": 1, "raw_bytes": 4 * 100_000, "payload_bytes": 0, "allreduce_calls": 0}
+    for hook, params, kwargs in [("topk", {"ratio": "0.1", "error_feedback": "True"}, {"ratio": 0.1}),
+                                 ("qsgd", {"levels": "7", "chunk_size": "64", "error_feedback": "False"},
+                                  {"levels": 7, "chunk_size": 64}),
+                                 ("signsgd", {"chunk_size": "128", "majority_vote": "True"}, {"chunk_size": 128})]:
+        assert projection._hook_kwargs(hook, params) == kwargs
+        got = projection.projected_step_ms(hook, params, stats, 10.0, 8, 10.0)
+        expect = 10.0 + 1000 * hooks.cost.hook_seconds(hook, 100_000, 8, 10.0, **kwargs)
+        assert got == pytest.approx(expect)
+    assert projection.projected_step_ms("topk", {"ratio": "0.1"}, stats, 0.0, 8, 10.0) > \
+        projection.projected_step_ms("topk", {}, stats, 0.0, 8, 10.0)
