@@ -12,6 +12,11 @@
    memory-bandwidth roof). One thread; the kernels run round-robin in every repeat (median), and
    each row gives % of the copy's speed and the speed-up over torch's helpers and over ATen.
    Issue 7's targets: >= 50% of copy, >= 10x torch's helpers.
+   The issue-18 compressors' kernels (encode + decode of one rank's contribution, no
+   collective) on the same bucket, against the same copy: signsgd's bit packing (ours: bytes
+   of 0/1 read as int64 and gathered by one multiply, against a multiply-and-sum over each
+   byte's 8 bits) and sign table unpacking, signsgd and qsgd encode + decode (chunk 512), topk
+   1% select + densify, randomk 1% index draw (one per stratum, against torch.randperm) + densify.
 2. DDP step time (forward + backward + hook + SGD step) at world size 2 on gloo (127.0.0.1) for
    every hook, relative to allreduce: same model and data; hooks interleaved per repeat so machine
    noise hits them alike; median over repeats.
@@ -118,6 +123,77 @@ def kernel_throughput(nbytes: int, repeats: int) -> dict:
             }
         )
     return {"backend": backend, "native_unavailable_reason": q.native_unavailable_reason(), "repeats": repeats, "rows": rows}
+
+
+def compressor_kernels(nbytes: int, repeats: int) -> dict:
+    """Encode + decode of the issue-18 compressors on one float32 bucket of ``nbytes``, one rank's
+    share (no collective), every kernel round-robin with a copy."""
+    from hooks import chunks, qsgd, sign, sparsify
+
+    n = nbytes // 4
+    x = torch.randn(n)
+    out = torch.empty_like(x)
+    chunk = 512
+    c = chunks.num_chunks(n, chunk)
+    nb = -(-n // 8)
+    packed = torch.empty(nb, dtype=torch.uint8)
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+    def pack_mul_sum():  # the plain alternative: multiply each byte's 8 bits by 2^j and sum
+        bits = torch.zeros(8 * nb, dtype=torch.bool)
+        torch.lt(x, 0, out=bits[:n])
+        torch.sum(bits.view(torch.uint8).view(nb, 8) * weights, dim=1, dtype=torch.uint8, out=packed)
+
+    def sign_roundtrip():
+        scales = chunks.reduce(x, chunk, sign._mean_abs)
+        sign.pack_signs(x, out=packed)
+        chunks.scale(sign.unpack_signs(packed, n), scales, chunk, out=out)
+
+    codes, norms = torch.empty(n, dtype=torch.int8), torch.empty(c)
+    gen = torch.Generator().manual_seed(0)
+
+    def qsgd_roundtrip():
+        qsgd.encode(x, 127, chunk, gen, codes, norms)
+        qsgd.decode(codes, norms, 127, chunk, out=out)
+
+    k = sparsify.num_selected(n, 0.01)
+
+    def topk_roundtrip():
+        idx = x.abs().topk(k, sorted=False).indices
+        values = x.index_select(0, idx)
+        out.zero_()
+        out.index_add_(0, idx, values)
+
+    def randomk_roundtrip():
+        idx = sparsify.strata_indices(n, k, gen)
+        values = x.index_select(0, idx)
+        out.zero_()
+        out.index_copy_(0, idx, values)
+
+    cases = [
+        (COPY, lambda: out.copy_(x), repeats),
+        ("sign bits: pack (ours, int64 gather-multiply)", lambda: sign.pack_signs(x, out=packed), repeats),
+        ("sign bits: pack (multiply-and-sum per byte)", pack_mul_sum, repeats),
+        ("sign bits: unpack to +-1 floats (table lookup)", lambda: sign.unpack_signs(packed, n), repeats),
+        ("signsgd encode + decode (chunk 512)", sign_roundtrip, repeats),
+        ("qsgd encode + decode (levels 127, chunk 512)", qsgd_roundtrip, repeats),
+        ("topk 1%: select + densify", topk_roundtrip, repeats),
+        ("randomk 1%: draw (strata) + densify", randomk_roundtrip, repeats),
+        ("randomk 1%: torch.randperm(N)[:k] draw alone", lambda: torch.randperm(n, generator=gen)[:k], min(repeats, 3)),
+    ]
+    medians = _interleaved_medians(cases, repeats)
+    rows = [{"kernel": label, "seconds": sec, "gb_per_s": nbytes / sec / 1e9, "pct_of_copy": 100 * medians[COPY] / sec}
+            for label, sec in medians.items()]
+    return {"repeats": repeats, "rows": rows}
+
+
+def print_compressor_kernels(kernels: dict, nbytes: int) -> None:
+    print(f"\ncompressor kernels on a {nbytes / 1e6:g} MB float32 bucket, one rank, no collective "
+          f"(1 thread, median of {kernels['repeats']} interleaved rounds; GB/s = bucket bytes / s)")
+    print(f"{'kernel':52s} {'ms':>9s} {'GB/s':>8s} {'% copy':>7s}")
+    for r in kernels["rows"]:
+        print(f"{r['kernel']:52s} {r['seconds'] * 1e3:9.2f} {r['gb_per_s']:8.3f} {r['pct_of_copy']:7.1f}")
+    print(f"load average: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 def print_kernels(kernels: dict, nbytes: int) -> None:
@@ -235,10 +311,16 @@ def main() -> None:
     kernels["load_average_before"] = load_before
     kernels["load_average_after"] = os.getloadavg()
     print_kernels(kernels, nbytes)
+    load_before = os.getloadavg()
+    compressors = compressor_kernels(nbytes, repeats=3 if args.quick else 9)
+    compressors["load_average_before"] = load_before
+    compressors["load_average_after"] = os.getloadavg()
+    print_compressor_kernels(compressors, nbytes)
     if args.kernels_only:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"quick": args.quick, "machine": _machine(), "kernels": kernels}, indent=2))
+        out.write_text(json.dumps({"quick": args.quick, "machine": _machine(), "kernels": kernels,
+                                   "compressor_kernels": compressors}, indent=2))
         print(f"\nwrote {out}")
         return
 
@@ -262,7 +344,8 @@ def main() -> None:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"quick": args.quick, "machine": _machine(), "kernels": kernels, "ddp_world_size_2": ddp, "projections_25mb_bucket": proj}, indent=2))
+    out.write_text(json.dumps({"quick": args.quick, "machine": _machine(), "kernels": kernels,
+                               "compressor_kernels": compressors, "ddp_world_size_2": ddp, "projections_25mb_bucket": proj}, indent=2))
     print(f"\nwrote {out}")
 
 
