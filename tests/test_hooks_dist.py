@@ -24,6 +24,7 @@ def test_world_size_2_buckets_accumulation_bit_exactness_feedback_fidelity_resum
                 "check_compressors",
                 "check_feedback_across_no_sync",
                 "check_accumulation_compressors",
+                "check_topk_feedback_direction",
             ],
         ),
     )
