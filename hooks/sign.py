@@ -13,7 +13,7 @@ allgathers the messages and decodes:
   gives 0). Biased; the same bytes on the wire.
 
 Wire per rank: (W-1) * (ceil(N/8) + 4C) bytes, about (W-1)/32 of the bucket's fp32 bytes: less
-than a fp32 ring allreduce (8N(W-1)/W) while W < 64. With error feedback each rank keeps
+than a fp32 ring allreduce (8N(W-1)/W) while W < 60 (chunk 512). With error feedback each rank keeps
 x - s_c * sign(x), its own compression error (with majority vote the vote's error is no rank's
 contribution and is not fed back, as in EF-signSGD).
 
