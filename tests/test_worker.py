@@ -121,12 +121,24 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
         cfg = SweepConfig.model_validate(cfg_dict)
         results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
                                      device="cpu")
+    # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
+    # and hand back this rank's own bucket as the mean) must end the trial with that error.
+    from tests.hooks_checks import failing_hook_collectives
+
+    cfg = SweepConfig.model_validate(clean_cfg)
+    fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
+    try:
+        with failing_hook_collectives():
+            run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
+        results["collective_failure"] = None
+    except RuntimeError as exc:
+        results["collective_failure"] = str(exc)
     return results
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    clean = make_cfg(steps=6)
+    clean = make_cfg(steps=6, hooks=("allreduce", "fp16_compress"))
     nan = make_cfg(steps=10, faults=[{"kind": "nan_grad", "step": 4, "rank": 1}])
     return run_distributed(_two_rank_scenarios, 2, args=(clean.model_dump(), nan.model_dump()))
 
@@ -151,6 +163,14 @@ def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
         assert r.nan_report["nan_source"] == "model_grad" and r.nan_report["nan_rank"] == 1
         assert all(math.isfinite(v) for v in r.losses[:3]) and len(r.losses) == 4
     assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
+
+
+def test_a_failed_collective_in_the_hook_ends_the_trial_with_the_error_on_every_rank(two_ranks):
+    from tests.hooks_checks import INJECTED
+
+    for ranks in two_ranks:
+        assert ranks["collective_failure"] is not None, "the trial trained on after its collective failed"
+        assert INJECTED in ranks["collective_failure"]
 
 
 def test_a_fault_configured_after_the_nan_step_never_fires(single_rank_group):
