@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(outcome.rows))
     print()
-    print(f"{len(outcome.rows)} trials, {outcome.failed} failed. Log: {log_path}")
+    print(f"{_count(len(outcome.rows), 'trial')}, {outcome.failed} failed. Log: {log_path}")
     print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
     print(write_report(cfg, outcome), flush=True)
     if outcome.interrupted:
@@ -564,13 +564,13 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
                                "params": " ".join(f"{k}={v}" for k, v in trial.hook_params.items()),
                                "world_size": trial.world_size, "seed": trial.seed}
         if run is None:
-            row.update({m: None for m in TABLE_METRICS}, status="not run", run_id=None, error="")
+            row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,
+                       error="")
         else:
             row.update({m: run.data.metrics.get(m) for m in TABLE_METRICS})
             tags = run.data.tags
-            row["status"] = tags.get("status", run.info.status.lower())
-            if tags.get("nan_source"):
-                row["status"] += f" ({tags['nan_source']})"
+            row["status"] = tags.get("status", run.info.status.lower())  # ok | nan | failed | killed
+            row["nan_source"] = tags.get("nan_source", "")
             row["error"] = (tags.get("error") or "").splitlines()[0] if tags.get("error") else ""
             row["run_id"] = run.info.run_id
         rows.append(row)
@@ -587,7 +587,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             r["hook"], r["params"] or "-", str(r["world_size"]),
             _num(r["final_loss"], "{:.4f}"), _num(r["final_eval_accuracy"], "{:.3f}"),
             _num(r["samples_per_s"], "{:,.0f}"), _bytes(r["comm_bytes_per_step"]),
-            _num(r["compression_ratio"], "{:.2f}x"), r["status"],
+            _num(r["compression_ratio"], "{:.2f}x"),
+            f"{r['status']} ({r['nan_source']})" if r.get("nan_source") else r["status"],
         ])
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
     right = {2, 3, 4, 5, 6, 7}
@@ -703,6 +704,10 @@ def _trial_dirname(trial) -> str:
         return f"{TrialSpec.from_dict(spec).run_name}-{trial.trial_id}"
     except Exception:
         return trial.trial_id
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _one_line(exc: BaseException | str) -> str:
