@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, config_path = load_config(args.config)
         trials = cfg.trials()
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.lines():  # every problem, one line each: fix them all in one go
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
     if args.dry_run:

@@ -380,3 +380,19 @@ defaults: &wl {name: mlp_digits, steps: 30, global_batch_size: 64, lr: 1e-2}
           "search: {hooks: [allreduce], world_size: 1}\n")
     cfg, _ = load_config(str(write(tmp_path, ok, name="ok.yaml")))
     assert cfg.workload.lr == 0.01 and cfg.workload.steps == 30
+
+
+def test_global_batch_size_and_lr_default_to_the_workloads(tmp_path):
+    """A first config needs neither (issue 13): the built-in's own values, per optimizer."""
+    from service.workloads import BUILTIN_WORKLOADS, DEFAULT_GLOBAL_BATCH
+
+    for optimizer, lr in (("sgd", 0.5), ("adamw", 0.003)):
+        path = write(tmp_path, {"name": "x", "workload": {"name": "char_lm", "steps": 10, "optimizer": optimizer},
+                                "search": {"hooks": ["allreduce"], "world_size": [1]}})
+        cfg, _ = load_config(str(path))
+        assert (cfg.workload.global_batch_size, cfg.workload.lr) == (DEFAULT_GLOBAL_BATCH, lr)
+        assert dict(BUILTIN_WORKLOADS["char_lm"].lr)[optimizer] == lr
+    path = write(tmp_path, {"name": "x", "workload": {"name": "mlp_digits", "steps": 10, "lr": 0.2},
+                            "search": {"hooks": ["allreduce"], "world_size": [1]}})
+    cfg, _ = load_config(str(path))
+    assert (cfg.workload.global_batch_size, cfg.workload.lr) == (64, 0.2)  # given values win
