@@ -620,11 +620,13 @@ def _num(value: float | None, fmt: str) -> str:
 def _bytes(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         value /= 1024
-    return str(value)
+        if abs(value) < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 # --------------------------------------------------------------------------- files and logs

@@ -75,12 +75,6 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def is_local_store(uri: str) -> bool:
-    """True for stores that live on this node's disk (SQLite, file): a multi-node Ray
-    cluster's workers on other nodes cannot write them."""
-    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
-
-
 def client(tracking_uri: str | None = None) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri or resolve_tracking_uri())
 
@@ -428,7 +422,7 @@ class SweepReader:
             except MlflowException:
                 run = None
             if run is not None:
-                return run.data.tags.get("mlflow.parentRunId") or run.info.run_id
+                return run.data.tags.get(PARENT_TAG) or run.info.run_id
         try:
             experiment = self.client.get_experiment_by_name(ref)
         except MlflowException as e:
@@ -439,7 +433,7 @@ class SweepReader:
             raise StoreError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
                               f"(experiments there: {', '.join(names) or 'none'})")
         parents = [r for r in self._search(experiment.experiment_id, "")
-                   if "mlflow.parentRunId" not in r.data.tags]
+                   if PARENT_TAG not in r.data.tags]
         if not parents:
             raise StoreError(f"experiment {ref!r} has no sweep (parent) run yet")
         return max(parents, key=lambda r: r.info.start_time or 0).info.run_id
@@ -454,7 +448,7 @@ class SweepReader:
         """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
         the run name) the newest wins."""
         runs = self._search(parent.info.experiment_id,
-                            f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+                            f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
         newest = {}
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run

@@ -36,11 +36,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 from service.nan import NanMonitor
+from service.projection import LINKS_GBPS
 from service.workloads import Workload, build_workload, evaluate, fetch_batch
 
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
-# Links the summary projects each trial's step time onto (hooks.cost's alpha-beta model).
-PROJECTED_LINKS_GBPS = (10, 100)
 PROGRESS_EVERY_S = 2.0
 SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)
 HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
@@ -324,7 +323,7 @@ class StepMeter:
             "allreduce_calls_per_step": delta["allreduce_calls"] / steps,
         }
         params = dict(self.trial.hook_params)
-        for gbps in PROJECTED_LINKS_GBPS:
+        for gbps in LINKS_GBPS:
             seconds = hooks.cost.projected_step_seconds(compute_ms / 1000.0, self.trial.hook, delta, steps,
                                                         self.trial.world_size, gbps, **params)
             out[f"projected_step_ms_{gbps}gbps"] = 1000.0 * seconds
@@ -493,7 +492,7 @@ class FaultInjector:
             if fault.kind == "nan_grad":
                 self._handles.append(params[0].register_hook(_poison))
             elif fault.kind == "scale_grad":
-                factor = float(fault.factor if fault.factor is not None else 1e6)
+                factor = float(fault.factor)  # the config requires one for scale_grad
                 self._handles += [p.register_hook(_scaler(factor)) for p in params]
 
 
