@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(outcome.rows))
     print()
     print(f"{_count(len(outcome.rows), 'trial')}, {outcome.failed} failed. Log: {log_path}")
-    print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
+    print(mlflow_ui_hint(outcome.tracking_uri, outcome.parent_run_id))
     print(write_report(cfg, outcome), flush=True)
     if outcome.interrupted:
         print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
@@ -459,7 +459,9 @@ def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
     its /health endpoint with a short timeout instead. Other stores (SQLite, file) are
     opened once.
     """
-    if uri.startswith(("http://", "https://")):
+    from service import tracking
+
+    if tracking.is_server(uri):
         import urllib.error
         import urllib.request
 
@@ -474,8 +476,6 @@ def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
             reason = _one_line(getattr(exc, "reason", None) or exc) if not isinstance(exc, ValueError) else str(exc)
         raise SweepError(f"the MLflow tracking server {uri} does not answer ({reason}); start it, "
                          f"or fix/unset MLFLOW_TRACKING_URI (unset: ./mlflow.db)")
-    from service import tracking
-
     try:
         tracking.client(uri).search_experiments(max_results=1)
     except Exception as exc:
@@ -605,10 +605,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out).rstrip()
 
 
-def mlflow_ui_hint(tracking_uri: str) -> str:
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"open {tracking_uri} in a browser"
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+def mlflow_ui_hint(tracking_uri: str, parent_run_id: str) -> str:
+    """Where to read the sweep in the MLflow UI: the command serving a local store, the trials'
+    page and the sweep's run (both in the UI's model-training view, not its GenAI overview)."""
+    from service import tracking
+
+    experiment_id = tracking.experiment_id_of(parent_run_id, tracking_uri)
+    command = tracking.ui_command(tracking_uri)
+    lines = [f"MLflow: {command}" if command else f"MLflow: {tracking_uri}",
+             f"  trials: {tracking.ui_url(tracking_uri, experiment_id)}",
+             f"  sweep:  {tracking.ui_url(tracking_uri, experiment_id, parent_run_id)}"]
+    return "\n".join(lines)
 
 
 def _num(value: float | None, fmt: str) -> str:

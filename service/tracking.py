@@ -92,23 +92,56 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "experiment"
 
 
+# MLflow 3 reads this experiment tag to tell a model-training experiment from a GenAI one.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI opens every experiment in its GenAI view (an empty traces "Overview") unless
+# the URL names the model-training view; it then remembers the choice in the browser.
+UI_VIEW_QUERY = "workflowType=machine_learning"
+LOCAL_UI = "http://127.0.0.1:5000"
+
+
 def get_or_create_experiment(name: str, tracking_uri: str | None = None) -> str:
     """The experiment id of ``name``, created (with artifacts beside a SQLite store) if
-    it does not exist yet."""
+    it does not exist yet, and marked a model-training experiment."""
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(uri, name))
+        return c.create_experiment(name, artifact_location=_artifact_location(uri, name),
+                                   tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except MlflowException:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def ui_command(tracking_uri: str) -> str | None:
+    """The command that serves a local store's UI at LOCAL_UI (None for a tracking server)."""
+    if is_server(tracking_uri):
+        return None
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def ui_url(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI page of an experiment's runs (or of one run), in the model-training view."""
+    base = tracking_uri.rstrip("/") if is_server(tracking_uri) else LOCAL_UI
+    page = f"/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{base}{page}?{UI_VIEW_QUERY}"
+
+
+def experiment_id_of(run_id: str, tracking_uri: str) -> str:
+    return client(tracking_uri).get_run(run_id).info.experiment_id
 
 
 # --------------------------------------------------------------------------- runs
