@@ -319,6 +319,14 @@ class TrackingConfig(BaseModel):
     fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
 
 
+class ReportConfig(BaseModel):
+    model_config = _STRICT
+
+    target_tolerance: float = Field(0.01, gt=0, le=1, description="time to target: the eval loss "
+                                    "target is allreduce's final eval loss times 1 + this; also the "
+                                    "quality gap a configuration may have and still match it")
+
+
 class TrialSpec(BaseModel):
     """One trial of the grid. Passed through Ray as a plain dict (to_dict / from_dict)."""
 
@@ -387,6 +395,7 @@ class SweepConfig(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
     storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
 
     @field_validator("name")
@@ -436,7 +445,8 @@ class SweepConfig(BaseModel):
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
-                                                         "tracking": {"flush_seconds"}, "storage_path": True})
+                                                         "tracking": {"flush_seconds"}, "storage_path": True,
+                                                         "report": True})
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:

@@ -171,7 +171,8 @@ def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = No
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     experiment_id = get_or_create_experiment(cfg.name, uri)
-    tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint()}
+    tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint(),
+            "target_tolerance": repr(cfg.report.target_tolerance)}
     if config_path:
         tags["config_path"] = os.path.abspath(str(config_path))
     commit = git_commit()
@@ -517,6 +518,13 @@ class SweepReader:
                 return yaml_files[0], Path(local).read_text(errors="replace")
         except Exception:  # a missing or unreadable config must not stop the report
             return None
+
+    def record(self, run_id: str, metrics: dict[str, float] | None = None,
+               tags: dict[str, str] | None = None) -> None:
+        """Summary metrics (step 0) and tags derived after the fact (the report's answer)."""
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
+                              tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
 
     def attach(self, run_id: str, paths: list[Path]) -> None:
         for path in paths:
