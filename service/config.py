@@ -347,9 +347,8 @@ class TrialSpec(BaseModel):
         parts = [self.hook]
         if "chunk_size" in self.hook_params:
             parts.append(f"c{self.hook_params['chunk_size']}")
-        defaults = _hook_defaults(self.hook)
-        for key, value in self.hook_params.items():
-            if key == "chunk_size" or (key in defaults and defaults[key] == value):
+        for key, value in self.non_default_params().items():
+            if key == "chunk_size":
                 continue
             if isinstance(value, bool):
                 parts.append(key if value else f"no_{key}")
@@ -357,6 +356,13 @@ class TrialSpec(BaseModel):
                 parts.append(f"{key}{value}")
         parts += [f"w{self.world_size}", f"s{self.seed}"]
         return "-".join(parts)
+
+    def non_default_params(self) -> dict[str, Any]:
+        """The hook parameters that differ from the hook's defaults, plus chunk_size always
+        (it names the configuration): what tables show."""
+        defaults = _hook_defaults(self.hook)
+        return {k: v for k, v in self.hook_params.items()
+                if k == "chunk_size" or k not in defaults or defaults[k] != v}
 
     @property
     def key(self) -> str:

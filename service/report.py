@@ -428,6 +428,7 @@ class TradeoffPoint:
     quality: float                 # eval accuracy (higher is better) or final loss (lower)
     quality_std: float
     on_front: bool = False
+    chunk_size: int | None = None
 
 
 def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
@@ -442,8 +443,10 @@ def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
         bytes_mean, _, n_bytes = row.stats["comm_bytes_per_step"]
         quality, quality_std, n_quality = row.stats[metric]
         if n_bytes and n_quality:
-            points[row.world_size].append(TradeoffPoint(row_label(row), row.hook, row.world_size,
-                                                        bytes_mean, quality, quality_std))
+            chunk = row.hook_params.get("chunk_size")
+            points[row.world_size].append(TradeoffPoint(
+                row_label(row), row.hook, row.world_size, bytes_mean, quality, quality_std,
+                chunk_size=int(float(chunk)) if chunk not in (None, "", "None") else None))
     if any(w > 1 for w in points):
         points.pop(1, None)
     better = (lambda a, b: a >= b) if metric == "final_eval_accuracy" else (lambda a, b: a <= b)

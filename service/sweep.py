@@ -43,7 +43,7 @@ log = logging.getLogger("service.sweep")
 # A Tune trial only waits on its TorchTrainer: it needs a sliver of a CPU, not a whole one.
 TRIAL_DRIVER_CPUS = 0.01
 # Summary metrics shown in the end-of-sweep table (logged by the worker's rank 0).
-TABLE_METRICS = ("final_loss", "final_eval_accuracy", "samples_per_s", "comm_bytes_per_step",
+TABLE_METRICS = ("final_loss", "final_eval_accuracy", "time_to_target_s", "samples_per_s", "comm_bytes_per_step",
                  "compression_ratio")
 
 
@@ -130,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the sweep failed: {_one_line(exc)} (details: {log_path})", file=sys.stderr)
         return 1
 
+    report_line = write_report(cfg, outcome)  # first: it records each trial's time to target
+    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, trials)
     print()
-    print(format_table(outcome.rows))
+    print(format_table(rows))
     print()
     print(f"{_count(len(outcome.rows), 'trial')}, {outcome.failed} failed. Log: {log_path}")
     print(mlflow_ui_hint(outcome.tracking_uri, outcome.parent_run_id))
-    print(write_report(cfg, outcome), flush=True)
+    print(report_line, flush=True)
     if outcome.interrupted:
         print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
               f"python -m service.sweep {args.config} --resume")
@@ -562,7 +564,7 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
     for trial in trials:
         run = by_key.get(trial.key) or by_key.get(trial.run_name)
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
-                               "params": " ".join(f"{k}={v}" for k, v in trial.hook_params.items()),
+                               "params": " ".join(f"{k}={v}" for k, v in trial.non_default_params().items()),
                                "world_size": trial.world_size, "seed": trial.seed}
         if run is None:
             row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,
@@ -580,19 +582,20 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The end-of-sweep table: one row per trial."""
-    headers = ["hook", "params", "world", "final loss", "eval acc", "samples/s", "bytes/step",
-               "compression", "status"]
+    headers = ["hook", "params", "world", "seed", "final loss", "eval acc", "to target s", "samples/s",
+               "bytes/step", "compression", "status"]
     body = []
     for r in rows:
         body.append([
-            r["hook"], r["params"] or "-", str(r["world_size"]),
+            r["hook"], r["params"] or "-", str(r["world_size"]), str(r["seed"]),
             _num(r["final_loss"], "{:.4f}"), _num(r["final_eval_accuracy"], "{:.3f}"),
+            _num(r["time_to_target_s"], "{:.2f}"),
             _num(r["samples_per_s"], "{:,.0f}"), _bytes(r["comm_bytes_per_step"]),
             _num(r["compression_ratio"], "{:.2f}x"),
             f"{r['status']} ({r['nan_source']})" if r.get("nan_source") else r["status"],
         ])
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
-    right = {2, 3, 4, 5, 6, 7}
+    right = {2, 3, 4, 5, 6, 7, 8, 9}
 
     def line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))

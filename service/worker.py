@@ -270,6 +270,8 @@ class StepMeter:
         out = {
             "samples_per_s": global_batch * len(measured) / (sum(measured) / 1000.0) if measured else 0.0,
             "step_time_ms_median": statistics.median(measured) if measured else 0.0,
+            # the spread the report compares speeds against (issue 16: "same speed here")
+            "step_time_ms_iqr": _iqr(measured),
             "warmup_steps_excluded": warmup_excluded,
             "comm_bytes_per_step": delta.get("wire_bytes", 0) / max(steps_run, 1),
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
@@ -384,6 +386,13 @@ class FidelitySampler:
         return {"grad_rel_error_mean": statistics.fmean(v[0] for v in self.values.values()),
                 "grad_cosine_mean": statistics.fmean(v[1] for v in self.values.values()),
                 "grad_fidelity_steps": len(self.values)}
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 def _stats(hook_state) -> dict[str, float]:

@@ -82,6 +82,10 @@ def test_single_rank_loop_logs_every_step_and_the_summary(single_rank_group, sto
     assert summary["nan_detected"] == 0 and "first_nan_step" not in summary
     assert summary["samples_per_s"] > 0 and summary["warmup_steps_excluded"] == 2
     assert summary["compression_ratio"] == pytest.approx(1.0)  # allreduce sends float32 as is
+    steps_ms = sorted(m.value for m in client.get_metric_history(run_id, "step_time_ms") if m.step > 2)
+    import statistics
+    q1, _, q3 = statistics.quantiles(steps_ms, n=4, method="inclusive")
+    assert summary["step_time_ms_iqr"] == pytest.approx(q3 - q1)  # the measured steps' spread
     assert run.data.tags["status"] == "ok"
     # the loss went down on real digits, and what was logged is what the loop computed
     by_step = {m.step: m.value for m in loss}
