@@ -85,8 +85,8 @@ def test_design_card_path_resolves_to_the_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "quant.yaml" in proc.stderr and "preset" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    # quant: allreduce, per-tensor, per-channel x {128, 512, 2048} = 5 hook configs x 3 world sizes
-    assert proc.stdout.strip().splitlines()[-1] == "15 trials"
+    # quant: allreduce, bf16, per-tensor, per-channel c512, quantized_allreduce c512 x W {2, 4} x 2 seeds
+    assert proc.stdout.strip().splitlines()[-1] == "20 trials"
 
 
 def test_help_explains_every_option(tmp_path):

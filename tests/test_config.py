@@ -259,11 +259,15 @@ def test_an_existing_file_wins_over_the_preset(tmp_path, monkeypatch, capsys):
 
 
 def test_quant_preset_is_the_designed_grid():
+    # char_lm + AdamW: where per-tensor and per-chunk quantization differ (docs/hooks.md,
+    # "Which workload tells the quantizers apart"); both baselines; two seeds for paired verdicts
     cfg, _ = load_config("quant")
-    assert cfg.workload.name == "mlp_digits" and cfg.workload.steps == 300
+    assert cfg.workload.name == "char_lm" and cfg.workload.optimizer == "adamw" and cfg.workload.steps == 300
     names = [t.run_name for t in cfg.trials()]
-    expected = [f"{h}-w{w}-s0" for h in ("allreduce", "quantization_pertensor") for w in (1, 2, 4)]
-    expected += [f"quantization_perchannel-c{c}-w{w}-s0" for c in (128, 512, 2048) for w in (1, 2, 4)]
+    expected = [f"{h}-w{w}-s{s}" for h in ("allreduce", "bf16_compress", "quantization_pertensor")
+                for w in (2, 4) for s in (0, 1)]
+    expected += [f"{h}-c512-w{w}-s{s}" for h in ("quantization_perchannel", "quantized_allreduce")
+                 for w in (2, 4) for s in (0, 1)]
     assert names == expected
 
 
