@@ -55,6 +55,7 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
     assert f"/{len(trials)} trials done]" in out
     assert f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1" in out
     assert "/runs?workflowType=machine_learning" in out  # the trials' page in the training view
+    assert "to target s" in out  # the table shows each trial's time to target (issue 16)
     table = [ln for ln in out.splitlines() if ln.startswith(("allreduce ", "quantization_perchannel "))]
     assert len(table) == len(trials), out
     assert all(ln.rstrip().endswith("ok") for ln in table), out
