@@ -289,9 +289,3 @@ def unavailable_reason() -> str | None:
         return "HOOKS_NATIVE_KERNELS=0"
     library()
     return _unavailable
-
-
-def _reset_for_tests() -> None:
-    global _lib, _unavailable
-    with _lock:
-        _lib, _unavailable = None, None

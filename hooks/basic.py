@@ -50,7 +50,8 @@ def allgather_then_aggregate(state: HookState, bucket: dist.GradBucket) -> torch
     state.account("allgather", buf.numel() * buf.element_size())
     fut = dist.all_gather_single(gathered, buf, group=state.group, async_op=True).get_future()
 
-    def aggregate(_fut):
+    def aggregate(fut):
+        fut.value()  # re-raises a failed collective: never average what never arrived
         torch.sum(gathered.view(w, -1), dim=0, out=buf)
         return buf.div_(w)
 
@@ -75,7 +76,8 @@ def cast_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Fu
     state.account("allreduce", compressed.numel() * compressed.element_size())
     fut = dist.all_reduce(compressed, group=state.group, async_op=True).get_future()
 
-    def decompress(_fut):
+    def decompress(fut):
+        fut.value()  # re-raises a failed collective (else this rank's own bucket passes as the mean)
         # Decompress in place into the bucket (as torch does): DDP copies the result into the grads.
         return buf.copy_(compressed)
 

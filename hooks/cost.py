@@ -24,18 +24,17 @@ def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
 
 
 # ----------------------------------------------------------------------------- alpha-beta model
-"""An alpha-beta model of each hook's collectives, to price a run on networks we do not have.
-
-Assumptions (docs/hooks.md states them beside the formulas):
-
-* one flat ring of W ranks, every link with latency ``alpha`` seconds per message and bandwidth
-  ``beta`` bytes/s, full duplex; a rank sends one message per round;
-* ring allreduce of n bytes: 2(W-1) rounds of n/W bytes; ring allgather of n bytes per rank:
-  W-1 rounds of n bytes; all_to_all of n bytes per rank: W-1 rounds of n/W bytes;
-* no overlap between collectives nor with compute (projected time = compute + communication,
-  an upper bound when DDP overlaps buckets with the backward pass); compression compute costs
-  are in the measured compute time, not in the model.
-"""
+# An alpha-beta model of each hook's collectives, to price a run on networks we do not have.
+#
+# Assumptions (docs/hooks.md states them beside the formulas):
+#
+# * one flat ring of W ranks, every link with latency ``alpha`` seconds per message and bandwidth
+#   ``beta`` bytes/s, full duplex; a rank sends one message per round;
+# * ring allreduce of n bytes: 2(W-1) rounds of n/W bytes; ring allgather of n bytes per rank:
+#   W-1 rounds of n bytes; all_to_all of n bytes per rank: W-1 rounds of n/W bytes;
+# * no overlap between collectives nor with compute (projected time = compute + communication,
+#   an upper bound when DDP overlaps buckets with the backward pass); compression compute costs
+#   are in the measured compute time, not in the model.
 
 DEFAULT_LATENCY_S = 5e-6  # a typical one-hop datacenter latency per message
 

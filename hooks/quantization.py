@@ -42,7 +42,8 @@ def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> to
     state.account("allgather", message.numel())
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
-    def dequantize_and_average(_fut):
+    def dequantize_and_average(fut):
+        fut.value()  # re-raises a failed collective (else `gathered` is uninitialised memory)
         codes_all, meta_all = q.unpack(gathered.view(w, -1), n, chunk)
         # Each rank's contribution is dequantized and summed straight into the bucket (the
         # input was consumed by quantize); float32 buckets need no temporary at all.

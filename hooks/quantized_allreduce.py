@@ -119,7 +119,8 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     state.account("allgather", message.numel())
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
-    def dequantize_shards(_fut):
+    def dequantize_shards(fut):
+        fut.value()  # re-raises a failed allgather (else `gathered` is uninitialised memory)
         g_codes, g_meta = q.unpack(gathered.view(w, -1), s * chunk, chunk)
         # Straight into the bucket (float32) shard by shard; the padding past n is never written.
         mean = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)

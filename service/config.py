@@ -47,15 +47,35 @@ MAX_YAML_NODES = 100_000
 Scalar = Union[bool, int, float, str]
 
 
-class ConfigError(Exception):
-    """A config the sweep cannot run. str() is a single line: where, what is wrong, what is allowed."""
+MAX_SHOWN_PROBLEMS = 10  # a config with more problems than this was not written for this tool
 
-    def __init__(self, message: str, *, field: str | None = None, source: str | Path | None = None):
+
+class ConfigError(Exception):
+    """A config the sweep cannot run. str() is a single line: where, what is wrong, what is allowed
+    (and which other fields have problems); ``lines()`` is every problem in full, a line each."""
+
+    def __init__(self, message: str, *, field: str | None = None, source: str | Path | None = None,
+                 more: list[tuple[str, str]] | None = None):
         self.problem = _one_line(message)
         self.field = field
         self.source = str(source) if source is not None else None
-        parts = [p for p in (self.source, field) if p]
-        super().__init__(": ".join(parts + [self.problem]))
+        self.more = list(more or [])  # the other problems: (field, problem)
+        summary = ""
+        if self.more:
+            fields = [f for f, _ in self.more]
+            shown = ", ".join(fields[:3]) + (", ..." if len(fields) > 3 else "")
+            summary = f" (and {len(fields)} more problem{'s' if len(fields) > 1 else ''}: {shown})"
+        super().__init__(self._line(field, self.problem + summary))
+
+    def _line(self, field: str | None, problem: str) -> str:
+        return ": ".join([p for p in (self.source, field) if p] + [problem])
+
+    def lines(self) -> list[str]:
+        """Every problem in full, one line each: at most MAX_SHOWN_PROBLEMS, then a count of the rest."""
+        every = [self._line(self.field, self.problem)] + [self._line(f, _one_line(p)) for f, p in self.more]
+        shown = every[:MAX_SHOWN_PROBLEMS]
+        hidden = len(every) - len(shown)
+        return shown + ([f"... and {hidden} more problem{'s' if hidden > 1 else ''}"] if hidden else [])
 
 
 class FieldProblem(ValueError):
@@ -83,12 +103,26 @@ class WorkloadConfig(BaseModel):
 
     name: str = Field(min_length=1, description="built-in workload or 'package.module:function'")
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps per trial")
-    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="held fixed across world sizes")
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="held fixed across world sizes; "
+                                   "default: the workload's (service.workloads.training_defaults)")
     grad_accumulation: int = Field(1, ge=1, le=MAX_GRAD_ACCUMULATION, description="micro-batches per step")
-    lr: float = Field(gt=0, le=MAX_LR)
+    lr: float = Field(gt=0, le=MAX_LR, description="default: the workload's for the optimizer")
     optimizer: Literal["sgd", "adamw"] = "sgd"
     eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
     warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_defaults(cls, raw: Any) -> Any:
+        """A config may leave out global_batch_size and lr: the workload's own fill them in."""
+        if not isinstance(raw, dict) or ("global_batch_size" in raw and "lr" in raw):
+            return raw
+        name, optimizer = raw.get("name"), raw.get("optimizer", "sgd")
+        if not isinstance(name, str) or not isinstance(optimizer, str):
+            return raw  # the field validators name the problem
+        from service.workloads import training_defaults  # imported late: it pulls in torch
+
+        return {**training_defaults(name, optimizer), **raw}
 
     @field_validator("name")
     @classmethod
@@ -285,6 +319,14 @@ class TrackingConfig(BaseModel):
     fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
 
 
+class ReportConfig(BaseModel):
+    model_config = _STRICT
+
+    target_tolerance: float = Field(0.01, gt=0, le=1, description="time to target: the eval loss "
+                                    "target is allreduce's final eval loss times 1 + this; also the "
+                                    "quality gap a configuration may have and still match it")
+
+
 class TrialSpec(BaseModel):
     """One trial of the grid. Passed through Ray as a plain dict (to_dict / from_dict)."""
 
@@ -305,9 +347,8 @@ class TrialSpec(BaseModel):
         parts = [self.hook]
         if "chunk_size" in self.hook_params:
             parts.append(f"c{self.hook_params['chunk_size']}")
-        defaults = _hook_defaults(self.hook)
-        for key, value in self.hook_params.items():
-            if key == "chunk_size" or (key in defaults and defaults[key] == value):
+        for key, value in self.non_default_params().items():
+            if key == "chunk_size":
                 continue
             if isinstance(value, bool):
                 parts.append(key if value else f"no_{key}")
@@ -315,6 +356,13 @@ class TrialSpec(BaseModel):
                 parts.append(f"{key}{value}")
         parts += [f"w{self.world_size}", f"s{self.seed}"]
         return "-".join(parts)
+
+    def non_default_params(self) -> dict[str, Any]:
+        """The hook parameters that differ from the hook's defaults, plus chunk_size always
+        (it names the configuration): what tables show."""
+        defaults = _hook_defaults(self.hook)
+        return {k: v for k, v in self.hook_params.items()
+                if k == "chunk_size" or k not in defaults or defaults[k] != v}
 
     @property
     def key(self) -> str:
@@ -353,6 +401,7 @@ class SweepConfig(BaseModel):
     faults: list[Fault] = Field(default_factory=list)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
     storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
 
     @field_validator("name")
@@ -402,7 +451,8 @@ class SweepConfig(BaseModel):
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
-                                                         "tracking": {"flush_seconds"}, "storage_path": True})
+                                                         "tracking": {"flush_seconds"}, "storage_path": True,
+                                                         "report": True})
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
@@ -485,8 +535,8 @@ def _load(arg: str | Path) -> tuple[SweepConfig, Path]:
     try:
         cfg = SweepConfig.model_validate(raw)
     except ValidationError as exc:
-        field, problem = _first_problem(exc)
-        raise ConfigError(problem, field=field or "(top level)", source=shown) from None
+        (field, problem), *more = _all_problems(exc)
+        raise ConfigError(problem, field=field or "(top level)", source=shown, more=more) from None
     return cfg, path
 
 
@@ -569,15 +619,11 @@ def _count_nodes(obj: Any, limit: int) -> int:
 # Turning pydantic's errors into one line.
 
 
-def _first_problem(exc: ValidationError) -> tuple[str, str]:
-    # An unknown key first: `worklaod:` is one typo, though pydantic also reports workload missing.
+def _all_problems(exc: ValidationError) -> list[tuple[str, str]]:
+    """Every (field, problem) of a validation error; an unknown key first: `worklaod:` is one
+    typo, though pydantic also reports workload missing."""
     errors = sorted(exc.errors(), key=lambda e: e.get("type") != "extra_forbidden")
-    field, problem = _describe_error(errors[0])
-    if len(errors) > 1:
-        others = [_describe_error(e)[0] or "(top level)" for e in errors[1:]]
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        problem += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: {shown})"
-    return field, problem
+    return [(field or "(top level)", problem) for field, problem in map(_describe_error, errors)]
 
 
 def _describe_error(err: dict[str, Any]) -> tuple[str, str]:

@@ -70,11 +70,26 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+BASELINE = "allreduce"
+
+
+def _baseline_curve(curves_at_w: list):
+    return next((c for c in curves_at_w if c.config == BASELINE), None)
+
+
 def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
-    """curves: {world_size: [LossCurve]} from service.report.loss_curve_data."""
+    """curves: {world_size: [LossCurve]} from service.report.loss_curve_data.
+
+    Top row: the loss curves. Bottom row (when allreduce ran): each configuration's mean loss
+    minus allreduce's at the same steps, where curves that lie on top of each other above
+    separate."""
     world_sizes = list(curves) or [None]
-    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.2 * len(world_sizes) + 0.5, 4.6),
-                             squeeze=False, sharey=True)
+    with_delta = any(_baseline_curve(cs) is not None and len(cs) > 1 for cs in curves.values())
+    rows = 2 if with_delta else 1
+    fig, axes = plt.subplots(rows, len(world_sizes),
+                             figsize=(5.2 * len(world_sizes) + 0.5, 4.6 + 3.2 * (rows - 1)),
+                             squeeze=False, sharey="row", height_ratios=[1.4, 1][:rows],
+                             layout="constrained")  # lays out titles, tick labels and legend without overlaps
     chunk_style = ChunkStyles(c.chunk_size for cs in curves.values() for c in cs)
     all_values = np.concatenate([c.mean for cs in curves.values() for c in cs] or [np.array([])])
     positive = all_values[all_values > 0]
@@ -108,7 +123,11 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
         ax.grid(alpha=0.3)
         if log_y:
             ax.set_yscale("log")
+        if with_delta:
+            _plot_delta(axes[1][list(curves).index(world_size)], curves[world_size], world_size, chunk_style)
     axes[0][0].set_ylabel("training loss" + (" (log scale)" if log_y else ""))
+    if with_delta:
+        axes[1][0].set_ylabel(f"loss minus {BASELINE}'s")
     if any_stop["nan"]:
         legend["went NaN: stopped here"] = None
     if any_stop["failed"]:
@@ -123,11 +142,30 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
         else:
             handles.append(Line2D([], [], color=style[0], linestyle=style[1], marker=style[2], lw=2))
     if handles:
-        fig.legend(handles, list(legend), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        fig.legend(handles, list(legend), loc="outside lower center",
                    ncol=min(4, len(handles)), frameon=False, fontsize=9)
     fig.suptitle(f"{title}: loss against step" if title else "loss against step")
-    fig.tight_layout()
     return _save(fig, path)
+
+
+def _plot_delta(ax, curves_at_w: list, world_size, chunk_style) -> None:
+    base = _baseline_curve(curves_at_w)
+    ax.axhline(0.0, color=hook_colour(BASELINE), lw=1.0)
+    if base is None:
+        _empty(ax, f"no {BASELINE} at this world size")
+        return
+    for c in curves_at_w:
+        if c is base:
+            continue
+        common, mine, theirs = np.intersect1d(c.steps, base.steps, return_indices=True)
+        if not len(common):
+            continue
+        (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
+        ax.plot(common, c.mean[mine] - base.mean[theirs], color=colour, linestyle=ls, lw=1.3,
+                marker=marker, markevery=max(1, len(common) // 8), ms=4)
+    ax.set_title(f"minus {BASELINE}, world size {world_size}", fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
 
 
 def plot_throughput(lines: list, path: Path, title: str = "") -> Path:
@@ -153,35 +191,42 @@ def plot_throughput(lines: list, path: Path, title: str = "") -> Path:
     return _save(fig, path)
 
 
+_FILLS = ["full", "none", "left", "bottom", "right", "top"]  # by chunk size, same order as line styles
+
+
 def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = "") -> Path:
-    """points: {world_size: [TradeoffPoint]} from service.report.tradeoff_data."""
+    """points: {world_size: [TradeoffPoint]} from service.report.tradeoff_data.
+
+    Each configuration is named once, in a legend beside the panels (its hook's colour and
+    marker, its chunk size's fill), never by labels next to its point: those overlapped into
+    a smear where configurations sit close together."""
     world_sizes = list(points) or [None]
-    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.6 * len(world_sizes) + 0.5, 4.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.6 * len(world_sizes) + 3.0, 4.8),
+                             squeeze=False, layout="constrained")
     ylabel = "final eval accuracy" if quality_metric == "final_eval_accuracy" else "final loss"
     scale, unit = _bytes_unit(p.bytes_per_step for g in points.values() for p in g)
+    chunks = ChunkStyles(p.chunk_size for g in points.values() for p in g)
+    legend: dict[str, Line2D] = {}
     for ax, world_size in zip(axes[0], world_sizes):
         if world_size is None:
             _empty(ax, "no trial with bytes/step and a final metric yet")
             continue
         group = points[world_size]
         for p in group:
+            colour, marker = hook_style(p.hook)
+            fill = _FILLS[(chunks.order.index(p.chunk_size) + 1) % len(_FILLS)
+                          if p.chunk_size is not None else 0]
+            style = dict(marker=marker, ms=9 if p.on_front else 7, color=colour, fillstyle=fill,
+                         markeredgecolor="black" if p.on_front else colour,
+                         alpha=1.0 if p.on_front else 0.55)
             ax.errorbar([p.bytes_per_step / scale], [p.quality], yerr=[p.quality_std] if p.quality_std
-                        else None, marker=hook_marker(p.hook), ms=9 if p.on_front else 7,
-                        color=hook_colour(p.hook), markeredgecolor="black" if p.on_front
-                        else "none", alpha=1.0 if p.on_front else 0.55, capsize=3, linestyle="none")
-            ax.annotate(p.config, (p.bytes_per_step / scale, p.quality), textcoords="offset points",
-                        xytext=(5, 4), fontsize=7)
+                        else None, capsize=3, linestyle="none", **style)
+            legend.setdefault(p.config, Line2D([], [], linestyle="none", **{**style, "alpha": 1.0,
+                                                                             "markeredgecolor": colour}))
         front = sorted((p for p in group if p.on_front), key=lambda p: p.bytes_per_step)
         if front:
             ax.plot([p.bytes_per_step / scale for p in front], [p.quality for p in front],
                     color="green", lw=1.5, alpha=0.6, drawstyle="steps-post")
-        ax.legend(handles=[
-            Line2D([], [], color="green", lw=1.5, alpha=0.6, marker="o", markeredgecolor="black",
-                   markerfacecolor="lightgrey", label="Pareto front: worth choosing"),
-            Line2D([], [], linestyle="none", marker="o", color="lightgrey", alpha=0.55,
-                   label="dominated (faded): another is no worse on both axes"),
-        ], fontsize=8, loc="lower right" if quality_metric == "final_eval_accuracy" else "upper right")
         values = [p.bytes_per_step for p in group if p.bytes_per_step > 0]
         if values and max(values) / min(values) > 8:
             ax.set_xscale("log")
@@ -190,7 +235,15 @@ def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = ""
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.margins(x=0.15, y=0.1)
+    handles = list(legend.values()) + [
+        Line2D([], [], color="green", lw=1.5, alpha=0.6, marker="o", markeredgecolor="black",
+               markerfacecolor="lightgrey"),
+        Line2D([], [], linestyle="none", marker="o", color="lightgrey", alpha=0.55)]
+    labels = list(legend) + ["Pareto front (black edge): worth choosing",
+                             "faded: another is no worse on both axes"]
+    fig.legend(handles, labels, loc="outside right center", frameon=False,
+               fontsize=8)
     fig.suptitle(f"{title}: quality against communication" if title
                  else "quality against communication")
-    fig.tight_layout()
     return _save(fig, path)
+

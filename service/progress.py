@@ -19,7 +19,7 @@ import math
 import sys
 import threading
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 import ray
 
@@ -92,20 +92,6 @@ class Publisher:
 
     def __setstate__(self, state):
         self.__init__(**state)
-
-
-def _no_progress(step: int, loss: float) -> None:
-    return None
-
-
-def make_publisher(config: dict) -> Callable[[int, float], None]:
-    """The ``progress(step, loss)`` callable for a worker, from its ``train_loop_config``.
-
-    ``config["progress"]`` is the :class:`Publisher` the sweep put there; a missing or
-    ``None`` entry (tests, a run outside the sweep) gives a no-op.
-    """
-    publisher = config.get("progress") if isinstance(config, dict) else None
-    return publisher if callable(publisher) else _no_progress
 
 
 def format_progress(snapshot: dict[str, Any], now: float | None = None) -> str:

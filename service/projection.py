@@ -89,9 +89,9 @@ def project(sweep, run_metrics=None, run_params=None) -> list[Projection]:
     ended ok and logged the accounting. ``run_metrics(run_id)`` / ``run_params(run_id)`` read a
     child run's summary metrics and params (default: from the sweep's MLflow store)."""
     if run_metrics is None or run_params is None:
-        from mlflow.tracking import MlflowClient
+        from service import tracking  # the one module that talks to MLflow
 
-        client = MlflowClient(sweep.tracking_uri)
+        client = tracking.client(sweep.tracking_uri)
         cache: dict[str, object] = {}
 
         def _run(run_id):

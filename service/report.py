@@ -35,6 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
+from service import recommend
+from service.recommend import BASELINE_HOOK, LOOPBACK
+
 # Params every trial logs that are not hook parameters (issue 3's contract, plus a few the
 # driver may add). Used only when the hooks library cannot say which params a hook takes.
 _TRIAL_PARAMS = {
@@ -44,14 +47,10 @@ _TRIAL_PARAMS = {
     "mlflow_version", "python_version", "warmup_steps", "micro_batch_size", "per_worker_batch_size",
 }
 SUMMARY_METRICS = (
-    "samples_per_s", "step_time_ms_median", "comm_bytes_per_step", "compression_ratio",
-    "hook_time_ms", "final_loss", "final_eval_accuracy", "nan_detected", "first_nan_step",
+    "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
+    "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
+    "nan_detected", "first_nan_step",
 )
-BASELINE_HOOK = "allreduce"
-# "Matches the baseline" in the recommendation: eval accuracy within this many points of
-# allreduce's (absolute), or, without accuracy, final loss within this fraction of it.
-ACCURACY_TOLERANCE = 0.01
-LOSS_TOLERANCE = 0.05
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
                 "report.html", "projected_throughput.png")
 
@@ -95,6 +94,10 @@ class Trial:
     loss: tuple[np.ndarray, np.ndarray]
     eval_accuracy: tuple[np.ndarray, np.ndarray]
     config: str = ""               # the run name without -w/-s: one label per configuration
+    eval_loss: tuple[np.ndarray, np.ndarray] = (np.array([]), np.array([]))
+    step_time_ms: tuple[np.ndarray, np.ndarray] = (np.array([]), np.array([]))
+    link: str = LOOPBACK           # the emulated link it ran on (param link_gbps), else loopback
+    time_to_target: recommend.TimeToTarget | None = None   # set by load_sweep
 
     @property
     def chunk_size(self) -> int | None:
@@ -126,6 +129,7 @@ class Sweep:
     config_name: str | None
     config_text: str | None
     trials: list[Trial] = field(default_factory=list)
+    tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
 
     @property
     def world_sizes(self) -> list[int]:
@@ -188,6 +192,7 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
         tracking_uri=reader.tracking_uri,
         config_name=config[0] if config else None,
         config_text=config[1] if config else None,
+        tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
     )
     for run in reader.child_runs(parent):
         params = run.data.params
@@ -210,9 +215,32 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
             loss=reader.history(run.info.run_id, "loss"),
             eval_accuracy=reader.history(run.info.run_id, "eval_accuracy"),
             config=config_label(hook, hook_params, run.info.run_name or ""),
+            eval_loss=reader.history(run.info.run_id, "eval_loss"),
+            step_time_ms=reader.history(run.info.run_id, "step_time_ms"),
+            link=link_label(params.get("link_gbps")),
         ))
     sweep.trials.sort(key=_trial_order)
+    _time_to_target(sweep)
     return sweep
+
+
+def link_label(link_gbps: str | None) -> str:
+    """"1 Gbit/s" for a trial on an emulated link, "loopback" for one on this host's loopback."""
+    if link_gbps in (None, "", "None"):
+        return LOOPBACK
+    return f"{float(link_gbps):g} Gbit/s"
+
+
+def _time_to_target(sweep: Sweep) -> None:
+    """Each trial's time to the target eval loss: the baseline's final eval loss at the same
+    world size, link and seed, plus the sweep's tolerance (service.recommend)."""
+    targets = {(t.world_size, t.link, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
+               for t in sweep.trials if t.config == BASELINE_HOOK and t.state == "ok"}
+    for t in sweep.trials:
+        target = targets.get((t.world_size, t.link, t.seed))
+        if target is None or t.state != "ok" or not len(t.eval_loss[0]):
+            continue
+        t.time_to_target = recommend.time_to_target(*t.eval_loss, *t.step_time_ms, target)
 
 
 def _config_order(hook: str, hook_params: dict[str, str]):
@@ -222,7 +250,17 @@ def _config_order(hook: str, hook_params: dict[str, str]):
 
 
 def _trial_order(t: Trial):
-    return (t.world_size, _config_order(t.hook, t.hook_params), t.seed)
+    return (t.world_size, link_order(t.link), _config_order(t.hook, t.hook_params), t.seed)
+
+
+def link_order(link: str) -> float:
+    """Slowest link first, loopback last."""
+    return math.inf if link == LOOPBACK else float(link.split()[0])
+
+
+def curve_label(t: Trial) -> str:
+    """A configuration's label in the plots: with its link when it ran on an emulated one."""
+    return t.config if t.link == LOOPBACK else f"{t.config} @{t.link}"
 
 
 def _mean_std(values: list[float]) -> tuple[float, float, int]:
@@ -257,7 +295,7 @@ def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
     """Per world size, one LossCurve per configuration (seeds averaged, band = ±std)."""
     groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
     for t in sweep.trials:
-        groups[(t.world_size, t.config)].append(t)
+        groups[(t.world_size, curve_label(t))].append(t)
     curves: dict[int, list[LossCurve]] = defaultdict(list)
     for (world_size, config), trials in groups.items():
         by_step: dict[int, list[float]] = defaultdict(list)
@@ -305,6 +343,7 @@ class SummaryRow:
     states: dict[str, int]
     run_ids: list[str]
     stats: dict[str, tuple[float, float, int]]   # metric -> (mean, std, n); incl. loss_gap
+    link: str = LOOPBACK
 
     @property
     def n_ok(self) -> int:
@@ -322,20 +361,23 @@ class SummaryRow:
 
 
 def summary_rows(sweep: Sweep) -> list[SummaryRow]:
-    """The summary table: one row per (configuration, world size), plus `loss_gap` = final
-    loss minus allreduce's at the same world size and seed (paired per seed, then averaged)."""
-    baseline = {(t.world_size, t.seed): t.metric("final_loss") for t in sweep.trials
+    """The summary table: one row per (configuration, world size, link), plus `loss_gap` =
+    final loss minus allreduce's at the same world size, link and seed (paired per seed, then
+    averaged) and `time_to_target_s` (over the seeds that reached the target)."""
+    baseline = {(t.world_size, t.link, t.seed): t.metric("final_loss") for t in sweep.trials
                 if t.hook == BASELINE_HOOK and not t.hook_params and t.state == "ok"}
-    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    groups: dict[tuple[int, str, str], list[Trial]] = defaultdict(list)
     for t in sweep.trials:
-        groups[(t.world_size, t.config)].append(t)
+        groups[(t.world_size, t.link, t.config)].append(t)
     rows = []
-    for (world_size, config), trials in groups.items():
+    for (world_size, link, config), trials in groups.items():
         ok = [t for t in trials if t.state == "ok"]
         stats = {key: _mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
                  if key not in ("nan_detected", "first_nan_step")}
-        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, t.seed)]
-                                       for t in ok if (world_size, t.seed) in baseline])
+        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, link, t.seed)]
+                                       for t in ok if (world_size, link, t.seed) in baseline])
+        stats["time_to_target_s"] = _mean_std([t.time_to_target.seconds for t in ok
+                                               if t.time_to_target and t.time_to_target.seconds is not None])
         stats["first_nan_step"] = _mean_std([t.metric("first_nan_step") for t in trials
                                              if t.state == "nan"])
         states: dict[str, int] = defaultdict(int)
@@ -344,8 +386,8 @@ def summary_rows(sweep: Sweep) -> list[SummaryRow]:
         rows.append(SummaryRow(config=config, hook=trials[0].hook,
                                hook_params=trials[0].hook_params, world_size=world_size,
                                seeds=sorted(t.seed for t in trials), states=dict(states),
-                               run_ids=[t.run_id for t in trials], stats=stats))
-    rows.sort(key=lambda r: (r.world_size, _config_order(r.hook, r.hook_params)))
+                               run_ids=[t.run_id for t in trials], stats=stats, link=link))
+    rows.sort(key=lambda r: (r.world_size, link_order(r.link), _config_order(r.hook, r.hook_params)))
     return rows
 
 
@@ -367,8 +409,9 @@ def throughput_data(sweep: Sweep) -> list[ThroughputLine]:
         if n == 0:
             continue
         chunk = row.hook_params.get("chunk_size")
-        line = lines.setdefault(row.config, ThroughputLine(
-            row.config, row.hook, int(float(chunk)) if chunk not in (None, "", "None") else None,
+        label = row_label(row)
+        line = lines.setdefault(label, ThroughputLine(
+            label, row.hook, int(float(chunk)) if chunk not in (None, "", "None") else None,
             [], [], []))
         line.world_sizes.append(row.world_size)
         line.mean.append(mean)
@@ -385,6 +428,7 @@ class TradeoffPoint:
     quality: float                 # eval accuracy (higher is better) or final loss (lower)
     quality_std: float
     on_front: bool = False
+    chunk_size: int | None = None
 
 
 def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
@@ -399,8 +443,10 @@ def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
         bytes_mean, _, n_bytes = row.stats["comm_bytes_per_step"]
         quality, quality_std, n_quality = row.stats[metric]
         if n_bytes and n_quality:
-            points[row.world_size].append(TradeoffPoint(row.config, row.hook, row.world_size,
-                                                        bytes_mean, quality, quality_std))
+            chunk = row.hook_params.get("chunk_size")
+            points[row.world_size].append(TradeoffPoint(
+                row_label(row), row.hook, row.world_size, bytes_mean, quality, quality_std,
+                chunk_size=int(float(chunk)) if chunk not in (None, "", "None") else None))
     if any(w > 1 for w in points):
         points.pop(1, None)
     better = (lambda a, b: a >= b) if metric == "final_eval_accuracy" else (lambda a, b: a <= b)
@@ -413,119 +459,60 @@ def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
     return metric, dict(sorted(points.items()))
 
 
+def row_label(row: SummaryRow) -> str:
+    return row.config if row.link == LOOPBACK else f"{row.config} @{row.link}"
+
+
 # --------------------------------------------------------------------------------------------
-# Which configuration to use
+# Which configuration to use (the rule: service/recommend.py)
 # --------------------------------------------------------------------------------------------
 
-@dataclass
-class Recommendation:
-    world_size: int
-    choice: SummaryRow | None
-    baseline: SummaryRow | None
-    fastest: SummaryRow | None
-    reason: str
-    avoid: list[tuple[str, str]]   # (config, why)
-
-
-def recommendations(sweep: Sweep) -> list[Recommendation]:
-    """Per world size: the configuration sending the fewest bytes per step among those whose
-    every trial ended ok and whose quality matches allreduce's (eval accuracy within
-    ACCURACY_TOLERANCE, or final loss within LOSS_TOLERANCE); ties go to the faster one."""
-    rows = summary_rows(sweep)
+def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
+    """Per (world size, link): service.recommend's answer over the sweep's configurations."""
+    groups: dict[tuple[int, str], dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
+    for t in sweep.trials:
+        groups[(t.world_size, t.link)][t.config].append(t)
     out = []
-    for world_size in sorted({r.world_size for r in rows}):
-        at_w = [r for r in rows if r.world_size == world_size]
-        baseline = next((r for r in at_w if r.hook == BASELINE_HOOK and not r.hook_params
-                         and r.n_ok), None)
-        avoid, candidates = [], []
-        for r in at_w:
-            bad = {s: n for s, n in r.states.items() if s != "ok"}
-            if bad:
-                avoid.append((r.config, ", ".join(f"{n} {s}" for s, n in sorted(bad.items()))
-                              + f" of {sum(r.states.values())} trial(s)"))
-                continue
-            quality_ok, why = _matches(r, baseline)
-            if not quality_ok:
-                avoid.append((r.config, why))
-                continue
-            if math.isfinite(r.mean("comm_bytes_per_step")):
-                candidates.append(r)
-        choice = min(candidates, default=None,
-                     key=lambda r: (r.mean("comm_bytes_per_step"), -_finite(r.mean("samples_per_s"))))
-        if world_size == 1 and baseline is not None:
-            choice = baseline  # one worker sends nothing: compression has nothing to save
-        fastest = max(candidates, default=None, key=lambda r: _finite(r.mean("samples_per_s")))
-        out.append(Recommendation(world_size, choice, baseline, fastest,
-                                  _reason(choice, baseline, world_size), avoid))
+    for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
+        candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance))
     return out
 
 
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else -math.inf
+def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
+    ok = [t for t in trials if t.state == "ok"]
+    states: dict[str, int] = defaultdict(int)
+    for t in trials:
+        states[t.state] += 1
+    return recommend.Candidate(
+        config=config, hook=trials[0].hook, ok=len(ok) == len(trials),
+        states=", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f" of {len(trials)} trial(s)",
+        final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
+        time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
+        spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
+                  for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
+        samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
+        bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
+    )
 
 
-def _matches(row: SummaryRow, baseline: SummaryRow | None) -> tuple[bool, str]:
-    if baseline is None or row is baseline:
-        return True, ""
-    acc, base_acc = row.mean("final_eval_accuracy"), baseline.mean("final_eval_accuracy")
-    if math.isfinite(acc) and math.isfinite(base_acc):
-        if acc >= base_acc - ACCURACY_TOLERANCE:
-            return True, ""
-        return False, f"eval accuracy {acc:.3f} vs {base_acc:.3f} for {BASELINE_HOOK}"
-    loss, base_loss = row.mean("final_loss"), baseline.mean("final_loss")
-    if math.isfinite(loss) and math.isfinite(base_loss):
-        if loss <= base_loss * (1 + LOSS_TOLERANCE):
-            return True, ""
-        return False, f"final loss {loss:.4g} vs {base_loss:.4g} for {BASELINE_HOOK}"
-    return False, "no final quality metric recorded"
+def _measured_ms(t: Trial) -> np.ndarray:
+    """Step times without the first ones (warm-up: compilation, first bucket rebuild)."""
+    ms = t.step_time_ms[1]
+    return ms[min(5, len(ms) // 4):]
 
 
-def _reason(choice: SummaryRow | None, baseline: SummaryRow | None, world_size: int) -> str:
-    if choice is None:
-        return "no configuration finished cleanly with a quality matching the baseline"
-    if world_size == 1:
-        return "one worker sends nothing: any hook only adds work; allreduce is the plain choice"
-    if baseline is None:
-        return (f"no {BASELINE_HOOK} baseline at this world size: {choice.config} sends the "
-                f"fewest bytes per step ({_bytes(choice.mean('comm_bytes_per_step'))}) among "
-                f"trials that finished cleanly")
-    if choice is baseline:
-        return (f"no compressed configuration matched {BASELINE_HOOK}'s quality with fewer bytes:"
-                f" keep {BASELINE_HOOK}")
-    saving = baseline.mean("comm_bytes_per_step") / max(choice.mean("comm_bytes_per_step"), 1e-12)
-    parts = [f"{saving:.1f}x fewer bytes per step than {BASELINE_HOOK} "
-             f"({_bytes(choice.mean('comm_bytes_per_step'))} vs "
-             f"{_bytes(baseline.mean('comm_bytes_per_step'))})"]
-    acc, base_acc = choice.mean("final_eval_accuracy"), baseline.mean("final_eval_accuracy")
-    if math.isfinite(acc) and math.isfinite(base_acc):
-        parts.append(f"eval accuracy {acc:.3f} vs {base_acc:.3f}")
-    else:
-        parts.append(f"final loss {choice.mean('final_loss'):.4g} vs "
-                     f"{baseline.mean('final_loss'):.4g}")
-    speed, base_speed = choice.mean("samples_per_s"), baseline.mean("samples_per_s")
-    if math.isfinite(speed) and math.isfinite(base_speed) and base_speed > 0:
-        parts.append(f"throughput here {speed / base_speed:.2f}x {BASELINE_HOOK}'s")
-    return "; ".join(parts)
-
-
-def headline(recs: list[Recommendation]) -> str:
-    """The answer in a sentence or two: the choice at the largest world size that
-    communicates, and, when another configuration was faster on this machine, that one too."""
+def headline(recs: list[recommend.Recommendation]) -> str:
+    """The answer in a sentence: the choice at the largest world size that communicates, on
+    the slowest link measured."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
-    top = with_comm[-1]
+    top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
+    where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
     if top.choice is None:
-        return f"At world size {top.world_size}: {top.reason}."
-    text = f"Use {top.choice.config} at world size {top.world_size}: {top.reason}."
-    fastest = top.fastest
-    if (fastest is not None and fastest is not top.choice
-            and _finite(fastest.mean("samples_per_s")) > _finite(top.choice.mean("samples_per_s"))):
-        text += (f" That pays off where the network is the bottleneck; on this machine "
-                 f"{fastest.config} was faster ({fastest.mean('samples_per_s'):,.0f} vs "
-                 f"{top.choice.mean('samples_per_s'):,.0f} samples/s), so prefer it when the "
-                 f"network is fast.")
-    return text
+        return f"At {where}: {top.reason}."
+    return f"Use {top.choice.config} at {where}: {top.reason}."
 
 
 # --------------------------------------------------------------------------------------------
@@ -533,11 +520,14 @@ def headline(recs: list[Recommendation]) -> str:
 # --------------------------------------------------------------------------------------------
 
 _COLUMNS = [  # (header, metric, formatter of the mean, formatter of the std)
+    ("time to target (s)", "time_to_target_s", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
+    ("final eval loss", "final_eval_loss", lambda v: f"{v:.4g}", lambda v: f"{v:.2g}"),
     ("final loss", "final_loss", lambda v: f"{v:.4g}", lambda v: f"{v:.2g}"),
     (f"loss gap to {BASELINE_HOOK}", "loss_gap", lambda v: f"{v:+.3g}", lambda v: f"{v:.2g}"),
     ("eval accuracy", "final_eval_accuracy", lambda v: f"{v:.3f}", lambda v: f"{v:.3f}"),
     ("samples/s", "samples_per_s", lambda v: f"{v:,.0f}", lambda v: f"{v:,.0f}"),
     ("step ms (median)", "step_time_ms_median", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
+    ("step ms IQR", "step_time_ms_iqr", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
     ("bytes/step", "comm_bytes_per_step", lambda v: _bytes(v), lambda v: _bytes(v)),
     ("compression", "compression_ratio", lambda v: f"{v:.2f}x", lambda v: f"{v:.2f}"),
     ("hook ms", "hook_time_ms", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
@@ -567,11 +557,40 @@ def _states_text(row: SummaryRow) -> str:
                      for s, n in sorted(row.states.items()))
 
 
-def table_cells(rows: list[SummaryRow]) -> tuple[list[str], list[list[str]]]:
-    header = ["configuration", "world size", "seeds", "status"] + [c[0] for c in _COLUMNS]
-    body = [[r.config, str(r.world_size), ",".join(map(str, r.seeds)), _states_text(r)]
-            + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS]
-            for r in rows]
+_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (95% CI)",
+           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (95% CI)"]
+
+
+def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None) -> list[str]:
+    """Time-to-target speed-up and paired eval-loss gap against fp32 allreduce and the best
+    16-bit hook of the same world size and link."""
+    if c is None or rec is None:
+        return [""] * 4
+    cells = []
+    for ref, gap in ((rec.baseline, c.gap), (rec.best_16bit, c.gap_16bit)):
+        if ref is None:
+            cells += ["", ""]
+            continue
+        speedup = (f"{ref.seconds / c.seconds:.2f}x" if math.isfinite(ref.seconds) and math.isfinite(c.seconds)
+                   else "")
+        cells += ["ref" if ref is c else speedup, "ref" if ref is c else (gap.text() if gap else "")]
+    return cells
+
+
+def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | None = None
+                ) -> tuple[list[str], list[list[str]]]:
+    header = (["configuration", "world size", "link", "seeds", "status"] + [c[0] for c in _COLUMNS]
+              + (_VERSUS if recs is not None else []))
+    by_group = {(r.world_size, r.link): r for r in recs or []}
+    body = []
+    for r in rows:
+        cells = ([r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
+                 + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS])
+        if recs is not None:
+            rec = by_group.get((r.world_size, r.link))
+            candidate = next((c for c in rec.candidates if c.config == r.config), None) if rec else None
+            cells += _versus_cells(candidate, rec)
+        body.append(cells)
     return header, body
 
 
@@ -580,7 +599,7 @@ def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
     metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["configuration", "hook", "hook_params", "world_size", "seeds", "trials",
+        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "seeds", "trials",
                          "ok", "nan", "failed", "other"]
                         + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
         for r in rows:
@@ -591,20 +610,20 @@ def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
                 values += [repr(mean) if n else "", repr(std) if n > 1 else ""]
             writer.writerow([r.config, r.hook,
                              ";".join(f"{k}={v}" for k, v in sorted(r.hook_params.items())),
-                             r.world_size, " ".join(map(str, r.seeds)), len(r.run_ids),
+                             r.world_size, r.link, " ".join(map(str, r.seeds)), len(r.run_ids),
                              r.states.get("ok", 0), r.states.get("nan", 0),
                              r.states.get("failed", 0), other] + values)
 
 
-def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation]) -> str:
-    header, body = table_cells(rows)
+def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
+    header, body = table_cells(rows, recs)
     lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
              f"**{headline(recs)}**", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
     lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
-              f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed.",
-              ""]
+              f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
+              f"{_RULE.format(tolerance=sweep.tolerance)}", ""]
     return "\n".join(lines)
 
 
@@ -632,7 +651,16 @@ def _img_tag(path: Path, alt: str) -> str:
     return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt)}">'
 
 
-def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation],
+_RULE = ("Time to target: training seconds (the sum of measured step times, eval excluded) until "
+         "the eval loss first reaches allreduce's final eval loss at the same world size, link and "
+         "seed plus {tolerance:.0%}. The recommendation ranks by that time among configurations whose "
+         "every trial ended ok and whose paired eval-loss gap to allreduce has its 95% interval "
+         "within +{tolerance:.0%}; then by throughput, then bytes. A configuration is called faster "
+         "only by more than the spread of the times (step-time IQR, seed scatter); otherwise it is "
+         "the same speed here and allreduce is kept.")
+
+
+def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
                 images: dict[str, Path], quality_metric: str) -> str:
     e = html.escape
     states: dict[str, int] = defaultdict(int)
@@ -653,37 +681,32 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[Recommendation]
 
     out += ["<h2 id='recommendation'>Which configuration to use</h2>",
             f"<p class='headline'>{e(headline(recs))}</p>",
-            "<table><tr><th>world size</th><th>use</th><th>why</th>"
-            "<th>fastest here</th><th>avoid</th></tr>"]
+            "<table><tr><th>world size</th><th>link</th><th>use</th><th>why</th>"
+            "<th>runner-up</th><th>avoid</th></tr>"]
     for r in recs:
         avoid = "<br>".join(f"{e(c)}: {e(why)}" for c, why in r.avoid) or "—"
-        fastest = (f"{e(r.fastest.config)} ({r.fastest.mean('samples_per_s'):,.0f} samples/s)"
-                   if r.fastest is not None and math.isfinite(r.fastest.mean("samples_per_s"))
-                   else "—")
-        out.append(f"<tr><td>{r.world_size}</td><td class='left'><b>"
+        runner = e(r.runner_up.config) if r.runner_up is not None else "—"
+        out.append(f"<tr><td>{r.world_size}</td><td>{e(r.link)}</td><td class='left'><b>"
                    f"{e(r.choice.config) if r.choice else '—'}</b></td>"
-                   f"<td class='left'>{e(r.reason)}</td><td class='left'>{fastest}</td>"
+                   f"<td class='left'>{e(r.reason)}</td><td class='left'>{runner}</td>"
                    f"<td class='left'>{avoid}</td></tr>")
-    out.append(
-        "</table><p class='meta'>Rule: among configurations whose every trial ended ok, the one "
-        f"sending the fewest bytes per step while matching {BASELINE_HOOK}'s quality (eval "
-        f"accuracy within {ACCURACY_TOLERANCE:g}, or final loss within "
-        f"{LOSS_TOLERANCE:.0%}). Bytes per step are what a slow network pays for; throughput "
-        "measured here (loopback, gloo, CPU) understates what compression saves on a real "
-        "network and includes the cost of compressing.</p>")
+    out.append(f"</table><p class='meta'>{e(_RULE.format(tolerance=sweep.tolerance))} The parent "
+               f"run carries the answer as tags <code>recommended.w&lt;W&gt;.&lt;link&gt;</code>.</p>")
 
-    header, body = table_cells(rows)
-    picks = {(r.choice.config, r.world_size) for r in recs if r.choice is not None}
+    header, body = table_cells(rows, recs)
+    picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     out += ["<h2 id='summary'>Summary</h2><table><tr>"
             + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
     for row, cells in zip(rows, body):
-        cls = " class='pick'" if (row.config, row.world_size) in picks else ""
+        cls = " class='pick'" if (row.config, row.world_size, row.link) in picks else ""
         status_cls = "" if row.all_ok else f" class='st-{e(next(s for s in row.states if s != 'ok'))}'"
         out.append(f"<tr{cls}>" + "".join(
-            f"<td{status_cls if i == 3 else ''}>{e(c)}</td>" for i, c in enumerate(cells))
+            f"<td{status_cls if i == 4 else ''}>{e(c)}</td>" for i, c in enumerate(cells))
             + "</tr>")
     out.append(f"</table><p class='meta'>Mean ± std over seeds of the trials that ended ok. Loss "
-               f"gap: final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
+               f"gap: final loss minus {BASELINE_HOOK}'s at the same world size and seed. Speed-up: "
+               f"the reference's time to target over this one's; eval-loss gap: relative, paired per "
+               f"seed, mean with its 95% t-interval. Step ms IQR: the spread of the measured steps. "
                f"Highlighted: the recommended configuration per world size. Also in summary.csv "
                f"and summary.md.</p>")
 
@@ -783,11 +806,26 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "<h2 id='trials'>", projection.html_section(projections) + "\n<h2 id='trials'>", 1))
     if attach:
         try:
+            record_answer(reader, sweep, recs)
             reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
         except Exception as e:
             raise ReportError(f"report written to {out_dir}, but attaching it to run "
                               f"{parent_run_id} failed: {str(e).splitlines()[0]}") from None
     return report
+
+
+def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) -> None:
+    """Into MLflow: each trial's time_to_target_s (absent when never reached) and
+    time_to_target_interpolated, and on the parent run the answer per world size and link as
+    tags recommended.w{W}.{link} = configuration, so the UI shows it without the report."""
+    for t in sweep.trials:
+        if t.time_to_target is not None and t.time_to_target.seconds is not None:
+            reader.record(t.run_id, metrics={
+                "time_to_target_s": t.time_to_target.seconds,
+                "time_to_target_interpolated": float(t.time_to_target.interpolated)})
+    tags = {r.key: r.choice.config for r in recs if r.choice is not None}
+    tags["target_tolerance"] = repr(sweep.tolerance)
+    reader.record(sweep.parent_run_id, tags=tags)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ log = logging.getLogger("service.sweep")
 # A Tune trial only waits on its TorchTrainer: it needs a sliver of a CPU, not a whole one.
 TRIAL_DRIVER_CPUS = 0.01
 # Summary metrics shown in the end-of-sweep table (logged by the worker's rank 0).
-TABLE_METRICS = ("final_loss", "final_eval_accuracy", "samples_per_s", "comm_bytes_per_step",
+TABLE_METRICS = ("final_loss", "final_eval_accuracy", "time_to_target_s", "samples_per_s", "comm_bytes_per_step",
                  "compression_ratio")
 
 
@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg, config_path = load_config(args.config)
         trials = cfg.trials()
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        for line in exc.lines():  # every problem, one line each: fix them all in one go
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
     if args.dry_run:
@@ -129,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the sweep failed: {_one_line(exc)} (details: {log_path})", file=sys.stderr)
         return 1
 
+    report_line = write_report(cfg, outcome)  # first: it records each trial's time to target
+    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, trials)
     print()
-    print(format_table(outcome.rows))
+    print(format_table(rows))
     print()
-    print(f"{len(outcome.rows)} trials, {outcome.failed} failed. Log: {log_path}")
-    print(f"MLflow: {mlflow_ui_hint(outcome.tracking_uri)}")
-    print(write_report(cfg, outcome), flush=True)
+    print(f"{_count(len(outcome.rows), 'trial')}, {outcome.failed} failed. Log: {log_path}")
+    print(mlflow_ui_hint(outcome.tracking_uri, outcome.parent_run_id))
+    print(report_line, flush=True)
     if outcome.interrupted:
         print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
               f"python -m service.sweep {args.config} --resume")
@@ -458,7 +461,9 @@ def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
     its /health endpoint with a short timeout instead. Other stores (SQLite, file) are
     opened once.
     """
-    if uri.startswith(("http://", "https://")):
+    from service import tracking
+
+    if tracking.is_server(uri):
         import urllib.error
         import urllib.request
 
@@ -473,8 +478,6 @@ def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
             reason = _one_line(getattr(exc, "reason", None) or exc) if not isinstance(exc, ValueError) else str(exc)
         raise SweepError(f"the MLflow tracking server {uri} does not answer ({reason}); start it, "
                          f"or fix/unset MLFLOW_TRACKING_URI (unset: ./mlflow.db)")
-    from service import tracking
-
     try:
         tracking.client(uri).search_experiments(max_results=1)
     except Exception as exc:
@@ -561,16 +564,16 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
     for trial in trials:
         run = by_key.get(trial.key) or by_key.get(trial.run_name)
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
-                               "params": " ".join(f"{k}={v}" for k, v in trial.hook_params.items()),
+                               "params": " ".join(f"{k}={v}" for k, v in trial.non_default_params().items()),
                                "world_size": trial.world_size, "seed": trial.seed}
         if run is None:
-            row.update({m: None for m in TABLE_METRICS}, status="not run", run_id=None, error="")
+            row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,
+                       error="")
         else:
             row.update({m: run.data.metrics.get(m) for m in TABLE_METRICS})
             tags = run.data.tags
-            row["status"] = tags.get("status", run.info.status.lower())
-            if tags.get("nan_source"):
-                row["status"] += f" ({tags['nan_source']})"
+            row["status"] = tags.get("status", run.info.status.lower())  # ok | nan | failed | killed
+            row["nan_source"] = tags.get("nan_source", "")
             row["error"] = (tags.get("error") or "").splitlines()[0] if tags.get("error") else ""
             row["run_id"] = run.info.run_id
         rows.append(row)
@@ -579,18 +582,20 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The end-of-sweep table: one row per trial."""
-    headers = ["hook", "params", "world", "final loss", "eval acc", "samples/s", "bytes/step",
-               "compression", "status"]
+    headers = ["hook", "params", "world", "seed", "final loss", "eval acc", "to target s", "samples/s",
+               "bytes/step", "compression", "status"]
     body = []
     for r in rows:
         body.append([
-            r["hook"], r["params"] or "-", str(r["world_size"]),
+            r["hook"], r["params"] or "-", str(r["world_size"]), str(r["seed"]),
             _num(r["final_loss"], "{:.4f}"), _num(r["final_eval_accuracy"], "{:.3f}"),
+            _num(r["time_to_target_s"], "{:.2f}"),
             _num(r["samples_per_s"], "{:,.0f}"), _bytes(r["comm_bytes_per_step"]),
-            _num(r["compression_ratio"], "{:.2f}x"), r["status"],
+            _num(r["compression_ratio"], "{:.2f}x"),
+            f"{r['status']} ({r['nan_source']})" if r.get("nan_source") else r["status"],
         ])
     widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
-    right = {2, 3, 4, 5, 6, 7}
+    right = {2, 3, 4, 5, 6, 7, 8, 9}
 
     def line(cells):
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -603,10 +608,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out).rstrip()
 
 
-def mlflow_ui_hint(tracking_uri: str) -> str:
-    if tracking_uri.startswith(("http://", "https://")):
-        return f"open {tracking_uri} in a browser"
-    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+def mlflow_ui_hint(tracking_uri: str, parent_run_id: str) -> str:
+    """Where to read the sweep in the MLflow UI: the command serving a local store, the trials'
+    page and the sweep's run (both in the UI's model-training view, not its GenAI overview)."""
+    from service import tracking
+
+    experiment_id = tracking.experiment_id_of(parent_run_id, tracking_uri)
+    command = tracking.ui_command(tracking_uri)
+    lines = [f"MLflow: {command}" if command else f"MLflow: {tracking_uri}",
+             f"  trials: {tracking.ui_url(tracking_uri, experiment_id)}",
+             f"  sweep:  {tracking.ui_url(tracking_uri, experiment_id, parent_run_id)}"]
+    return "\n".join(lines)
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -618,11 +630,13 @@ def _num(value: float | None, fmt: str) -> str:
 def _bytes(value: float | None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    if abs(value) < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         value /= 1024
-    return str(value)
+        if abs(value) < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 # --------------------------------------------------------------------------- files and logs
@@ -703,6 +717,10 @@ def _trial_dirname(trial) -> str:
         return f"{TrialSpec.from_dict(spec).run_name}-{trial.trial_id}"
     except Exception:
         return trial.trial_id
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _one_line(exc: BaseException | str) -> str:

@@ -75,12 +75,6 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def is_local_store(uri: str) -> bool:
-    """True for stores that live on this node's disk (SQLite, file): a multi-node Ray
-    cluster's workers on other nodes cannot write them."""
-    return uri.startswith(("sqlite:", "file:")) or "://" not in uri
-
-
 def client(tracking_uri: str | None = None) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri or resolve_tracking_uri())
 
@@ -98,23 +92,56 @@ def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "experiment"
 
 
+# MLflow 3 reads this experiment tag to tell a model-training experiment from a GenAI one.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow 3.17's UI opens every experiment in its GenAI view (an empty traces "Overview") unless
+# the URL names the model-training view; it then remembers the choice in the browser.
+UI_VIEW_QUERY = "workflowType=machine_learning"
+LOCAL_UI = "http://127.0.0.1:5000"
+
+
 def get_or_create_experiment(name: str, tracking_uri: str | None = None) -> str:
     """The experiment id of ``name``, created (with artifacts beside a SQLite store) if
-    it does not exist yet."""
+    it does not exist yet, and marked a model-training experiment."""
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     exp = c.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             c.restore_experiment(exp.experiment_id)
+        if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            c.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=_artifact_location(uri, name))
+        return c.create_experiment(name, artifact_location=_artifact_location(uri, name),
+                                   tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except MlflowException:  # created concurrently by another process
         exp = c.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+
+
+def is_server(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def ui_command(tracking_uri: str) -> str | None:
+    """The command that serves a local store's UI at LOCAL_UI (None for a tracking server)."""
+    if is_server(tracking_uri):
+        return None
+    return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
+
+
+def ui_url(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The MLflow UI page of an experiment's runs (or of one run), in the model-training view."""
+    base = tracking_uri.rstrip("/") if is_server(tracking_uri) else LOCAL_UI
+    page = f"/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
+    return f"{base}{page}?{UI_VIEW_QUERY}"
+
+
+def experiment_id_of(run_id: str, tracking_uri: str) -> str:
+    return client(tracking_uri).get_run(run_id).info.experiment_id
 
 
 # --------------------------------------------------------------------------- runs
@@ -144,7 +171,8 @@ def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = No
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     experiment_id = get_or_create_experiment(cfg.name, uri)
-    tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint()}
+    tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint(),
+            "target_tolerance": repr(cfg.report.target_tolerance)}
     if config_path:
         tags["config_path"] = os.path.abspath(str(config_path))
     commit = git_commit()
@@ -428,7 +456,7 @@ class SweepReader:
             except MlflowException:
                 run = None
             if run is not None:
-                return run.data.tags.get("mlflow.parentRunId") or run.info.run_id
+                return run.data.tags.get(PARENT_TAG) or run.info.run_id
         try:
             experiment = self.client.get_experiment_by_name(ref)
         except MlflowException as e:
@@ -439,7 +467,7 @@ class SweepReader:
             raise StoreError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
                               f"(experiments there: {', '.join(names) or 'none'})")
         parents = [r for r in self._search(experiment.experiment_id, "")
-                   if "mlflow.parentRunId" not in r.data.tags]
+                   if PARENT_TAG not in r.data.tags]
         if not parents:
             raise StoreError(f"experiment {ref!r} has no sweep (parent) run yet")
         return max(parents, key=lambda r: r.info.start_time or 0).info.run_id
@@ -454,7 +482,7 @@ class SweepReader:
         """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
         the run name) the newest wins."""
         runs = self._search(parent.info.experiment_id,
-                            f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+                            f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
         newest = {}
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
             newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run
@@ -490,6 +518,13 @@ class SweepReader:
                 return yaml_files[0], Path(local).read_text(errors="replace")
         except Exception:  # a missing or unreadable config must not stop the report
             return None
+
+    def record(self, run_id: str, metrics: dict[str, float] | None = None,
+               tags: dict[str, str] | None = None) -> None:
+        """Summary metrics (step 0) and tags derived after the fact (the report's answer)."""
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
+                              tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
 
     def attach(self, run_id: str, paths: list[Path]) -> None:
         for path in paths:

@@ -36,11 +36,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 from service.nan import NanMonitor
+from service.projection import LINKS_GBPS
 from service.workloads import Workload, build_workload, evaluate, fetch_batch
 
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
-# Links the summary projects each trial's step time onto (hooks.cost's alpha-beta model).
-PROJECTED_LINKS_GBPS = (10, 100)
 PROGRESS_EVERY_S = 2.0
 SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)
 HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
@@ -271,6 +270,8 @@ class StepMeter:
         out = {
             "samples_per_s": global_batch * len(measured) / (sum(measured) / 1000.0) if measured else 0.0,
             "step_time_ms_median": statistics.median(measured) if measured else 0.0,
+            # the spread the report compares speeds against (issue 16: "same speed here")
+            "step_time_ms_iqr": _iqr(measured),
             "warmup_steps_excluded": warmup_excluded,
             "comm_bytes_per_step": delta.get("wire_bytes", 0) / max(steps_run, 1),
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
@@ -324,7 +325,7 @@ class StepMeter:
             "allreduce_calls_per_step": delta["allreduce_calls"] / steps,
         }
         params = dict(self.trial.hook_params)
-        for gbps in PROJECTED_LINKS_GBPS:
+        for gbps in LINKS_GBPS:
             seconds = hooks.cost.projected_step_seconds(compute_ms / 1000.0, self.trial.hook, delta, steps,
                                                         self.trial.world_size, gbps, **params)
             out[f"projected_step_ms_{gbps}gbps"] = 1000.0 * seconds
@@ -385,6 +386,13 @@ class FidelitySampler:
         return {"grad_rel_error_mean": statistics.fmean(v[0] for v in self.values.values()),
                 "grad_cosine_mean": statistics.fmean(v[1] for v in self.values.values()),
                 "grad_fidelity_steps": len(self.values)}
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q3 - q1
 
 
 def _stats(hook_state) -> dict[str, float]:
@@ -493,7 +501,7 @@ class FaultInjector:
             if fault.kind == "nan_grad":
                 self._handles.append(params[0].register_hook(_poison))
             elif fault.kind == "scale_grad":
-                factor = float(fault.factor if fault.factor is not None else 1e6)
+                factor = float(fault.factor)  # the config requires one for scale_grad
                 self._handles += [p.register_hook(_scaler(factor)) for p in params]
 
 

@@ -51,14 +51,23 @@ class Workload:
     loss_fn: LossFn
 
 
+# What a config may leave out (issue 13: a first config should not need them): the global batch,
+# and a learning rate per optimizer, from the presets these workloads run in (tune_configs/).
+DEFAULT_GLOBAL_BATCH = 64
+DEFAULT_LR = {"sgd": 0.05, "adamw": 0.001}
+
+
 @dataclass(frozen=True)
 class WorkloadInfo:
-    """A built-in workload as listed to users (config errors, --help, docs)."""
+    """A built-in workload as listed to users (config errors, --help, docs), with the global
+    batch and learning rates a config gets when it names none."""
 
     description: str
     input_shape: tuple[int, ...]  # one sample's x
     num_classes: int
     builder: Callable[[int], Workload]
+    global_batch_size: int = DEFAULT_GLOBAL_BATCH
+    lr: tuple[tuple[str, float], ...] = tuple(DEFAULT_LR.items())  # (optimizer, lr) pairs
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -276,8 +285,18 @@ BUILTIN_WORKLOADS: dict[str, WorkloadInfo] = {
         "2-layer causal transformer predicting the next byte of Python stdlib source "
         f"(context {CONTEXT_LENGTH})",
         (CONTEXT_LENGTH,), VOCAB_SIZE, build_char_lm,
+        lr=(("sgd", 0.5), ("adamw", 0.003)),  # bench/error_feedback.py and compression_at_scale.yaml
     ),
 }
+
+
+def training_defaults(name: str, optimizer: str) -> dict[str, float]:
+    """``global_batch_size`` and ``lr`` for a config that leaves them out: the built-in's own,
+    or the general ones for a custom workload (docs/workloads.md lists them)."""
+    info = BUILTIN_WORKLOADS.get(name)
+    lrs = dict(info.lr) if info is not None else DEFAULT_LR
+    return {"global_batch_size": info.global_batch_size if info is not None else DEFAULT_GLOBAL_BATCH,
+            "lr": lrs.get(optimizer, DEFAULT_LR.get(optimizer, DEFAULT_LR["sgd"]))}
 
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 

@@ -6,6 +6,7 @@ the pytest side only spawns them. Buckets are either real DDP buckets (DDP model
 NaN, huge values, layers of very different scales) reach the hooks through real collectives.
 """
 
+import contextlib
 import copy
 import math
 
@@ -724,6 +725,114 @@ def check_resume(rank: int, w: int) -> dict:
             diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
             assert diff == 0, ("DDP resume", name, "step", 4 + step, diff)
     return {}
+
+
+# --------------------------------------------------------------------------- failed collectives
+INJECTED = "injected collective failure"
+_COLLECTIVES = ("all_reduce", "all_gather_single", "all_to_all_single")
+
+
+class _FailingWork:
+    """The real collective's work, whose completion fails: the bytes really travel (ranks stay
+    in step, as when a peer's data arrives corrupt or a link drops mid-call), then the future
+    carries an error, as gloo's and NCCL's do when a collective fails."""
+
+    def __init__(self, work):
+        def fail(fut):
+            fut.wait()
+            raise RuntimeError(INJECTED)
+
+        self._fut = work.get_future().then(fail)
+
+    def get_future(self):
+        return self._fut
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        return True
+
+    def is_completed(self):
+        return self._fut.done()
+
+
+@contextlib.contextmanager
+def failing_collectives():
+    """Every async collective issued through torch.distributed (ours and torch's hooks) fails."""
+    real = {name: getattr(dist, name) for name in _COLLECTIVES}
+
+    def wrap(fn):
+        def failing(*args, **kwargs):
+            work = fn(*args, **kwargs)
+            return _FailingWork(work) if kwargs.get("async_op") else work
+        return failing
+
+    for name, fn in real.items():
+        setattr(dist, name, wrap(fn))
+    try:
+        yield
+    finally:
+        for name, fn in real.items():
+            setattr(dist, name, fn)
+
+
+@contextlib.contextmanager
+def failing_hook_collectives():
+    """Only the collectives a hook issues fail (hooks.build hands out hooks that run under
+    failing_collectives): DDP's own broadcasts and the service's NaN agreement stay real."""
+    real_build = hooks.build
+
+    def build(*args, **kwargs):
+        state, hook = real_build(*args, **kwargs)
+
+        def failing_hook(st, bucket):
+            with failing_collectives():
+                return hook(st, bucket)
+
+        return state, failing_hook
+
+    hooks.build = build
+    try:
+        yield
+    finally:
+        hooks.build = real_build
+
+
+def _expect_injected(fn, what) -> None:
+    try:
+        fn()
+    except RuntimeError as exc:
+        assert INJECTED in str(exc), (what, str(exc))
+        return
+    raise AssertionError(f"{what}: a failed collective was swallowed (the hook returned a result)")
+
+
+def check_collective_failure_propagates(rank: int, w: int) -> dict:
+    """Every registered hook re-raises a failed collective, on every rank, both for a bare call
+    and inside DDP's backward (where the reducer reads the hook's future): none returns this
+    rank's own bucket or uninitialised memory as the mean. PowerSGD in both of its phases."""
+    checked = []
+    cases = [(name, dict(TEST_PARAMS.get(name, {}))) for name in ALL_HOOKS]
+    cases.append(("powersgd", {"start_iter": 2}))  # 2 exact calls first, then the compressing phase
+    for name, params in cases:
+        state, hook = hooks.build(name, **params)
+        shapes = [(40, 30), (300,)]
+        tensor = layered(rank, sizes=(1200, 300), scales=(1.0, 0.1))
+        for call in range(params.get("start_iter", 0)):  # reach PowerSGD's compressing phase
+            hook(state, Bucket(tensor.clone(), shapes=shapes)).wait()
+        with failing_collectives():
+            _expect_injected(lambda: hook(state, Bucket(tensor.clone(), shapes=shapes)).wait(), name)
+        fid_state, fid_hook = hooks.with_fidelity(*hooks.build(name, **dict(TEST_PARAMS.get(name, {}))))
+        with failing_collectives():
+            _expect_injected(lambda: fid_hook(fid_state, Bucket(tensor.clone(), shapes=shapes)).wait(),
+                             f"{name} with fidelity")
+        torch.manual_seed(0)
+        model = DDP(_mlp(), bucket_cap_mb=0.004)
+        model.register_comm_hook(*hooks.build(name, **dict(TEST_PARAMS.get(name, {}))))
+        x, y = _batch(0, rank)
+        with failing_collectives():
+            _expect_injected(lambda: nn.functional.cross_entropy(model(x), y).backward(), f"{name} in DDP")
+        checked.append(name if not params.get("start_iter") else f"{name}(compressing)")
+    return {"checked": checked}
 
 
 def check_accumulation_quantized_allreduce(rank: int, w: int) -> dict:

@@ -85,8 +85,8 @@ def test_design_card_path_resolves_to_the_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "quant.yaml" in proc.stderr and "preset" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    # quant: allreduce, per-tensor, per-channel x {128, 512, 2048} = 5 hook configs x 3 world sizes
-    assert proc.stdout.strip().splitlines()[-1] == "15 trials"
+    # quant: allreduce, bf16, per-tensor, per-channel c512, quantized_allreduce c512 x W {2, 4} x 2 seeds
+    assert proc.stdout.strip().splitlines()[-1] == "20 trials"
 
 
 def test_help_explains_every_option(tmp_path):
@@ -159,3 +159,34 @@ def test_sqlite_store_on_a_multi_host_cluster_is_refused_with_the_fix(monkeypatc
     message = str(err.value)
     assert "\n" not in message
     assert "sqlite" in message.lower() and "MLFLOW_TRACKING_URI=http" in message
+
+
+def test_every_problem_of_a_bad_config_is_printed_one_line_each(tmp_path):
+    """Issue 13: only the first problem was shown in full; an unknown hook's own message (its
+    "did you mean") hid behind "(and 2 more problems: ...)"."""
+    config = tmp_path / "bad.yaml"
+    config.write_text("name: x\nworkload: {name: mlp_digits, steps: 0, lr: -1.0}\n"
+                      "search: {hooks: [fp16_compres], world_size: [1]}\n")
+    proc = sweep(str(config), cwd=tmp_path)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 3 and all(ln.startswith("error: ") for ln in lines), proc.stderr
+    text = "\n".join(lines)
+    assert "search.hooks[0].name: unknown hook 'fp16_compres' (did you mean 'fp16_compress'?)" in text
+    assert "workload.steps" in text and "workload.lr" in text
+    assert "more problem" not in text  # each is shown in full, so no summary
+    nothing_started(tmp_path)
+
+
+def test_many_problems_are_capped_with_a_count(tmp_path):
+    from service.config import MAX_SHOWN_PROBLEMS
+
+    hooks = ", ".join(f"nohook{i}" for i in range(MAX_SHOWN_PROBLEMS + 3))
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"name: x\nworkload: {{name: mlp_digits, steps: 20}}\n"
+                      f"search: {{hooks: [{hooks}], world_size: [1]}}\n")
+    proc = sweep(str(config), cwd=tmp_path)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == MAX_SHOWN_PROBLEMS + 1, proc.stderr
+    assert lines[-1] == "error: ... and 3 more problems"

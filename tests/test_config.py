@@ -267,11 +267,15 @@ def test_an_existing_file_wins_over_the_preset(tmp_path, monkeypatch, capsys):
 
 
 def test_quant_preset_is_the_designed_grid():
+    # char_lm + AdamW: where per-tensor and per-chunk quantization differ (docs/hooks.md,
+    # "Which workload tells the quantizers apart"); both baselines; two seeds for paired verdicts
     cfg, _ = load_config("quant")
-    assert cfg.workload.name == "mlp_digits" and cfg.workload.steps == 300
+    assert cfg.workload.name == "char_lm" and cfg.workload.optimizer == "adamw" and cfg.workload.steps == 300
     names = [t.run_name for t in cfg.trials()]
-    expected = [f"{h}-w{w}-s0" for h in ("allreduce", "quantization_pertensor") for w in (1, 2, 4)]
-    expected += [f"quantization_perchannel-c{c}-w{w}-s0" for c in (128, 512, 2048) for w in (1, 2, 4)]
+    expected = [f"{h}-w{w}-s{s}" for h in ("allreduce", "bf16_compress", "quantization_pertensor")
+                for w in (2, 4) for s in (0, 1)]
+    expected += [f"{h}-c512-w{w}-s{s}" for h in ("quantization_perchannel", "quantized_allreduce")
+                 for w in (2, 4) for s in (0, 1)]
     assert names == expected
 
 
@@ -388,3 +392,19 @@ defaults: &wl {name: mlp_digits, steps: 30, global_batch_size: 64, lr: 1e-2}
           "search: {hooks: [allreduce], world_size: 1}\n")
     cfg, _ = load_config(str(write(tmp_path, ok, name="ok.yaml")))
     assert cfg.workload.lr == 0.01 and cfg.workload.steps == 30
+
+
+def test_global_batch_size_and_lr_default_to_the_workloads(tmp_path):
+    """A first config needs neither (issue 13): the built-in's own values, per optimizer."""
+    from service.workloads import BUILTIN_WORKLOADS, DEFAULT_GLOBAL_BATCH
+
+    for optimizer, lr in (("sgd", 0.5), ("adamw", 0.003)):
+        path = write(tmp_path, {"name": "x", "workload": {"name": "char_lm", "steps": 10, "optimizer": optimizer},
+                                "search": {"hooks": ["allreduce"], "world_size": [1]}})
+        cfg, _ = load_config(str(path))
+        assert (cfg.workload.global_batch_size, cfg.workload.lr) == (DEFAULT_GLOBAL_BATCH, lr)
+        assert dict(BUILTIN_WORKLOADS["char_lm"].lr)[optimizer] == lr
+    path = write(tmp_path, {"name": "x", "workload": {"name": "mlp_digits", "steps": 10, "lr": 0.2},
+                            "search": {"hooks": ["allreduce"], "world_size": [1]}})
+    cfg, _ = load_config(str(path))
+    assert (cfg.workload.global_batch_size, cfg.workload.lr) == (64, 0.2)  # given values win

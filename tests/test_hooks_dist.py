@@ -46,3 +46,14 @@ def test_world_size_3_odd():
 def test_world_size_4_accounting_and_bounds():
     results = run_distributed(run_checks, world_size=4, args=(["check_buckets"],))
     assert results[0]["check_buckets"]["quantized_allreduce_wire_ratio"] <= 0.27
+
+
+@pytest.mark.timeout(600)
+def test_every_hook_propagates_a_failed_collective_on_every_rank():
+    """Issue 13: six hooks' callbacks never read their collective's future, so a failed
+    collective came back as this rank's own bucket (or uninitialised memory) as the mean."""
+    import hooks
+
+    results = run_distributed(run_checks, world_size=2, args=(["check_collective_failure_propagates"],))
+    for result in results:  # run_distributed raises if any rank's check failed
+        assert set(hooks.available()) <= set(result["check_collective_failure_propagates"]["checked"])

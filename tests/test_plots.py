@@ -47,3 +47,66 @@ def test_fp16_and_pertensor_draw_differently(tmp_path: Path, monkeypatch):
     legend_styles = {t.get_text(): (mcolors.to_hex(h.get_color()), h.get_marker())
                      for t, h in zip(legend.get_texts(), legend.legend_handles)}
     assert legend_styles["fp16_compress"] != legend_styles["quantization_pertensor"]
+
+
+def _overlapping_texts(fig):
+    """Pairs of drawn, non-empty texts of a figure whose extents overlap. Tick labels count only
+    for ticks inside the axis' view (matplotlib keeps label objects for ticks it does not draw)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Text
+
+    canvas = FigureCanvasAgg(fig)  # the saved figure is closed: draw it again, as saved
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    tick_labels, drawn_ticks = set(), []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            span = (hi - lo) * 1e-9
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                tick_labels.update((id(tick.label1), id(tick.label2)))
+                if lo - span <= tick.get_loc() <= hi + span:
+                    drawn_ticks += [tick.label1, tick.label2]
+    texts = [t for t in fig.findobj(Text) if id(t) not in tick_labels] + drawn_ticks
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts
+             if t.get_visible() and t.get_text().strip()]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:] if ba.overlaps(bb)]
+
+
+def test_no_two_labels_of_the_tradeoff_plot_overlap(tmp_path: Path, monkeypatch):
+    """Issue 16: the point labels used to overlap into a smear where configurations sit close
+    together (here: seven configurations within a few percent of each other's bytes/quality)."""
+    from service.report import TradeoffPoint
+
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    configs = [("allreduce", None, 8.0e6, 0.955), ("bf16_compress", None, 4.0e6, 0.955),
+               ("fp16_compress", None, 4.0e6, 0.954), ("quantization_pertensor", None, 2.0e6, 0.953),
+               ("quantization_perchannel", 128, 2.1e6, 0.955), ("quantization_perchannel", 512, 2.02e6, 0.955),
+               ("quantized_allreduce", 512, 2.05e6, 0.954)]
+    points = {w: [TradeoffPoint(f"{h}-c{c}" if c else h, h, w, b, q, 0.001, on_front=i % 2 == 0, chunk_size=c)
+                  for i, (h, c, b, q) in enumerate(configs)] for w in (2, 4)}
+    plots.plot_tradeoff(points, "final_eval_accuracy", tmp_path / "tradeoff.png", title="quant")
+    fig = figures[0]
+    assert not _overlapping_texts(fig)
+    legend_labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert set(p.config for p in points[2]) <= set(legend_labels)  # every configuration named once
+    assert len(legend_labels) == len(set(legend_labels))
+
+
+def test_loss_plot_has_a_panel_of_each_configuration_minus_the_baseline(tmp_path: Path, monkeypatch):
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    steps = np.arange(1, 21)
+    base = np.linspace(2, 1, 20)
+    curves = {2: [LossCurve(config=h, hook=h, chunk_size=None, world_size=2, run_ids=[h], steps=steps,
+                            mean=base + d, std=np.zeros(20), count=np.ones(20, int), stops=[])
+                  for h, d in (("allreduce", 0.0), ("fp16_compress", 0.001), ("quantization_pertensor", 0.01))]}
+    plots.plot_loss_curves(curves, tmp_path / "loss.png")
+    delta = next(a for a in figures[0].axes if a.get_title() == "minus allreduce, world size 2")
+    drawn = {mcolors.to_hex(l.get_color()): l.get_ydata() for l in delta.lines if len(l.get_xdata()) > 2}
+    assert np.allclose(drawn[mcolors.to_hex(hooks.available()["fp16_compress"].colour)], 0.001)
+    assert np.allclose(drawn[mcolors.to_hex(hooks.available()["quantization_pertensor"].colour)], 0.01)
+    assert not _overlapping_texts(figures[0])

@@ -77,6 +77,7 @@ def _log_trial(client, exp_id, parent_id, hook, chunk, world_size, seed, loss, a
         if math.isfinite(loss[step]):
             evals[step] = accuracy - 0.2 * math.exp(-step / 10)
             metrics.append(Metric("eval_accuracy", evals[step], now + step, step))
+            metrics.append(Metric("eval_loss", 1.1 * float(loss[step]), now + step, step))
     summary = {}
     if state in ("ok", "nan"):
         summary = {"samples_per_s": samples_per_s, "step_time_ms_median": 5.0,
@@ -84,6 +85,7 @@ def _log_trial(client, exp_id, parent_id, hook, chunk, world_size, seed, loss, a
                    "compression_ratio": 4 * N_PARAMS / max(bytes_per_step, 1) if chunk else 1.0,
                    "hook_time_ms": 0.5, "final_loss": float(loss[-1]),
                    "final_eval_accuracy": accuracy if state == "ok" else math.nan,
+                   "final_eval_loss": 1.1 * float(loss[-1]) if state == "ok" else math.nan,
                    "nan_detected": 1.0 if state == "nan" else 0.0}
         if first_nan_step is not None:
             summary["first_nan_step"] = float(first_nan_step)
@@ -286,15 +288,31 @@ def test_summary_throughput_and_tradeoff_equal_logged_metrics(store, sweep):
     assert "quantization_pertensor" not in by_config  # no trial ended ok
 
 
-def test_recommendation_picks_cheapest_matching_configuration(sweep):
+def test_recommendation_ranks_by_time_to_target_at_matching_quality(store, sweep):
+    """The fixture's quantizers end 2.5-10% above allreduce's eval loss (their curves are scaled
+    up), beyond the 1% tolerance, and every configuration steps at the same speed: keep allreduce."""
     recs = {r.world_size: r for r in report.recommendations(sweep)}
-    assert recs[1].choice.config == "allreduce"
-    assert recs[2].choice.config == "quantization_perchannel-c512"
-    assert recs[2].baseline.config == "allreduce"
-    assert dict(recs[2].avoid)["quantization_pertensor"] == "1 failed, 1 nan of 2 trial(s)"
+    assert recs[1].choice.config == "allreduce" and recs[2].choice.config == "allreduce"
+    assert recs[2].baseline.config == "allreduce" and recs[2].link == "loopback"
+    avoid = dict(recs[2].avoid)
+    assert avoid["quantization_pertensor"] == "1 failed, 1 nan of 2 trial(s)"
+    for config in ("quantization_perchannel-c128", "quantization_perchannel-c512"):
+        assert "beyond the 1% tolerance" in avoid[config], avoid
+    # every ok trial's time to target is measured against its own seed's allreduce
+    by_run = {t.run_id: t for t in sweep.trials}
+    for logged in store["trials"]:
+        trial = by_run[logged["run_id"]]
+        if trial.state != "ok":
+            assert trial.time_to_target is None
+            continue
+        target = 1.1 * next(t for t in store["trials"] if t["hook"] == "allreduce"
+                            and (t["world_size"], t["seed"]) == (trial.world_size, trial.seed))["loss"][-1] * 1.01
+        eval_steps = sorted(logged["evals"])
+        reached = [s for s in eval_steps if 1.1 * logged["loss"][s] <= target]
+        assert (trial.time_to_target.seconds is None) == (not reached), trial.run_name
     line = report.headline(list(recs.values()))
-    assert line.startswith("Use quantization_perchannel-c512 at world size 2:")
-    assert "fewer bytes per step than allreduce" in line
+    assert line.startswith("Use allreduce at world size 2: keep allreduce")
+    assert "loopback" in line
 
 
 def test_build_report_writes_and_attaches_every_file(store, tmp_path):
@@ -320,11 +338,16 @@ def test_build_report_writes_and_attaches_every_file(store, tmp_path):
     assert float(c512["final_eval_accuracy_std"]) == pytest.approx(np.std([0.948, 0.958], ddof=1))
 
     md = (out / "summary.md").read_text()
-    assert "| quantization_perchannel-c512 | 2 | 0,1 | 2 ok |" in md
+    assert "| quantization_perchannel-c512 | 2 | loopback | 2 | 2 ok |" in md  # seeds: how many
     assert "0.953 ± 0.007" in md
     page = html_path.read_text()
     assert "Which configuration to use" in page
-    assert "Use quantization_perchannel-c512 at world size 2" in page
+    assert "Use allreduce at world size 2" in page
+    assert "speed-up vs allreduce" in page and "eval-loss gap vs allreduce (95% CI)" in page
+    parent = store["client"].get_run(store["parent_id"])
+    assert parent.data.tags["recommended.w2.loopback"] == "allreduce"  # the answer, in MLflow
+    allreduce_w2 = next(t for t in store["trials"] if t["hook"] == "allreduce" and t["world_size"] == 2)
+    assert "time_to_target_s" in store["client"].get_run(allreduce_w2["run_id"]).data.metrics
     assert page.count("data:image/png;base64,") == 3
     assert "src=\"http" not in page and "<link" not in page  # self-contained
     assert "chunk_size: [128, 512]" in page  # the sweep's config

@@ -54,6 +54,8 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
     out = proc.stdout
     assert f"/{len(trials)} trials done]" in out
     assert f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1" in out
+    assert "/runs?workflowType=machine_learning" in out  # the trials' page in the training view
+    assert "to target s" in out  # the table shows each trial's time to target (issue 16)
     table = [ln for ln in out.splitlines() if ln.startswith(("allreduce ", "quantization_perchannel "))]
     assert len(table) == len(trials), out
     assert all(ln.rstrip().endswith("ok") for ln in table), out
@@ -187,6 +189,33 @@ def test_a_crashed_trial_out_of_retries_fails_and_the_sweep_carries_on(tmp_path)
     assert ok.info.status == "FINISHED" and ok.data.tags["status"] == "ok"
     table_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("allreduce") and " 2 " in ln)
     assert table_line.rstrip().endswith("failed")
+
+
+NAN_CONFIG = """
+name: nan_exit
+workload: {name: mlp_digits, steps: 8, global_batch_size: 64, lr: 0.05, eval_every: 4, warmup_steps: 2}
+search: {hooks: [allreduce], world_size: [1], seed: [0]}
+resources: {cpus_per_worker: 0.5}
+stop: {on_nan: true}
+faults: [{kind: nan_grad, step: 5, rank: 0}]
+tracking: {flush_seconds: 1.0}
+"""
+
+
+@pytest.mark.ray
+def test_a_sweep_whose_trials_end_nan_exits_0_and_counts_no_failure(tmp_path):
+    """README: exit 0 when every trial finished ok or nan. A NaN trial used to count as failed
+    (its table status reads "nan (model_grad)") and the sweep exited 1."""
+    config = tmp_path / "nan_exit.yaml"
+    config.write_text(NAN_CONFIG)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = run_sweep_cli(config, tmp_path, uri)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "1 trial, 0 failed." in proc.stdout, proc.stdout
+    table_line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("allreduce"))
+    assert table_line.rstrip().endswith("nan (model_grad)")
+    run = child_runs_by_name(MlflowClient(tracking_uri=uri), "nan_exit")["allreduce-w1-s0"]
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "nan"
 
 
 # A crashed trial that restarts from its checkpoint in the same run: test_faults'

@@ -82,6 +82,10 @@ def test_single_rank_loop_logs_every_step_and_the_summary(single_rank_group, sto
     assert summary["nan_detected"] == 0 and "first_nan_step" not in summary
     assert summary["samples_per_s"] > 0 and summary["warmup_steps_excluded"] == 2
     assert summary["compression_ratio"] == pytest.approx(1.0)  # allreduce sends float32 as is
+    steps_ms = sorted(m.value for m in client.get_metric_history(run_id, "step_time_ms") if m.step > 2)
+    import statistics
+    q1, _, q3 = statistics.quantiles(steps_ms, n=4, method="inclusive")
+    assert summary["step_time_ms_iqr"] == pytest.approx(q3 - q1)  # the measured steps' spread
     assert run.data.tags["status"] == "ok"
     # the loss went down on real digits, and what was logged is what the loop computed
     by_step = {m.step: m.value for m in loss}
@@ -121,12 +125,24 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
         cfg = SweepConfig.model_validate(cfg_dict)
         results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
                                      device="cpu")
+    # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
+    # and hand back this rank's own bucket as the mean) must end the trial with that error.
+    from tests.hooks_checks import failing_hook_collectives
+
+    cfg = SweepConfig.model_validate(clean_cfg)
+    fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
+    try:
+        with failing_hook_collectives():
+            run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
+        results["collective_failure"] = None
+    except RuntimeError as exc:
+        results["collective_failure"] = str(exc)
     return results
 
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    clean = make_cfg(steps=6)
+    clean = make_cfg(steps=6, hooks=("allreduce", "fp16_compress"))
     nan = make_cfg(steps=10, faults=[{"kind": "nan_grad", "step": 4, "rank": 1}])
     return run_distributed(_two_rank_scenarios, 2, args=(clean.model_dump(), nan.model_dump()))
 
@@ -151,6 +167,14 @@ def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
         assert r.nan_report["nan_source"] == "model_grad" and r.nan_report["nan_rank"] == 1
         assert all(math.isfinite(v) for v in r.losses[:3]) and len(r.losses) == 4
     assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
+
+
+def test_a_failed_collective_in_the_hook_ends_the_trial_with_the_error_on_every_rank(two_ranks):
+    from tests.hooks_checks import INJECTED
+
+    for ranks in two_ranks:
+        assert ranks["collective_failure"] is not None, "the trial trained on after its collective failed"
+        assert INJECTED in ranks["collective_failure"]
 
 
 def test_a_fault_configured_after_the_nan_step_never_fires(single_rank_group):

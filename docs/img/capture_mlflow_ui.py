@@ -127,7 +127,7 @@ async def capture(base: str, experiment_id: str, debug_port: int, out: Path, wid
             await page.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
                             deviceScaleFactor=1, mobile=False)
             # 1. The runs table, the sweep's parent run expanded: its trials nested under it.
-            await page.goto(f"{base}/#/experiments/{experiment_id}/runs")
+            await page.goto(f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning")
             in_table = (f"Array.from(document.querySelectorAll('.ag-cell span')).find(s => "
                         f"s.innerText === {json.dumps(parent_name[0])})")
             await page.wait_for(in_table, what="the parent run in the runs table")

@@ -1,0 +1,286 @@
+"""Which configuration to use: time to target quality, paired quality gaps with confidence
+intervals over seeds, and the ranking the report states (issue 16).
+
+Users pick a hook to finish training sooner at the quality they already get. So, per world
+size and link:
+
+1. **Target.** The baseline (fp32 ``allreduce``) trial's final eval loss at the same world
+   size, link and seed, times ``1 + tolerance``.
+2. **Time to target** of a trial: the training time (the sum of its measured step times; eval
+   is not in them) until its eval loss first reaches the target. Between two evals the
+   crossing step is interpolated linearly in eval loss, and the time at that step linearly in
+   the cumulated step times (``TimeToTarget.interpolated`` says so); a target met at the first
+   eval is dated there (an upper bound).
+3. **Quality** of a configuration: its final eval loss relative to the baseline's, paired per
+   seed, as a mean with a 95% t-interval over seeds. It *matches* when the interval's upper end
+   is within ``+tolerance`` (no worse than the baseline by more than the tolerance); with one
+   seed the gap itself decides and the verdict says it is a single-seed one.
+4. **Ranking** among configurations whose every trial ended ok, matched, and reached the
+   target in every seed: mean time to target, then throughput, then bytes per step. A
+   configuration is called faster than another only when the difference exceeds the spread of
+   the two times (:func:`spread`); otherwise they run at the same speed here, and when nothing
+   beats the baseline that way the answer is "keep the baseline".
+
+Everything here is pure data (no MLflow, no plotting): service.report feeds it trials.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+BASELINE_HOOK = "allreduce"
+SIXTEEN_BIT_HOOKS = ("bf16_compress", "fp16_compress")
+DEFAULT_TOLERANCE = 0.01
+LOOPBACK = "loopback"
+
+
+# --------------------------------------------------------------------------------------------
+# Time to target
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    seconds: float | None      # None: the target was never reached
+    step: float | None         # the (interpolated) step where it was reached
+    interpolated: bool         # the crossing lies between two evals more than a step apart
+
+
+def time_to_target(eval_steps: Sequence[int], eval_loss: Sequence[float], steps: Sequence[int],
+                   step_ms: Sequence[float], target: float) -> TimeToTarget:
+    """When a trial's eval loss first reaches ``target`` (see the module doc)."""
+    eval_steps, eval_loss = np.asarray(eval_steps, float), np.asarray(eval_loss, float)
+    order = np.argsort(np.asarray(steps))
+    steps = np.asarray(steps, float)[order]
+    cumulated = np.cumsum(np.asarray(step_ms, float)[order]) / 1000.0
+    if not len(steps) or not math.isfinite(target):
+        return TimeToTarget(None, None, False)
+
+    def seconds_at(step: float) -> float:
+        # cumulated time is known at integer steps; before the first step nothing has run
+        return float(np.interp(step, np.concatenate([[steps[0] - 1], steps]),
+                               np.concatenate([[0.0], cumulated])))
+
+    previous = None
+    for s, value in zip(eval_steps, eval_loss):
+        if not math.isfinite(value):
+            break  # a NaN trial never reaches anything after it
+        if value <= target:
+            if previous is None or previous[1] == value:
+                return TimeToTarget(seconds_at(s), float(s), False)
+            s0, v0 = previous
+            crossing = s0 + (v0 - target) / (v0 - value) * (s - s0)
+            return TimeToTarget(seconds_at(crossing), float(crossing), s - s0 > 1)
+        previous = (s, value)
+    return TimeToTarget(None, None, False)
+
+
+def spread(seconds: float, step_ms: Sequence[float]) -> float:
+    """How much a time to target moves with this machine's step-time noise: the time scaled by
+    the steps' interquartile range over their median."""
+    if len(step_ms) < 4:
+        return 0.0
+    q1, median, q3 = np.percentile(np.asarray(step_ms, float), [25, 50, 75])
+    return float(seconds * (q3 - q1) / median) if median > 0 else 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Paired quality gaps
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A configuration's final eval loss relative to a reference's, paired per seed."""
+
+    mean: float                # mean relative gap (+0.02: 2% higher loss than the reference)
+    low: float                 # 95% t-interval; equal to mean with one seed
+    high: float
+    seeds: int
+
+    @property
+    def single_seed(self) -> bool:
+        return self.seeds == 1
+
+    def matches(self, tolerance: float) -> bool:
+        return self.high <= tolerance
+
+    def text(self) -> str:
+        if self.seeds == 1:
+            return f"{self.mean:+.2%} (1 seed)"
+        return f"{self.mean:+.2%} [{self.low:+.2%}, {self.high:+.2%}] ({self.seeds} seeds)"
+
+
+def paired_gap(values: dict[int, float], reference: dict[int, float]) -> Gap | None:
+    """The mean relative gap over the seeds both have, with its 95% t-interval."""
+    gaps = [(values[s] - reference[s]) / abs(reference[s]) for s in sorted(set(values) & set(reference))
+            if math.isfinite(values[s]) and math.isfinite(reference[s]) and reference[s] != 0]
+    if not gaps:
+        return None
+    mean = statistics.fmean(gaps)
+    if len(gaps) == 1:
+        return Gap(mean, mean, mean, 1)
+    from scipy.stats import t  # scipy comes with scikit-learn
+
+    half = float(t.ppf(0.975, len(gaps) - 1)) * statistics.stdev(gaps) / math.sqrt(len(gaps))
+    return Gap(mean, mean - half, mean + half, len(gaps))
+
+
+# --------------------------------------------------------------------------------------------
+# Ranking
+
+
+@dataclass
+class Candidate:
+    """One configuration at one (world size, link): its trials' outcomes, by seed."""
+
+    config: str
+    hook: str
+    ok: bool                                   # every trial ended ok
+    states: str                                # e.g. "2 ok" / "1 nan, 1 ok"
+    final_eval_loss: dict[int, float]          # seed -> final eval loss
+    time_to_target: dict[int, TimeToTarget]    # seed -> when it reached the target
+    spread_s: dict[int, float]                 # seed -> spread of that time
+    samples_per_s: float
+    bytes_per_step: float
+    gap: Gap | None = None                     # vs the fp32 baseline
+    gap_16bit: Gap | None = None               # vs the best 16-bit hook
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.hook == BASELINE_HOOK and self.config == BASELINE_HOOK
+
+    @property
+    def reached_every_seed(self) -> bool:
+        return bool(self.time_to_target) and all(t.seconds is not None for t in self.time_to_target.values())
+
+    @property
+    def seconds(self) -> float:
+        """Mean time to target over seeds (inf when some seed never reached it)."""
+        if not self.reached_every_seed:
+            return math.inf
+        return statistics.fmean(t.seconds for t in self.time_to_target.values())
+
+    @property
+    def seconds_spread(self) -> float:
+        """The spread of the mean time: step-time noise, and the seeds' own scatter."""
+        noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
+        times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
+        scatter = statistics.stdev(times) if len(times) > 1 else 0.0
+        return max(noise, scatter)
+
+    @property
+    def interpolated(self) -> bool:
+        return any(t.interpolated for t in self.time_to_target.values())
+
+
+def faster(a: Candidate, b: Candidate) -> bool:
+    """Is ``a`` faster to the target than ``b`` by more than their spread?"""
+    return b.seconds - a.seconds > max(a.seconds_spread, b.seconds_spread)
+
+
+@dataclass
+class Recommendation:
+    world_size: int
+    link: str
+    choice: Candidate | None
+    runner_up: Candidate | None
+    baseline: Candidate | None
+    best_16bit: Candidate | None
+    reason: str
+    ranked: list[Candidate] = field(default_factory=list)   # eligible, best first
+    candidates: list[Candidate] = field(default_factory=list)  # all, as given
+    avoid: list[tuple[str, str]] = field(default_factory=list)  # (config, why)
+    single_seed: bool = False
+
+    @property
+    def key(self) -> str:
+        """The MLflow parent-run tag naming the answer: recommended.w{W}.{link}."""
+        return f"recommended.w{self.world_size}.{tag_safe(self.link)}"
+
+
+def tag_safe(link: str) -> str:
+    return link.replace(" ", "").replace("/", "per")
+
+
+def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
+              tolerance: float = DEFAULT_TOLERANCE) -> Recommendation:
+    """Rank the candidates of one (world size, link) as the module doc says."""
+    candidates = list(candidates)
+    baseline = next((c for c in candidates if c.is_baseline), None)
+    sixteen = [c for c in candidates if c.hook in SIXTEEN_BIT_HOOKS and c.ok]
+    best_16bit = min(sixteen, key=lambda c: (c.seconds, -c.samples_per_s), default=None)
+    for c in candidates:
+        c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss) if baseline else None
+        c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss) if best_16bit else None
+    eligible, avoid = [], []
+    for c in candidates:
+        if not c.ok:
+            avoid.append((c.config, c.states))
+        elif c.gap is not None and not c.gap.matches(tolerance) and not c.is_baseline:
+            avoid.append((c.config, f"final eval loss {c.gap.text()} vs {BASELINE_HOOK}, beyond the "
+                                    f"{tolerance:.0%} tolerance"))
+        elif c.time_to_target and not c.reached_every_seed:
+            never = [s for s, t in sorted(c.time_to_target.items()) if t.seconds is None]
+            avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
+        else:
+            eligible.append(c)
+    ranked = sorted(eligible, key=lambda c: (c.seconds, -_finite(c.samples_per_s), c.bytes_per_step))
+    single = any(c.gap is not None and c.gap.single_seed for c in candidates)
+    rec = Recommendation(world_size, link, None, None, baseline, best_16bit, "", ranked, candidates,
+                         avoid, single)
+    if not ranked:
+        rec.reason = "no configuration finished cleanly at a quality matching the baseline"
+        return rec
+    best = ranked[0]
+    if baseline is not None and baseline in ranked and best is not baseline and not faster(best, baseline):
+        best = baseline  # nothing beats the baseline beyond the noise: keep it
+    rec.choice = best
+    rec.runner_up = next((c for c in ranked if c is not best), None)
+    rec.reason = _reason(rec, tolerance)
+    return rec
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -math.inf
+
+
+def _time(c: Candidate) -> str:
+    return f"{c.seconds:.2f} s" if math.isfinite(c.seconds) else "—"
+
+
+def _reason(rec: Recommendation, tolerance: float) -> str:
+    c, runner, base = rec.choice, rec.runner_up, rec.baseline
+    where = (f"on {rec.link}" if rec.link != LOOPBACK
+             else "on loopback (this machine's ranks share one host: the answer holds only here)")
+    if not math.isfinite(c.seconds):
+        return (f"no trial logged an eval loss to time the target by; {c.config} has the highest "
+                f"throughput {where}")
+    parts = []
+    if c.is_baseline:
+        parts.append(f"keep {BASELINE_HOOK}: nothing reached the target faster at equal quality {where}")
+        if runner is not None:
+            same = not faster(runner, c) and not faster(c, runner)
+            parts.append(f"runner-up {runner.config} took {_time(runner)} vs {_time(c)}"
+                         + (" (the same speed here: within the step-time spread)" if same else ""))
+    else:
+        parts.append(f"reaches the target eval loss in {_time(c)} {where}")
+        if base is not None and math.isfinite(base.seconds):
+            parts.append(f"{base.seconds / c.seconds:.2f}x faster than {BASELINE_HOOK} ({_time(base)})")
+        if rec.best_16bit is not None and rec.best_16bit is not c and math.isfinite(rec.best_16bit.seconds):
+            parts.append(f"{rec.best_16bit.seconds / c.seconds:.2f}x vs {rec.best_16bit.config} "
+                         f"({_time(rec.best_16bit)})")
+        if runner is not None:
+            parts.append(f"runner-up {runner.config} ({_time(runner)}, "
+                         f"{runner.seconds / c.seconds - 1:+.0%})" if math.isfinite(runner.seconds)
+                         else f"runner-up {runner.config}")
+        if c.gap is not None:
+            parts.append(f"quality gap {c.gap.text()}")
+    if rec.single_seed:
+        parts.append("single-seed verdict: run more seeds to trust the quality comparison")
+    if any(x.interpolated for x in rec.ranked[:2]):
+        parts.append("times interpolated between evals (eval_every > 1)")
+    return "; ".join(parts)

@@ -1,0 +1,80 @@
+"""Static checks of hooks/ and service/ (issue 13, item 6: dead and drifting code found by
+reading). Each check is one the code once failed: a function nobody calls, a second module
+that imports MLflow, a string statement that documents nothing, a fact spelled in two places."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("hooks", "service")
+# Where a name may be used: the code, its tests, benches, examples and the docs' scripts.
+USERS = ("hooks", "service", "tests", "bench", "examples", "docs", "scripts")
+
+
+def _modules():
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            yield path, ast.parse(path.read_text(), str(path))
+
+
+def _all_source() -> dict[Path, str]:
+    return {p: p.read_text() for d in USERS for p in (ROOT / d).rglob("*.py")}
+
+
+def test_only_tracking_imports_mlflow():
+    offenders = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "mlflow" or n.startswith("mlflow.") for n in names):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert all(o.startswith("service/tracking.py:") for o in offenders), offenders
+
+
+def test_every_module_level_function_and_class_has_a_user():
+    sources = _all_source()
+    unused = []
+    for path, tree in _modules():
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            word = re.compile(rf"\b{re.escape(node.name)}\b")
+            uses = sum(len(word.findall(text)) for text in sources.values())
+            if uses <= 1:  # only its own definition
+                unused.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not unused, f"defined but never used: {unused}"
+
+
+def test_no_string_statement_besides_docstrings():
+    """A bare string in the middle of a module is neither a docstring nor a comment."""
+    stray = []
+    for path, tree in _modules():
+        bodies = [tree.body] + [n.body for n in ast.walk(tree)
+                                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        for body in bodies:
+            for stmt in body[1:]:
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                        and isinstance(stmt.value.value, str):
+                    stray.append(f"{path.relative_to(ROOT)}:{stmt.lineno}")
+    assert not stray, stray
+
+
+def test_the_parent_run_tag_is_spelled_once():
+    text = (ROOT / "service" / "tracking.py").read_text()
+    assert text.count('"mlflow.parentRunId"') == 1 and "PARENT_TAG" in text
+    others = [p for p in (ROOT / "service").rglob("*.py")
+              if p.name != "tracking.py" and "mlflow.parentRunId" in p.read_text()]
+    assert not others, others
+
+
+def test_the_projected_links_are_defined_once():
+    """The summary's projected_step_ms_{G}gbps and the report's projection price the same links."""
+    from service import projection, worker
+
+    definitions = [f"{p.relative_to(ROOT)}:{n.lineno}" for p, tree in _modules() for n in tree.body
+                   if isinstance(n, ast.Assign) and any("LINKS" in getattr(t, "id", "") for t in n.targets)]
+    assert definitions == ["service/projection.py:" + definitions[0].split(":")[1]], definitions
+    assert worker.LINKS_GBPS is projection.LINKS_GBPS

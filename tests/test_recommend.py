@@ -1,0 +1,120 @@
+"""service.recommend on synthetic trials: time to target, paired gaps with t-intervals, the
+ranking (issue 16)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from service import recommend
+from service.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
+
+
+def test_time_to_target_interpolates_between_evals():
+    steps = list(range(1, 21))
+    ms = [100.0] * 20  # 0.1 s per step: step s ends at 0.1 s * s
+    # eval every 5 steps: 2.0 at 5, 1.0 at 10 -> target 1.5 is crossed half-way, at step 7.5
+    ttt = time_to_target([5, 10, 15, 20], [2.0, 1.0, 0.8, 0.7], steps, ms, target=1.5)
+    assert ttt.step == pytest.approx(7.5) and ttt.seconds == pytest.approx(0.75) and ttt.interpolated
+    # reached at the first eval: dated there, nothing to interpolate from
+    first = time_to_target([5, 10], [1.0, 0.9], steps, ms, target=1.5)
+    assert first == TimeToTarget(pytest.approx(0.5), 5.0, False)
+    # every step evaluated: exact, not interpolated
+    dense = time_to_target([1, 2, 3], [3.0, 2.0, 1.0], steps, ms, target=2.0)
+    assert dense.step == 2 and dense.seconds == pytest.approx(0.2) and not dense.interpolated
+    # uneven step times: the time is the sum of the steps before the crossing
+    uneven = time_to_target([2, 4], [2.0, 1.0], [1, 2, 3, 4], [100, 100, 300, 300], target=1.0)
+    assert uneven.seconds == pytest.approx(0.8)
+    assert time_to_target([5, 10], [2.0, 1.8], steps, ms, target=1.5).seconds is None  # never
+    assert time_to_target([5, 10], [2.0, math.nan], steps, ms, target=1.5).seconds is None
+
+
+def test_paired_gap_and_its_interval():
+    one = paired_gap({0: 1.02}, {0: 1.0})
+    assert one.single_seed and one.mean == pytest.approx(0.02) and one.low == one.high == one.mean
+    three = paired_gap({0: 1.01, 1: 1.00, 2: 1.02}, {0: 1.0, 1: 1.0, 2: 1.0})
+    # t(0.975, 2) = 4.303; gaps 1%, 0%, 2%: mean 1%, sd 1%
+    assert three.seeds == 3 and three.mean == pytest.approx(0.01)
+    assert three.high - three.mean == pytest.approx(4.3027 * 0.01 / math.sqrt(3), rel=1e-3)
+    assert paired_gap({0: 1.0}, {1: 1.0}) is None  # no seed in common
+
+
+def candidate(config, seconds, losses, *, hook=None, ok=True, samples=1000.0, nbytes=1e6,
+              spread=0.0):
+    hook = hook or config.split("-")[0]
+    return Candidate(config=config, hook=hook, ok=ok, states="2 ok" if ok else "1 nan, 1 ok",
+                     final_eval_loss=dict(enumerate(losses)),
+                     time_to_target={s: TimeToTarget(t, 10.0, False) for s, t in enumerate(seconds)},
+                     spread_s={s: spread for s in range(len(seconds))},
+                     samples_per_s=samples, bytes_per_step=nbytes)
+
+
+BASE = dict(losses=[1.00, 1.00, 1.00])
+
+
+def test_a_faster_configuration_of_lower_quality_is_not_recommended():
+    rec = recommend.recommend(2, "1 Gbit/s", [
+        candidate("allreduce", [10, 10, 10], **BASE),
+        candidate("quantization_pertensor", [4, 4, 4], [1.05, 1.06, 1.04]),  # 5% worse
+        candidate("quantization_perchannel-c512", [6, 6, 6], [1.001, 1.002, 1.0]),
+    ])
+    assert rec.choice.config == "quantization_perchannel-c512"
+    assert "quantization_pertensor" in dict(rec.avoid)
+    assert rec.runner_up.config == "allreduce"
+    assert "1.67x faster than allreduce" in rec.reason and "runner-up allreduce" in rec.reason
+
+
+def test_a_ci_straddling_the_tolerance_does_not_match_while_its_mean_does():
+    # mean gap +0.5% but one seed at +3%: the interval reaches past +1%
+    rec = recommend.recommend(2, "loopback", [
+        candidate("allreduce", [10, 10, 10], **BASE),
+        candidate("quantization_pertensor", [4, 4, 4], [0.99, 0.995, 1.03]),
+    ])
+    assert rec.choice.config == "allreduce" and "quantization_pertensor" in dict(rec.avoid)
+    assert "keep allreduce" in rec.reason and "loopback" in rec.reason
+    # one seed: the gap itself decides, and the verdict says it is a single-seed one
+    single = recommend.recommend(2, "loopback", [candidate("allreduce", [10], [1.0]),
+                                                 candidate("quantization_pertensor", [4], [1.005])])
+    assert single.choice.config == "quantization_pertensor" and single.single_seed
+    assert "single-seed verdict" in single.reason
+
+
+def test_the_16_bit_baseline_is_compared_side_by_side():
+    rec = recommend.recommend(4, "1 Gbit/s", [
+        candidate("allreduce", [10, 10, 10], **BASE),
+        candidate("bf16_compress", [6, 6, 6], [1.001, 1.0, 1.002]),
+        candidate("fp16_compress", [7, 7, 7], [1.0, 1.0, 1.0]),
+        candidate("quantized_allreduce-c512", [5, 5, 5], [1.004, 1.003, 1.005]),
+    ])
+    assert rec.best_16bit.config == "bf16_compress"  # the faster of the two casts
+    qar = next(c for c in rec.candidates if c.config == "quantized_allreduce-c512")
+    assert qar.gap.mean == pytest.approx(0.004) and qar.gap_16bit.mean == pytest.approx(0.003, abs=1e-3)
+    assert rec.choice is qar and "2.00x faster than allreduce" in rec.reason
+    assert "1.20x vs bf16_compress" in rec.reason
+
+
+def test_ties_within_the_spread_keep_the_baseline_and_say_same_speed():
+    rec = recommend.recommend(2, "loopback", [
+        candidate("allreduce", [10, 10, 10], **BASE, spread=1.0),
+        candidate("quantization_perchannel-c512", [9.5, 9.5, 9.5], [1.0, 1.0, 1.0], spread=1.0),
+    ])
+    assert rec.choice.config == "allreduce"
+    assert "same speed here" in rec.reason
+    # exact ties in time: throughput, then bytes, break them
+    tie = recommend.recommend(2, "loopback", [
+        candidate("allreduce", [10, 10], [1.0, 1.0]),
+        candidate("a", [5, 5], [1.0, 1.0], hook="quantization_pertensor", samples=900, nbytes=1e5),
+        candidate("b", [5, 5], [1.0, 1.0], hook="quantization_perchannel", samples=900, nbytes=2e5),
+        candidate("c", [5, 5], [1.0, 1.0], hook="quantized_allreduce", samples=800, nbytes=1e4),
+    ])
+    assert [c.config for c in tie.ranked] == ["a", "b", "c", "allreduce"]
+
+
+def test_a_configuration_that_never_reaches_the_target_or_failed_is_avoided():
+    never = candidate("powersgd", [3, 3], [1.0, 1.0])
+    never.time_to_target[1] = TimeToTarget(None, None, False)
+    rec = recommend.recommend(2, "loopback", [candidate("allreduce", [10, 10], [1.0, 1.0]), never,
+                                              candidate("fp16_compress", [2, 2], [1.0, 1.0], ok=False)])
+    assert dict(rec.avoid)["powersgd"].startswith("never reached the target eval loss (seed 1)")
+    assert dict(rec.avoid)["fp16_compress"] == "1 nan, 1 ok"
+    assert rec.choice.config == "allreduce" and rec.key == "recommended.w2.loopback"
