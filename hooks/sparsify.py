@@ -11,8 +11,8 @@ k-th largest magnitude; exact where every rank kept all of its nonzeros (k >= th
 ``randomk``: all ranks keep the same k indices, drawn afresh every call from a seed that is the
 same on every rank (the number of calls so far): one uniformly random index in each of k equal
 strata of the bucket (systematic sampling: every element is kept with probability ~k/N, the
-indices are distinct and cost O(k) to draw, where ``torch.randperm(N)`` takes 0.3 s on a 25 MB
-bucket). Because the index set is shared, no indices travel: a plain ring allreduce of the k
+indices are distinct and cost O(k) to draw, where ``torch.randperm(N)`` costs O(N) per call:
+docs/hooks.md, "Benchmark"). Because the index set is shared, no indices travel: a plain ring allreduce of the k
 values suffices. Wire per rank: 2(W-1)/W * 4k bytes. Biased (no N/k rescaling, as GRACE's
 RandomK): the result is the exact mean on the kept indices and 0 elsewhere; exact at ratio 1.
 
