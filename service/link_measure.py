@@ -140,3 +140,26 @@ def check(m: LinkMeasurement) -> None:
             f"between two emulated hosts ({100 * m.fraction:.0f}% of the asked rate; at least "
             f"{100 * MIN_FRACTION:.0f}% is needed for the link, not the CPUs, to set the pace): ask for a "
             f"lower link_gbps, or run on a quieter or bigger machine")
+
+
+def prepare(network_cfg, link_settings, *, out=None) -> dict[float, LinkMeasurement]:
+    """Before Ray starts: can this machine emulate the sweep's links, and do they deliver?
+
+    Removes leftovers of killed sweeps, runs :func:`netem.preflight`, then measures each link
+    setting once and refuses (NetemError, one line) one that falls short (:func:`check`).
+    Returns {link_gbps: measurement}; nothing of ours remains on the machine afterwards.
+    """
+    removed = netem.remove_leftovers()
+    if removed and out is not None:
+        print(f"network: removed {len(removed)} namespaces/links left by a killed sweep", file=out, flush=True)
+    settings = sorted(set(link_settings))
+    netem.preflight(settings[0], network_cfg.latency_ms)
+    measured = {}
+    for gbps in settings:
+        m = measure(gbps, network_cfg.latency_ms)
+        if out is not None:
+            print(f"network: link {gbps:g} Gbit/s (+{network_cfg.latency_ms:g} ms) measured "
+                  f"{m.measured_gbps:.2f} Gbit/s, {m.measured_latency_ms:.3f} ms one way", file=out, flush=True)
+        check(m)
+        measured[gbps] = m
+    return measured
