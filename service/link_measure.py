@@ -56,6 +56,8 @@ def _free_port() -> int:
 def _rank_main(rank: int, host: netem.Host, master: str, port: int, nbytes: int, repeats: int, queue) -> None:
     """One host's side (a fresh process: it may enter the namespace for good)."""
     try:
+        # c10d warns that a namespace has no resolvable hostname: true, and nothing to act on
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         import torch
         import torch.distributed as dist
 

@@ -170,10 +170,12 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     if _log_file is not None:  # main() keeps the terminal for the sweep's own lines
         _route_library_logs_to_file()
 
+    trials = cfg.trials() if trials is None else trials
+    # first of all, before MLflow or Ray is touched: refuses in one line and leaves nothing
+    links = _prepare_network(cfg, trials, out)
     tracking_uri = tracking.resolve_tracking_uri()
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
 
-    trials = cfg.trials() if trials is None else trials
     if train_loop is None:
         from service.worker import train_loop_per_worker as train_loop
 
@@ -185,7 +187,6 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         if not pending:
             return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
 
-    links = _prepare_network(cfg, pending, out)  # before Ray starts: refuses in one line, leaves nothing
     storage = storage_root(cfg)
     started = time.monotonic()
     _init_ray(cfg, pending)
