@@ -417,10 +417,16 @@ def _prepare_network(cfg: SweepConfig, trials: list[TrialSpec], out: TextIO):
         return None
     from service import link_measure, netem
 
-    try:
-        return link_measure.prepare(cfg.network, [t.link_gbps for t in trials], out=out)
-    except netem.NetemError as exc:
-        raise SweepError(str(exc)) from None
+    # Ctrl-C/SIGTERM during the measurement: KeyboardInterrupt (even where the shell started us
+    # with SIGINT ignored), and the measurement's hosts are removed on the way out
+    with _signals_raise_keyboard_interrupt():
+        try:
+            return link_measure.prepare(cfg.network, [t.link_gbps for t in trials], out=out)
+        except netem.NetemError as exc:
+            raise SweepError(str(exc)) from None
+        except KeyboardInterrupt:
+            netem.remove_owned(os.getpid())
+            raise
 
 
 def _remove_networks() -> None:

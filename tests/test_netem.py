@@ -275,29 +275,54 @@ def test_interrupted_sweep_removes_its_hosts(tmp_path):
     config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 2000")
                       .replace("eval_every: 8", "eval_every: 2000"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path,
-                            env=_sweep_env(uri), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out_file:
+        proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path,
+                                env=_sweep_env(uri), stdout=out_file, stderr=subprocess.STDOUT, text=True)
     _OWNERS.add(proc.pid)
     try:
         deadline = time.monotonic() + 600
-        # the trial's hosts (W = 2) are owned by the driver: wait until they exist
-        while time.monotonic() < deadline:
-            mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
-            if len(mine) == 2:
-                break
-            assert proc.poll() is None, proc.communicate()
+        # training has begun (a progress line) on the trial's two hosts, owned by the driver
+        while time.monotonic() < deadline and " step " not in log.read_text():
+            assert proc.poll() is None, log.read_text()
             time.sleep(0.5)
-        assert len(mine) == 2
-        time.sleep(5)  # into training
+        mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
+        assert len(mine) == 2, (mine, log.read_text())
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    out = err = log.read_text()
     assert proc.returncode == 130, out + err
     assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
     assert not [name for name, owner in netem.list_links() if owner == proc.pid]
+
+
+def test_interrupt_during_the_link_measurement_leaves_nothing(tmp_path):
+    """SIGTERM while the sweep measures its link (before Ray): exit 130, the hosts removed."""
+    proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path,
+                            env=_sweep_env(f"sqlite:///{tmp_path / 'mlflow.db'}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _OWNERS.add(proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the measurement's two hosts
+            if len([n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]) == 2:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
+    assert not [name for name, owner in netem.list_links() if owner == proc.pid]
+    _no_ray_started(tmp_path)
 
 
 def test_zz_nothing_of_ours_is_left_on_the_machine():
