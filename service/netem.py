@@ -204,6 +204,15 @@ class Network:
         self._shape(ns)
         return Host(ns, IFNAME, address)
 
+    def reshape(self, link_gbps: float | None, latency_ms: float | None = None) -> None:
+        """Change every host's shaping in place (None: unshaped); connections stay up."""
+        self.link_gbps = link_gbps
+        if latency_ms is not None:
+            self.latency_ms = float(latency_ms)
+        for host in self.hosts:
+            _run("ip", "netns", "exec", host.namespace, "tc", "qdisc", "del", "dev", host.ifname, "root", check=False)
+            self._shape(host.namespace)
+
     def _shape(self, ns: str) -> None:
         tc = ("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", IFNAME)
         if self.link_gbps:
