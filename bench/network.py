@@ -174,6 +174,15 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
             model[label] = 1000 * hooks.cost.projected_comm_seconds(
                 hook_name, stats, steps, world_size, gbps, latency_s=m.measured_latency_ms / 1000, **params)
         projected = compute + model["goodput"]
+        # the same projection from the unshaped step, compression kernels and all: the step
+        # measured on the veth link, less the model's wire time there, plus the model's wire
+        # time on the shaped link
+        m0 = measured[None]
+        bare_step = statistics.median(r["step_ms"] for r in bare)
+        bare_model = 1000 * hooks.cost.projected_comm_seconds(
+            hook_name, bare[-1]["stats"], steps, world_size, m0.measured_gbps,
+            latency_s=m0.measured_latency_ms / 1000, **params)
+        from_bare = bare_step - bare_model + model["goodput"]
         rows.append({
             "hook": hook_name, "world_size": world_size, "link_gbps": link,
             "link_measured_gbps": m.measured_gbps, "latency_ms": m.measured_latency_ms,
@@ -181,6 +190,8 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
             "model_comm_ms": model["goodput"], "model_comm_nominal_ms": model["nominal"],
             "projected_step_ms": projected,
             "step_error_pct": 100 * (projected - step) / step,
+            "unshaped_step_ms": bare_step, "projected_from_unshaped_ms": from_bare,
+            "from_unshaped_error_pct": 100 * (from_bare - step) / step,
             "comm_error_pct": 100 * (model["goodput"] - comm) / comm if comm else float("nan"),
             "comm_error_nominal_pct": 100 * (model["nominal"] - comm) / comm if comm else float("nan"),
             "calls_per_step": stats.get("calls", 0) / steps,
@@ -214,7 +225,9 @@ def main(argv=None) -> int:
         return 2
     load_before = load_average()
     started = time.time()
-    measured = {}
+    measured = {None: link_measure.measure(None)}  # the veth links unshaped: what the bare arm ran on
+    print(f"unshaped: measured {measured[None].measured_gbps:.3f} Gbit/s, "
+          f"{measured[None].measured_latency_ms:.3f} ms one way", flush=True)
     for link in args.links:
         measured[link] = link_measure.measure(link)
         print(f"link {link:g} Gbit/s: measured {measured[link].measured_gbps:.3f} Gbit/s, "
@@ -227,16 +240,21 @@ def main(argv=None) -> int:
         print(f"W={w} done (load {load_average()})", flush=True)
     load_after = load_average()
     headers = ["hook", "W", "Gbit/s", "step ms", "comm ms", "compute ms", "model comm ms", "projected step ms",
-               "step err %", "comm err %", "comm err % (nominal rate)"]
+               "step err %", "comm err %", "comm err % (nominal rate)", "unshaped step ms",
+               "projected from unshaped ms", "its err %"]
     print(table(headers, [[r["hook"], r["world_size"], r["link_gbps"], round(r["step_ms"], 1),
                            round(r["comm_ms"], 1), round(r["compute_ms"], 1), round(r["model_comm_ms"], 1),
                            round(r["projected_step_ms"], 1), round(r["step_error_pct"], 1),
-                           round(r["comm_error_pct"], 1), round(r["comm_error_nominal_pct"], 1)] for r in rows]))
+                           round(r["comm_error_pct"], 1), round(r["comm_error_nominal_pct"], 1),
+                           round(r["unshaped_step_ms"], 1), round(r["projected_from_unshaped_ms"], 1),
+                           round(r["from_unshaped_error_pct"], 1)] for r in rows]))
     for link in args.links:
         errs = [r["step_error_pct"] for r in rows if r["link_gbps"] == link]
         cerrs = [r["comm_error_pct"] for r in rows if r["link_gbps"] == link]
+        ferrs = [r["from_unshaped_error_pct"] for r in rows if r["link_gbps"] == link]
         print(f"error band at {link:g} Gbit/s: step {min(errs):+.1f}% .. {max(errs):+.1f}%, "
-              f"comm {min(cerrs):+.1f}% .. {max(cerrs):+.1f}%")
+              f"comm {min(cerrs):+.1f}% .. {max(cerrs):+.1f}%, step projected from the unshaped step "
+              f"{min(ferrs):+.1f}% .. {max(ferrs):+.1f}%")
     print(f"load average before {load_before}, after {load_after}; {time.time() - started:.0f} s")
     path = write_json("network", {"machine": machine(), "load_before": load_before, "load_after": load_after,
                                   "links": {str(k): vars(v) for k, v in measured.items()}, "rows": rows,
