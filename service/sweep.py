@@ -582,6 +582,9 @@ def check_cluster(cfg: SweepConfig, trials: list[TrialSpec], tracking_uri: str, 
     if cfg.resources.use_gpu and total.get("GPU", 0) < largest:
         raise SweepError(f"world_size {largest} with use_gpu needs {largest} GPUs but this Ray cluster has "
                          f"{total.get('GPU', 0):g}; lower search.world_size or set resources.use_gpu: false")
+    if cfg.network is not None and len(nodes) > 1:
+        raise SweepError(f"network: emulated hosts are namespaces on one machine, and this Ray cluster has "
+                         f"{len(nodes)} nodes: run it on a single-node (local) Ray, or remove network:")
     try:
         from service.cluster import ClusterConfigError, check_storage_for_cluster, check_tracking_uri_for_cluster
     except ImportError:  # pragma: no cover - the cluster checks are optional

@@ -55,6 +55,53 @@ def _sweep_env(uri: str) -> dict[str, str]:
     return env
 
 
+# ----------------------------------------------------------------------------- the config
+
+
+def _config(tmp_path, network: str, extra: str = ""):
+    from service.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(NETWORK_SWEEP.read_text().replace("network:\n  link_gbps: 1\n", network) + extra)
+    return load_config(path)[0]
+
+
+def test_link_gbps_is_a_sweep_axis_in_key_name_and_grid(tmp_path):
+    cfg = _config(tmp_path, "network:\n  link_gbps: [1, 2.5]\n")
+    trials = cfg.trials()
+    assert [t.link_gbps for t in trials] == [1.0, 2.5]
+    assert [t.run_name for t in trials] == ["allreduce-1gbps-w2-s0", "allreduce-2.5gbps-w2-s0"]
+    assert len({t.key for t in trials}) == 2
+    assert cfg.network.latency_ms == 0.0
+    plain = _config(tmp_path, "").trials()  # no network: nothing changes
+    assert plain[0].link_gbps is None and plain[0].run_name == "allreduce-w2-s0"
+    assert plain[0].key == "allreduce[]-w2-s0"
+
+
+@pytest.mark.parametrize("network, expected", [
+    ("network:\n  link_gbps: [1, 0]\n", "network.link_gbps[1]: 0 is not allowed"),
+    ("network:\n  link_gbps: [1, 1]\n", "lists a rate twice"),
+    ("network:\n  link_gbps: 1\n  latency: 1\n", "network.latency: unknown key (did you mean 'latency_ms'?)"),
+    ("network:\n  link_gbps: 1\n  latency_ms: -1\n", "network.latency_ms"),
+    ("network:\n  latency_ms: 1\n", "network.link_gbps: missing"),
+])
+def test_bad_network_section_is_one_line(tmp_path, network, expected):
+    from service.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _config(tmp_path, network)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_network_with_gpus_is_refused(tmp_path):
+    from service.config import ConfigError, load_config
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text(NETWORK_SWEEP.read_text().replace("cpus_per_worker: 0.5", "cpus_per_worker: 0.5\n  use_gpu: true"))
+    with pytest.raises(ConfigError, match="NCCL would bypass them"):
+        load_config(path)
+
+
 # ----------------------------------------------------------------------------- the network
 
 
