@@ -386,9 +386,9 @@ class TrialSpec(BaseModel):
                 parts.append(key if value else f"no_{key}")
             else:
                 parts.append(f"{key}{value}")
-        if self.link_gbps is not None:
-            parts.append(f"{self.link_gbps:g}gbps")  # before -w: the report's configurations differ by link
         parts += [f"w{self.world_size}", f"s{self.seed}"]
+        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
+            parts.append(f"{self.link_gbps:g}gbps")
         return "-".join(parts)
 
     def non_default_params(self) -> dict[str, Any]:

@@ -70,7 +70,7 @@ def test_link_gbps_is_a_sweep_axis_in_key_name_and_grid(tmp_path):
     cfg = _config(tmp_path, "network:\n  link_gbps: [1, 2.5]\n")
     trials = cfg.trials()
     assert [t.link_gbps for t in trials] == [1.0, 2.5]
-    assert [t.run_name for t in trials] == ["allreduce-1gbps-w2-s0", "allreduce-2.5gbps-w2-s0"]
+    assert [t.run_name for t in trials] == ["allreduce-w2-s0-1gbps", "allreduce-w2-s0-2.5gbps"]
     assert len({t.key for t in trials}) == 2
     assert cfg.network.latency_ms == 0.0
     plain = _config(tmp_path, "").trials()  # no network: nothing changes
@@ -304,7 +304,7 @@ def test_sweep_trial_runs_on_the_shaped_link_and_records_it(tmp_path):
     runs = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
     assert len(runs) == 1
     run = runs[0]
-    assert run.info.run_name == "allreduce-1gbps-w2-s0"
+    assert run.info.run_name == "allreduce-w2-s0-1gbps"
     assert run.data.params["link_gbps"] == "1.0" and run.data.params["latency_ms"] == "0.0"
     m = run.data.metrics
     assert 0.8 <= m["link_measured_gbps"] <= 1.0
