@@ -645,7 +645,9 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
     for trial in trials:
         run = by_key.get(trial.key) or by_key.get(trial.run_name)
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
-                               "params": " ".join(f"{k}={v}" for k, v in trial.non_default_params().items()),
+                               "params": " ".join([f"{k}={v}" for k, v in trial.non_default_params().items()]
+                                                  + ([f"link={trial.link_gbps:g}Gbit/s"]
+                                                     if trial.link_gbps is not None else [])),
                                "world_size": trial.world_size, "seed": trial.seed}
         if run is None:
             row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,
