@@ -187,6 +187,39 @@ def test_gloo_group_on_hosts_computes_and_sends_through_the_shaped_links(world_s
     assert all(s < 1.2 * wire for s in sent), (sent, wire)  # frames' headers, not another copy
 
 
+def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
+    from service.config import SweepConfig
+    from service.worker import run_training
+    from tests.tiny_workload import TINY
+
+    cfg = SweepConfig.model_validate({
+        "name": "netem-worker", "search": {"hooks": [hook], "world_size": [world_size], "seed": [0]},
+        "workload": {"name": TINY, "steps": 6, "global_batch_size": 32, "lr": 0.05, "eval_every": 6,
+                     "warmup_steps": 1},
+        "network": {"link_gbps": 1}})
+    trial = cfg.trials()[0]
+    result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
+                          process_group=netem.process_group_on_host(hosts[rank]))
+    return {"status": result.status, "steps": result.steps_done,
+            "wire": result.summary["comm_bytes_per_step"] * result.steps_done, "losses": result.losses}
+
+
+@pytest.mark.parametrize("hook", ["allreduce", "quantized_allreduce"])
+def test_run_training_on_the_hosts_group_sends_its_gradients_through_the_links(hook):
+    """service.worker.run_training with the group train_loop_per_worker makes (no Ray): DDP's
+    and the hook's bytes all leave through the hosts' shaped qdiscs."""
+    from tests.dist_utils import run_distributed
+
+    with netem.Network(2, link_gbps=1.0) as net:
+        before = net.tx_bytes()
+        results = run_distributed(_train_on_hosts, 2, (net.hosts, hook))
+        sent = [a - b for a, b in zip(net.tx_bytes(), before)]
+    assert [r["status"] for r in results] == ["ok", "ok"] and results[0]["steps"] == 6
+    assert results[0]["losses"] == results[1]["losses"]  # the ranks agreed on every step
+    for rank, r in enumerate(results):
+        assert sent[rank] >= r["wire"] > 0, (sent, r["wire"])
+
+
 def test_link_measurement_reports_the_shaped_rate_and_the_check_refuses_a_short_link():
     m = link_measure.measure(1.0)
     assert 0 < m.measured_gbps <= 1.0  # tbf caps it: payload never exceeds the frame rate
