@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Environment: RAY_ADDRESS - run on that Ray cluster instead of starting a local "
             "Ray instance; MLFLOW_TRACKING_URI - record there instead of ./mlflow.db (SQLite). "
+            "A config's network: section (e.g. the preset network) runs every rank on its own "
+            "emulated host, each host's link shaped by tc to network.link_gbps; it needs root "
+            "(CAP_NET_ADMIN) and iproute2, and is refused in one line without them. "
             "Exit status: 0 every trial finished (ok or nan), 1 some trial failed or the sweep "
             "itself failed, 2 bad config or an environment that cannot run it, 130 interrupted."),
     )
