@@ -22,6 +22,16 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+# iproute2's `ip` and `tc` build the emulated hosts and links of a config's network: section
+# (service/netem.py); minimal images lack them. Only root can use them, so only root installs.
+if ! command -v tc >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing Debian's iproute2 (ip, tc) for emulated links" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+  else
+    echo "setup: no ip/tc: sweeps with a network: section need iproute2 (apt-get install iproute2) and root" >&2
+  fi
+fi
 if [ "${1:-}" = "--test" ]; then
   # System tools the tests use for real: headless Chromium renders report.html; docker-compose
   # (Compose v1, no engine needed) validates docker/compose.yaml.

@@ -327,6 +327,37 @@ class ReportConfig(BaseModel):
                                     "quality gap a configuration may have and still match it")
 
 
+MAX_LINK_GBPS = 400.0
+MAX_LATENCY_MS = 1000.0
+
+
+class NetworkConfig(BaseModel):
+    """Emulated hosts joined by shaped links (service/netem.py): every rank of a trial on its
+    own network namespace, DDP's traffic over a tc-shaped veth link. Needs root (CAP_NET_ADMIN)."""
+
+    model_config = _STRICT
+
+    link_gbps: list[float] = Field(min_length=1, description="each host's link rate, Gbit/s; a list is a sweep axis")
+    latency_ms: float = Field(0.0, ge=0, le=MAX_LATENCY_MS,
+                              description="delay added to each host's egress (tc netem), ms; 0 = the veth path's own")
+
+    @field_validator("link_gbps", mode="before")
+    @classmethod
+    def _scalar_allowed(cls, value: Any) -> Any:
+        return _scalar_to_list(value)
+
+    @field_validator("link_gbps")
+    @classmethod
+    def _rates(cls, rates: list[float]) -> list[float]:
+        for i, rate in enumerate(rates):
+            if not 0 < rate <= MAX_LINK_GBPS:
+                raise FieldProblem(f"[{i}]", f"{rate:g} is not allowed; a link rate is above 0 and at most "
+                                             f"{MAX_LINK_GBPS:g} Gbit/s")
+        if len(set(rates)) != len(rates):
+            raise FieldProblem("", f"{_short(rates)} lists a rate twice; each value runs once")
+        return rates
+
+
 class TrialSpec(BaseModel):
     """One trial of the grid. Passed through Ray as a plain dict (to_dict / from_dict)."""
 
@@ -336,6 +367,7 @@ class TrialSpec(BaseModel):
     hook_params: dict[str, Union[Scalar, None]]  # full: defaults from hooks.validate included
     world_size: int = Field(ge=1)
     seed: int = Field(ge=0)
+    link_gbps: float | None = None  # the emulated link (config network:), None: the ordinary network
 
     @property
     def run_name(self) -> str:
@@ -355,6 +387,8 @@ class TrialSpec(BaseModel):
             else:
                 parts.append(f"{key}{value}")
         parts += [f"w{self.world_size}", f"s{self.seed}"]
+        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
+            parts.append(f"{self.link_gbps:g}gbps")
         return "-".join(parts)
 
     def non_default_params(self) -> dict[str, Any]:
@@ -368,12 +402,14 @@ class TrialSpec(BaseModel):
     def key(self) -> str:
         """A stable identifier (every parameter spelled out): how --resume tells trials apart."""
         params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
-        return f"{self.hook}[{params}]-w{self.world_size}-s{self.seed}"
+        link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
+        return f"{self.hook}[{params}]-w{self.world_size}-s{self.seed}{link}"
 
     def describe(self) -> str:
         """The --dry-run line: hook, its parameters, world size, seed."""
         params = " ".join(f"{k}={v}" for k, v in self.hook_params.items()) or "-"
-        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}"
+        link = f" link_gbps={self.link_gbps:g}" if self.link_gbps is not None else ""
+        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()
@@ -403,6 +439,7 @@ class SweepConfig(BaseModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
+    network: NetworkConfig | None = Field(None, description="emulated hosts on shaped links; absent: the ordinary network")
 
     @field_validator("name")
     @classmethod
@@ -430,11 +467,15 @@ class SweepConfig(BaseModel):
             if fault.step > wl.steps:
                 raise FieldProblem(f"faults[{i}].step", f"step {fault.step} never runs: trials stop after "
                                                          f"{wl.steps} steps; allowed: 1 to {wl.steps}")
+        if self.network is not None and self.resources.use_gpu:
+            raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
+                                          "NCCL would bypass them: set resources.use_gpu: false or remove network:")
         if self.checkpoint.every > wl.steps:
             raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
-        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed)
+        n_links = len(self.network.link_gbps) if self.network is not None else 1
+        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -456,14 +497,18 @@ class SweepConfig(BaseModel):
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size x seed."""
+        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size
+        x link (network.link_gbps, when set) x seed."""
         out = []
+        links = self.network.link_gbps if self.network is not None else [None]
         for entry in self.search.hooks:
             for combo in entry.combos():
                 full = _validate_hook(entry.name, combo, field=None)
                 for world in self.search.world_size:
-                    for seed in self.search.seed:
-                        out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed))
+                    for link in links:
+                        for seed in self.search.seed:
+                            out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
+                                                 link_gbps=link))
         return out
 
 
@@ -680,6 +725,10 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
             if field is None:
                 return None
             current = field.annotation
+            # an optional section (`network: NetworkConfig | None`): its model
+            models = [a for a in get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
+            if get_origin(current) is not list and len(models) == 1:
+                current = models[0]
         elif isinstance(part, int) and get_origin(current) is list:
             current = get_args(current)[0]
         else:

@@ -145,7 +145,7 @@ def config_label(hook: str, hook_params: dict[str, str], run_name: str = "") -> 
     """The configuration's name: the trial's run name without its -w/-s part (so
     `quantization_perchannel-c512`, `powersgd-rank4`: only non-default params appear there),
     or, for a run not named by the sweep, the hook with its chunk size and other params."""
-    match = re.fullmatch(r"(.+)-w\d+-s\d+", run_name)
+    match = re.fullmatch(r"(.+)-w\d+-s\d+(?:-[0-9.]+gbps)?", run_name)  # -{G}gbps: an emulated link
     if match and match.group(1).split("-")[0] == hook:
         return match.group(1)
     label = hook

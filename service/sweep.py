@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "Environment: RAY_ADDRESS - run on that Ray cluster instead of starting a local "
             "Ray instance; MLFLOW_TRACKING_URI - record there instead of ./mlflow.db (SQLite). "
+            "A config's network: section (e.g. the preset network) runs every rank on its own "
+            "emulated host, each host's link shaped by tc to network.link_gbps; it needs root "
+            "(CAP_NET_ADMIN) and iproute2, and is refused in one line without them. "
             "Exit status: 0 every trial finished (ok or nan), 1 some trial failed or the sweep "
             "itself failed, 2 bad config or an environment that cannot run it, 130 interrupted."),
     )
@@ -170,10 +173,12 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     if _log_file is not None:  # main() keeps the terminal for the sweep's own lines
         _route_library_logs_to_file()
 
+    trials = cfg.trials() if trials is None else trials
+    # first of all, before MLflow or Ray is touched: refuses in one line and leaves nothing
+    links = _prepare_network(cfg, trials, out)
     tracking_uri = tracking.resolve_tracking_uri()
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
 
-    trials = cfg.trials() if trials is None else trials
     if train_loop is None:
         from service.worker import train_loop_per_worker as train_loop
 
@@ -214,7 +219,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
             printer = ProgressPrinter(board, out=out).start()
             _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
-                        resume, board, trial_runs).fit()
+                        resume, board, trial_runs, links).fit()
             parent_status = "FINISHED"
         except KeyboardInterrupt:
             interrupted = True
@@ -227,6 +232,8 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             if interrupted:
                 _tell_trials_interrupted(board)
                 ray.shutdown()  # ends the trial actors, their Train controllers and workers
+            if links is not None:  # the trials' emulated hosts, also of trials that were killed
+                _remove_networks()
             if parent_run_id is not None:
                 _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED",
                                      interrupted_at_ms=interrupted_at_ms)
@@ -241,8 +248,10 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
 
 def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
                 storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board, trial_runs):
-    """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``)."""
+                resume: bool, board, trial_runs, links=None):
+    """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
+
+    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section."""
     from ray import tune
 
     # Train's per-trial directories hang off the parent run: a resumed trial finds its
@@ -252,6 +261,7 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
         tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
         cfg=cfg, tracking_uri=tracking_uri, trials_storage=_join(storage, sweep_dir, "trials"),
         board=board, trial_runs=trial_runs, train_loop=train_loop, reusable_runs=reusable_runs,
+        network=None if links is None else {"links": links, "owner_pid": os.getpid()},
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
     return tune.Tuner(
@@ -324,7 +334,7 @@ def _signals_raise_keyboard_interrupt():
 
 def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_storage: str, board,
                trial_runs, train_loop: Callable[[dict], None],
-               reusable_runs: dict[str, str] | None = None) -> None:
+               reusable_runs: dict[str, str] | None = None, network: dict | None = None) -> None:
     """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
 
     A failing fit ends the run FAILED with the error text and returns normally, so the
@@ -347,6 +357,18 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
     board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
 
+    # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
+    # driver removes them if this process is killed; the workers join them (worker.py)
+    try:
+        net = _trial_network(cfg, trial, network)
+    except Exception as exc:  # e.g. a namespace that cannot be created: this trial fails, in one line
+        summary = f"its emulated network: {_one_line(exc)}"
+        ray.get(trial_runs.close.remote(run_id, "FAILED", summary))
+        board.trial_ended.remote(trial.key, f"failed: {summary}")
+        tune.report({"status": "failed", "error": summary, "run_id": run_id,
+                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
+        return
+
     use_gpu = cfg.resources.use_gpu
     resources = {"CPU": cfg.resources.cpus_per_worker}
     if use_gpu:
@@ -359,6 +381,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
             "tracking_uri": tracking_uri,
             "run_id": run_id,
             "progress": Publisher(board, trial.key),
+            "network": {"hosts": [vars(h) for h in net.hosts]} if net else None,
         },
         scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
                                                resources_per_worker=resources),
@@ -369,7 +392,11 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
             callbacks=[TuneReportCallback()]),
     )
     try:
-        trainer.fit()
+        try:
+            trainer.fit()
+        finally:
+            if net is not None:
+                _log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
     except Exception as exc:
         if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
             ray.get(trial_runs.close.remote(run_id, "KILLED"))
@@ -384,6 +411,60 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     board.trial_ended.remote(trial.key, status)
     tune.report({"status": status, "run_id": run_id,
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
+
+
+def _prepare_network(cfg: SweepConfig, trials: list[TrialSpec], out: TextIO):
+    """{link_gbps: LinkMeasurement} for a config with network: (None without): leftovers of
+    killed sweeps removed, the machine checked and each link measured (service/link_measure.py)."""
+    if cfg.network is None:
+        return None
+    from service import link_measure, netem
+
+    # Ctrl-C/SIGTERM during the measurement: KeyboardInterrupt (even where the shell started us
+    # with SIGINT ignored), and the measurement's hosts are removed on the way out
+    with _signals_raise_keyboard_interrupt():
+        try:
+            return link_measure.prepare(cfg.network, [t.link_gbps for t in trials], out=out)
+        except netem.NetemError as exc:
+            raise SweepError(str(exc)) from None
+        except KeyboardInterrupt:
+            netem.remove_owned(os.getpid())
+            raise
+
+
+def _remove_networks() -> None:
+    from service import netem
+
+    removed = netem.remove_owned(os.getpid())
+    if removed:
+        log.info("removed the emulated hosts of stopped trials: %s", " ".join(removed))
+
+
+def _trial_network(cfg: SweepConfig, trial: TrialSpec, network: dict | None):
+    """The trial's emulated hosts (one per rank), created; None without network:."""
+    if network is None or trial.link_gbps is None:
+        return None
+    from service import netem
+
+    return netem.Network(trial.world_size, trial.link_gbps, cfg.network.latency_ms,
+                         owner_pid=network["owner_pid"]).create()
+
+
+def _log_link(trial_runs, run_id: str, net, measured) -> None:
+    """The link the trial ran on, measured, and the bytes its hosts really sent; then the
+    hosts are removed."""
+    import ray
+
+    try:
+        metrics = {"link_measured_gbps": measured.measured_gbps,
+                   "link_measured_latency_ms": measured.measured_latency_ms}
+        try:
+            metrics["link_tx_bytes"] = float(sum(net.tx_bytes()))  # whole frames, every host, whole trial
+        except Exception as exc:  # noqa: BLE001 - a missing counter must not fail the trial
+            log.warning("could not read the links' byte counters: %s", _one_line(exc))
+        ray.get(trial_runs.log_metrics.remote(run_id, metrics))
+    finally:
+        net.remove()
 
 
 def describe_failure(exc: BaseException) -> tuple[str, str]:
@@ -504,6 +585,9 @@ def check_cluster(cfg: SweepConfig, trials: list[TrialSpec], tracking_uri: str, 
     if cfg.resources.use_gpu and total.get("GPU", 0) < largest:
         raise SweepError(f"world_size {largest} with use_gpu needs {largest} GPUs but this Ray cluster has "
                          f"{total.get('GPU', 0):g}; lower search.world_size or set resources.use_gpu: false")
+    if cfg.network is not None and len(nodes) > 1:
+        raise SweepError(f"network: emulated hosts are namespaces on one machine, and this Ray cluster has "
+                         f"{len(nodes)} nodes: run it on a single-node (local) Ray, or remove network:")
     try:
         from service.cluster import ClusterConfigError, check_storage_for_cluster, check_tracking_uri_for_cluster
     except ImportError:  # pragma: no cover - the cluster checks are optional
@@ -564,7 +648,9 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
     for trial in trials:
         run = by_key.get(trial.key) or by_key.get(trial.run_name)
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
-                               "params": " ".join(f"{k}={v}" for k, v in trial.non_default_params().items()),
+                               "params": " ".join([f"{k}={v}" for k, v in trial.non_default_params().items()]
+                                                  + ([f"link={trial.link_gbps:g}Gbit/s"]
+                                                     if trial.link_gbps is not None else [])),
                                "world_size": trial.world_size, "seed": trial.seed}
         if run is None:
             row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,

@@ -205,6 +205,8 @@ def trial_params(trial, cfg) -> dict[str, Any]:
         "torch_version": _version("torch"),
         "ray_version": _version("ray"),
     })
+    if getattr(trial, "link_gbps", None) is not None:  # an emulated link (config network:)
+        params.update(link_gbps=trial.link_gbps, latency_ms=cfg.network.latency_ms)
     return params
 
 

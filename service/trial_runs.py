@@ -47,6 +47,11 @@ class TrialRuns:
         self._tracking.set_tags(run_id, self._tracking_uri, trial_key=trial.key)
         return run_id
 
+    def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
+        """Summary metrics the trial's process measured itself (e.g. its emulated link's)."""
+        with self._tracking.MetricLogger(run_id, self._tracking_uri) as logger:
+            logger.log_summary(**metrics)
+
     def close(self, run_id: str, status: str, error: str | None = None) -> str:
         """End ``run_id`` FINISHED, FAILED (with ``error``) or KILLED; returns the run's
         ``status`` tag as it ended (ok | nan | failed | killed)."""

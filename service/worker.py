@@ -72,14 +72,16 @@ class Start:
 def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
                  start: Optional[Start] = None,
                  checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
-                 on_fault: Optional[Callable[[int, Any], None]] = None) -> TrialResult:
+                 on_fault: Optional[Callable[[int, Any], None]] = None,
+                 process_group=None) -> TrialResult:
     """Train one trial on this rank (the process group is already initialised).
 
     ``logger`` (rank 0): a ``tracking.MetricLogger`` or None; ``progress(step, loss)``:
     called on rank 0 at most every ~2 s; ``start``: resume point (``Start``);
     ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every`` steps
     with this rank's training state; ``on_fault(index, fault)``: called just before a
-    configured fault fires (a crash fault never returns).
+    configured fault fires (a crash fault never returns); ``process_group``: the group DDP and
+    the hook communicate on (None: the default group; an emulated network's, service/netem.py).
     """
     wl_cfg, start = cfg.workload, start or Start()
     device = torch.device(device)
@@ -87,8 +89,9 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     # --- setup: same weights and data on every rank, DDP with the trial's hook
     torch.manual_seed(trial.seed)
     wl = build_workload(wl_cfg.name, trial.seed)
-    model = DDP(wl.model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
-    hook_state, hook = hooks.build(trial.hook, process_group=None, **dict(trial.hook_params))
+    model = DDP(wl.model.to(device), device_ids=[device.index] if device.type == "cuda" else None,
+                process_group=process_group)
+    hook_state, hook = hooks.build(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
     optimizer = make_optimizer(wl_cfg, model.parameters())
@@ -640,9 +643,21 @@ def train_loop_per_worker(config: dict) -> None:
     result = run_training(trial, cfg, rank=rank, world_size=world_size, device=device,
                           logger=logger, progress=config.get("progress"), start=start,
                           checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
-                          on_fault=on_fault)
+                          on_fault=on_fault, process_group=_network_group(config, rank))
     ray.train.report({**result.summary, "status": result.status,
                       "nan_source": (result.nan_report or {}).get("nan_source") or ""})
+
+
+def _network_group(config: dict, rank: int):
+    """With an emulated network (config network:), a gloo group whose sockets live in this
+    rank's host namespace: DDP's traffic crosses the shaped links (service/netem.py; Ray Train
+    made the default group on the ordinary network before this function ran). None otherwise."""
+    network = config.get("network")
+    if not network:
+        return None
+    from service import netem
+
+    return netem.process_group_on_host(network["hosts"][rank])
 
 
 def _restart_state(run_id: str, uri: str) -> tuple[int, frozenset[int]]:

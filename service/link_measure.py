@@ -1,0 +1,167 @@
+"""What an emulated link really delivers: a short timed gloo exchange between two of its hosts.
+
+``measure(link_gbps, latency_ms)`` builds a two-host :class:`service.netem.Network` shaped as
+asked, starts one process per host (each enters its host's namespace and joins a two-rank
+gloo group whose store and connections run over the link), and times
+
+* bandwidth: an allreduce of ``nbytes`` (what DDP's gradients cross the link as): each host
+  sends nbytes (two ring steps of nbytes/2) while receiving as much; achieved Gbit/s = bits
+  sent per host / the slower host's time, median of ``repeats``. (A simultaneous gloo
+  isend/irecv pair measured half of that here: gloo's point-to-point ops on one pair do not
+  overlap, the ring's do.)
+  This is *goodput*: tbf charges whole Ethernet frames, so a 1 Gbit/s link carries at most
+  ~0.956 Gbit/s of TCP payload at a 1500-byte MTU;
+* latency: one-way, half the shortest of 21 round trips of a 4-byte ping-pong (the link's
+  own latency; longer trips are the 2 shared cores scheduling the processes late).
+
+The sweep measures every link setting before its first trial and refuses a link that delivers
+less than :data:`MIN_FRACTION` of the asked rate (the machine's CPUs, not the shaping, are
+then the limit, and every figure of the trial would be about them).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+
+from service import netem
+
+MIN_FRACTION = 0.8
+DEFAULT_BYTES = 16 * 2**20
+TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    link_gbps: float  # asked
+    latency_ms: float  # asked (added delay)
+    measured_gbps: float  # achieved payload rate, per direction
+    measured_latency_ms: float  # one-way
+
+    @property
+    def fraction(self) -> float:
+        return self.measured_gbps / self.link_gbps if self.link_gbps else 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, host: netem.Host, master: str, port: int, nbytes: int, repeats: int, queue) -> None:
+    """One host's side (a fresh process: it may enter the namespace for good)."""
+    try:
+        # c10d warns that a namespace has no resolvable hostname: true, and nothing to act on
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        import torch
+        import torch.distributed as dist
+
+        with netem.entered(host.namespace):
+            os.environ["GLOO_SOCKET_IFNAME"] = host.ifname
+            dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=2)
+            send = torch.zeros(nbytes // 4)
+            ping = torch.zeros(1)
+            # latency first: after the bulk transfer the bucket and the queues are still refilling
+            bandwidth, rtts = [], []
+            dist.barrier()
+            for _ in range(21):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(ping, 1)
+                    dist.recv(ping, 1)
+                else:
+                    dist.recv(ping, 0)
+                    dist.send(ping, 0)
+                rtts.append(time.perf_counter() - t0)
+            for i in range(repeats + 1):  # the first round warms the connection (TCP slow start)
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(send)
+                elapsed = time.perf_counter() - t0
+                slowest = torch.tensor([elapsed], dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                if i:
+                    bandwidth.append(nbytes * 8 / slowest.item() / 1e9)
+            dist.destroy_process_group()
+        queue.put((rank, statistics.median(bandwidth), min(rtts) / 2 * 1000.0, None))
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
+        queue.put((rank, 0.0, 0.0, f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+
+
+def measure(link_gbps: float, latency_ms: float = 0.0, *, nbytes: int | None = None,
+            repeats: int = 3, owner_pid: int | None = None) -> LinkMeasurement:
+    """Build a two-host network shaped as asked, time it (module docstring), remove it."""
+    # enough bytes that the bucket's burst and the slow start are a small part of the time
+    nbytes = nbytes or max(DEFAULT_BYTES, int(link_gbps * 1e9 / 8 * 0.1) if link_gbps else DEFAULT_BYTES)
+    ctx = mp.get_context("spawn")
+    with netem.Network(2, link_gbps, latency_ms, owner_pid=owner_pid) as net:
+        queue = ctx.Queue()
+        port = _free_port()
+        procs = [ctx.Process(target=_rank_main, args=(r, net.hosts[r], net.hosts[0].address, port, nbytes,
+                                                      repeats, queue), daemon=True) for r in range(2)]
+        for p in procs:
+            p.start()
+        results, deadline = {}, time.monotonic() + TIMEOUT_S
+        try:
+            while len(results) < 2:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise netem.NetemError(f"measuring the {link_gbps:g} Gbit/s link took over {TIMEOUT_S:.0f} s")
+                try:
+                    rank, gbps, lat, err = queue.get(timeout=min(left, 1.0))
+                except Exception:  # queue.Empty: check the processes are alive
+                    dead = [p for p in procs if p.exitcode not in (None, 0)]
+                    if dead:
+                        raise netem.NetemError(f"measuring the {link_gbps:g} Gbit/s link: a process died "
+                                               f"(exit {dead[0].exitcode})") from None
+                    continue
+                if err:
+                    raise netem.NetemError(f"measuring the {link_gbps:g} Gbit/s link failed: {err}")
+                results[rank] = (gbps, lat)
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+    gbps = min(r[0] for r in results.values())
+    lat = statistics.fmean(r[1] for r in results.values())
+    return LinkMeasurement(link_gbps, latency_ms, gbps, lat)
+
+
+def check(m: LinkMeasurement) -> None:
+    """Refuse (NetemError, one line) a link that delivers less than MIN_FRACTION of its rate."""
+    if m.link_gbps and m.fraction < MIN_FRACTION:
+        raise netem.NetemError(
+            f"network.link_gbps {m.link_gbps:g}: this machine delivers only {m.measured_gbps:.2f} Gbit/s "
+            f"between two emulated hosts ({100 * m.fraction:.0f}% of the asked rate; at least "
+            f"{100 * MIN_FRACTION:.0f}% is needed for the link, not the CPUs, to set the pace): ask for a "
+            f"lower link_gbps, or run on a quieter or bigger machine")
+
+
+def prepare(network_cfg, link_settings, *, out=None) -> dict[float, LinkMeasurement]:
+    """Before Ray starts: can this machine emulate the sweep's links, and do they deliver?
+
+    Removes leftovers of killed sweeps, runs :func:`netem.preflight`, then measures each link
+    setting once and refuses (NetemError, one line) one that falls short (:func:`check`).
+    Returns {link_gbps: measurement}; nothing of ours remains on the machine afterwards.
+    """
+    removed = netem.remove_leftovers()
+    if removed and out is not None:
+        print(f"network: removed {len(removed)} namespaces/links left by a killed sweep", file=out, flush=True)
+    settings = sorted(set(link_settings))
+    netem.preflight(settings[0], network_cfg.latency_ms)
+    measured = {}
+    for gbps in settings:
+        m = measure(gbps, network_cfg.latency_ms)
+        if out is not None:
+            print(f"network: link {gbps:g} Gbit/s (+{network_cfg.latency_ms:g} ms) measured "
+                  f"{m.measured_gbps:.2f} Gbit/s, {m.measured_latency_ms:.3f} ms one way", file=out, flush=True)
+        check(m)
+        measured[gbps] = m
+    return measured

@@ -1,0 +1,414 @@
+"""Emulated hosts for real (service/netem.py, service/link_measure.py, the sweep's network:).
+
+Real network namespaces, veth links, a bridge and tc qdiscs (CI runs as root on this machine),
+real gloo groups whose sockets live in the namespaces, real sweeps (local Ray, SQLite MLflow):
+
+* a network's namespaces, addresses and shaping exist while it does, and nothing after;
+* a gloo group made with ``process_group_on_host`` computes the right allreduce and its bytes
+  leave through the hosts' shaping qdiscs (tc's counters), not loopback;
+* leftovers of a SIGKILLed owner are removed (by ``remove_leftovers`` and by the next sweep);
+* without CAP_NET_ADMIN/CAP_SYS_ADMIN (``setpriv`` drops them) or without ``tc``, the sweep
+  refuses in one line, exit 2, before MLflow or Ray, leaving nothing behind;
+* one real sweep trial on a 1 Gbit/s link logs its link (params, measured rate, bytes sent);
+* an interrupted sweep removes its trials' hosts;
+* the last test: ``ip netns list`` / ``ip link`` show nothing of ours.
+
+Speeds are never asserted (bench/network.py measures them); the shaping is checked by what tc
+counted and by the measured rate never exceeding the asked one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from service import link_measure, netem
+
+ROOT = Path(__file__).resolve().parent.parent
+NETWORK_SWEEP = ROOT / "tests" / "network_sweep.yaml"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+
+# pids of the processes this module started that may own namespaces (the final check's scope)
+_OWNERS: set[int] = {os.getpid()}
+
+
+def _ours() -> tuple[list[str], list[str]]:
+    """(namespaces, links) of this test session's owners, or of owners no longer alive."""
+    def mine(pid: int) -> bool:
+        return pid in _OWNERS or not netem._pid_alive(pid)
+
+    ns = [n for n in netem.list_namespaces() if mine(int(n.split("-")[1]))]
+    links = [name for name, pid in netem.list_links() if mine(pid)]
+    return ns, links
+
+
+def _sweep_env(uri: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    return env
+
+
+# ----------------------------------------------------------------------------- the config
+
+
+def _config(tmp_path, network: str, extra: str = ""):
+    from service.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(NETWORK_SWEEP.read_text().replace("network:\n  link_gbps: 1\n", network) + extra)
+    return load_config(path)[0]
+
+
+def test_link_gbps_is_a_sweep_axis_in_key_name_and_grid(tmp_path):
+    cfg = _config(tmp_path, "network:\n  link_gbps: [1, 2.5]\n")
+    trials = cfg.trials()
+    assert [t.link_gbps for t in trials] == [1.0, 2.5]
+    assert [t.run_name for t in trials] == ["allreduce-w2-s0-1gbps", "allreduce-w2-s0-2.5gbps"]
+    assert len({t.key for t in trials}) == 2
+    assert cfg.network.latency_ms == 0.0
+    plain = _config(tmp_path, "").trials()  # no network: nothing changes
+    assert plain[0].link_gbps is None and plain[0].run_name == "allreduce-w2-s0"
+    assert plain[0].key == "allreduce[]-w2-s0"
+
+
+@pytest.mark.parametrize("network, expected", [
+    ("network:\n  link_gbps: [1, 0]\n", "network.link_gbps[1]: 0 is not allowed"),
+    ("network:\n  link_gbps: [1, 1]\n", "lists a rate twice"),
+    ("network:\n  link_gbps: 1\n  latency: 1\n", "network.latency: unknown key (did you mean 'latency_ms'?)"),
+    ("network:\n  link_gbps: 1\n  latency_ms: -1\n", "network.latency_ms"),
+    ("network:\n  latency_ms: 1\n", "network.link_gbps: missing"),
+])
+def test_bad_network_section_is_one_line(tmp_path, network, expected):
+    from service.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        _config(tmp_path, network)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_network_with_gpus_is_refused(tmp_path):
+    from service.config import ConfigError, load_config
+
+    path = tmp_path / "gpu.yaml"
+    path.write_text(NETWORK_SWEEP.read_text().replace("cpus_per_worker: 0.5", "cpus_per_worker: 0.5\n  use_gpu: true"))
+    with pytest.raises(ConfigError, match="NCCL would bypass them"):
+        load_config(path)
+
+
+# ----------------------------------------------------------------------------- the network
+
+
+def test_network_exists_while_open_and_is_gone_after():
+    with netem.Network(3, link_gbps=1.0) as net:
+        names = set(netem.list_namespaces())
+        assert {h.namespace for h in net.hosts} <= names
+        assert [h.address for h in net.hosts] == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
+        for host in net.hosts:
+            addr = subprocess.run(["ip", "-n", host.namespace, "-4", "addr", "show", "dev", host.ifname],
+                                  capture_output=True, text=True, check=True).stdout
+            assert f"{host.address}/24" in addr
+            qdisc = subprocess.run(["ip", "netns", "exec", host.namespace, "tc", "qdisc", "show", "dev",
+                                    host.ifname], capture_output=True, text=True, check=True).stdout
+            assert "tbf" in qdisc and "rate 1Gbit" in qdisc
+        # host 0 reaches host 2 through the bridge (a TCP connection made inside the namespaces)
+        probe = textwrap.dedent(f"""
+            import socket, threading
+            from service import netem
+            with netem.entered({net.hosts[2].namespace!r}):
+                server = socket.create_server(("{net.hosts[2].address}", 0))
+            port = server.getsockname()[1]
+            threading.Thread(target=lambda: server.accept()[0].sendall(b"hi"), daemon=True).start()
+            with netem.entered({net.hosts[0].namespace!r}):
+                client = socket.create_connection(("{net.hosts[2].address}", port), timeout=10)
+            print(client.recv(2).decode())
+        """)
+        got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        assert got.stdout.strip() == "hi", got.stderr
+        bridge = net.bridge
+        assert bridge in {name for name, _ in netem.list_links()}
+    assert not {h for h in names if h.startswith(f"{netem.PREFIX}-{os.getpid()}-{net.token}")} & set(netem.list_namespaces())
+    assert bridge not in {name for name, _ in netem.list_links()}
+    out = subprocess.run(["ip", "link"], capture_output=True, text=True).stdout
+    assert net.token not in out
+
+
+def test_entered_moves_only_the_calling_thread_and_comes_back():
+    import socket
+
+    def addresses() -> set[str]:
+        out = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
+        return {line.split()[3] for line in out.splitlines()}
+
+    home = os.readlink("/proc/thread-self/ns/net")
+    with netem.Network(1, link_gbps=1.0) as net:
+        with netem.entered(net.hosts[0].namespace):
+            inside = os.readlink("/proc/thread-self/ns/net")
+            # a socket bound to the host's address works only inside its namespace
+            sock = socket.socket()
+            sock.bind((net.hosts[0].address, 0))
+            sock.close()
+        assert inside != home
+        assert os.readlink("/proc/thread-self/ns/net") == home
+        assert os.readlink(f"/proc/{os.getpid()}/ns/net") == home  # the process never moved
+        assert f"{net.hosts[0].address}/24" not in addresses()
+
+
+def _shaped_allreduce(rank: int, world_size: int, hosts) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    group = netem.process_group_on_host(hosts[rank])
+    t = torch.full((2_000_000,), float(rank + 1))  # 8 MB
+    dist.all_reduce(t, group=group)
+    return {"min": t.min().item(), "max": t.max().item()}
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_gloo_group_on_hosts_computes_and_sends_through_the_shaped_links(world_size):
+    from tests.dist_utils import run_distributed
+
+    with netem.Network(world_size, link_gbps=2.5) as net:
+        before = net.tx_bytes()
+        results = run_distributed(_shaped_allreduce, world_size, (net.hosts,))
+        sent = [a - b for a, b in zip(net.tx_bytes(), before)]
+    expected = world_size * (world_size + 1) / 2
+    assert all(r["min"] == r["max"] == expected for r in results)
+    # a ring allreduce sends 2(W-1)/W of the 8 MB from every host: all of it left through tbf
+    # (the default group's loopback never reaches these counters)
+    wire = 2 * (world_size - 1) / world_size * 8_000_000
+    assert all(s >= wire for s in sent), (sent, wire)
+    assert all(s < 1.2 * wire for s in sent), (sent, wire)  # frames' headers, not another copy
+
+
+def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
+    from service.config import SweepConfig
+    from service.worker import run_training
+    from tests.tiny_workload import TINY
+
+    cfg = SweepConfig.model_validate({
+        "name": "netem-worker", "search": {"hooks": [hook], "world_size": [world_size], "seed": [0]},
+        "workload": {"name": TINY, "steps": 6, "global_batch_size": 32, "lr": 0.05, "eval_every": 6,
+                     "warmup_steps": 1},
+        "network": {"link_gbps": 1}})
+    trial = cfg.trials()[0]
+    result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
+                          process_group=netem.process_group_on_host(hosts[rank]))
+    return {"status": result.status, "steps": result.steps_done,
+            "wire": result.summary["comm_bytes_per_step"] * result.steps_done, "losses": result.losses}
+
+
+@pytest.mark.parametrize("hook", ["allreduce", "quantized_allreduce"])
+def test_run_training_on_the_hosts_group_sends_its_gradients_through_the_links(hook):
+    """service.worker.run_training with the group train_loop_per_worker makes (no Ray): DDP's
+    and the hook's bytes all leave through the hosts' shaped qdiscs."""
+    from tests.dist_utils import run_distributed
+
+    with netem.Network(2, link_gbps=1.0) as net:
+        before = net.tx_bytes()
+        results = run_distributed(_train_on_hosts, 2, (net.hosts, hook))
+        sent = [a - b for a, b in zip(net.tx_bytes(), before)]
+    assert [r["status"] for r in results] == ["ok", "ok"] and results[0]["steps"] == 6
+    assert results[0]["losses"] == results[1]["losses"]  # the ranks agreed on every step
+    for rank, r in enumerate(results):
+        assert sent[rank] >= r["wire"] > 0, (sent, r["wire"])
+
+
+def test_link_measurement_reports_the_shaped_rate_and_the_check_refuses_a_short_link():
+    m = link_measure.measure(1.0)
+    assert 0 < m.measured_gbps <= 1.0  # tbf caps it: payload never exceeds the frame rate
+    assert m.measured_latency_ms > 0
+    link_measure.check(link_measure.LinkMeasurement(1.0, 0.0, 0.85, 0.05))  # 85%: fine
+    with pytest.raises(netem.NetemError) as err:
+        link_measure.check(link_measure.LinkMeasurement(2.5, 0.0, 1.5, 0.05))
+    text = str(err.value)
+    assert "\n" not in text and "link_gbps 2.5" in text and "1.50 Gbit/s" in text and "60%" in text
+
+
+def test_latency_needs_netem_which_the_preflight_checks():
+    kernel_has_netem = True
+    with netem.Network(1, link_gbps=None) as net:
+        ns = net.hosts[0].namespace
+        probe = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem",
+                                "delay", "1ms"], capture_output=True, text=True)
+        kernel_has_netem = probe.returncode == 0
+    if kernel_has_netem:
+        netem.preflight(1.0, latency_ms=0.5)  # builds a delayed link and removes it
+    else:
+        with pytest.raises(netem.NetemError) as err:
+            netem.preflight(1.0, latency_ms=0.5)
+        assert "sch_netem" in str(err.value) and "latency_ms: 0" in str(err.value)
+    assert _ours() == ([], [])
+
+
+# ----------------------------------------------------------------------------- leftovers
+
+
+def _start_owner_and_kill(hosts: int = 2) -> tuple[int, list[str]]:
+    """A process that builds a network and is SIGKILLed: (its pid, its namespaces)."""
+    code = ("import sys, time; from service import netem; net = netem.Network(%d, 1.0).create(); "
+            "print('ready', flush=True); time.sleep(600)" % hosts)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    _OWNERS.add(proc.pid)
+    assert proc.stdout.readline().strip() == "ready"
+    mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
+    proc.kill()
+    proc.wait()
+    return proc.pid, mine
+
+
+def test_leftovers_of_a_killed_owner_are_removed_and_live_owners_are_left_alone():
+    pid, leftover = _start_owner_and_kill()
+    assert len(leftover) == 2
+    links = [name for name, owner in netem.list_links() if owner == pid]
+    assert len(links) == 3  # the bridge and two veths: namespaces outlive the process that made them
+    with netem.Network(1, link_gbps=1.0) as alive:  # owned by this (live) process
+        removed = netem.remove_leftovers()
+        assert set(leftover) <= set(removed)  # (their veths go with the namespaces)
+        assert alive.hosts[0].namespace in netem.list_namespaces()
+        assert alive.bridge in {name for name, _ in netem.list_links()}
+    assert not [n for n in netem.list_namespaces() if f"-{pid}-" in n]
+    assert not [name for name, owner in netem.list_links() if owner == pid]
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _no_ray_started(workdir: Path) -> None:
+    assert not (workdir / "mlflow.db").exists()  # not even the tracking store was opened
+    assert not (workdir / "results" / "network_one").exists() or not any(
+        (workdir / "results" / "network_one").glob("*/"))
+
+
+def test_sweep_refuses_without_cap_net_admin_in_one_line(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(["setpriv", "--bounding-set=-net_admin,-sys_admin", sys.executable, "-m",
+                           "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path, env=_sweep_env(uri),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: network:"), proc.stderr
+    assert "CAP_NET_ADMIN" in lines[0] and "CAP_SYS_ADMIN" in lines[0] and "root" in lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    _no_ray_started(tmp_path)
+    assert _ours() == ([], [])
+
+
+def test_sweep_refuses_without_tc_in_one_line(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ip").symlink_to(subprocess.run(["which", "ip"], capture_output=True, text=True).stdout.strip())
+    env = _sweep_env(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    env["PATH"] = str(bin_dir)
+    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "lacks tc" in lines[0] and "iproute2" in lines[0], proc.stderr
+    _no_ray_started(tmp_path)
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_sweep_trial_runs_on_the_shaped_link_and_records_it(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    pid, leftover = _start_owner_and_kill(1)  # a killed sweep's hosts: the next start removes them
+    assert leftover
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path,
+                          env=_sweep_env(uri), capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "left by a killed sweep" in proc.stdout
+    assert not [n for n in netem.list_namespaces() if f"-{pid}-" in n]
+    assert "network: link 1 Gbit/s" in proc.stdout and "measured" in proc.stdout
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("network_one")
+    runs = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "allreduce-w2-s0-1gbps"
+    assert run.data.params["link_gbps"] == "1.0" and run.data.params["latency_ms"] == "0.0"
+    m = run.data.metrics
+    assert 0.8 <= m["link_measured_gbps"] <= 1.0
+    # every step's gradients left both hosts through their 1 Gbit/s tbf: tc counted at least
+    # the hook's own wire bytes of every step on each of the 2 hosts
+    assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"]
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
+    assert _ours() == ([], [])
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_interrupted_sweep_removes_its_hosts(tmp_path):
+    config = tmp_path / "long.yaml"
+    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 2000")
+                      .replace("eval_every: 8", "eval_every: 2000"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out_file:
+        proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path,
+                                env=_sweep_env(uri), stdout=out_file, stderr=subprocess.STDOUT, text=True)
+    _OWNERS.add(proc.pid)
+    try:
+        deadline = time.monotonic() + 600
+        # training has begun (a progress line) on the trial's two hosts, owned by the driver
+        while time.monotonic() < deadline and " step " not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.5)
+        mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
+        assert len(mine) == 2, (mine, log.read_text())
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = err = log.read_text()
+    assert proc.returncode == 130, out + err
+    assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
+    assert not [name for name, owner in netem.list_links() if owner == proc.pid]
+
+
+def test_interrupt_during_the_link_measurement_leaves_nothing(tmp_path):
+    """SIGTERM while the sweep measures its link (before Ray): exit 130, the hosts removed."""
+    proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path,
+                            env=_sweep_env(f"sqlite:///{tmp_path / 'mlflow.db'}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _OWNERS.add(proc.pid)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the measurement's two hosts
+            if len([n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]) == 2:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out
+    assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
+    assert not [name for name, owner in netem.list_links() if owner == proc.pid]
+    _no_ray_started(tmp_path)
+
+
+def test_zz_nothing_of_ours_is_left_on_the_machine():
+    """Last in the file: no namespace or link of this module's owners (or of dead ones) remains."""
+    ns, links = _ours()
+    assert ns == [] and links == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for pid in _OWNERS:
+        assert f"{netem.PREFIX}-{pid}-" not in listed
