@@ -25,9 +25,7 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ "${1:-}" = "--test" ]; then
   # The tests train the hf_gpt2 workload: its optional extra (pinned in pyproject.toml).
-  hf_# (this machine's pip config names find-links folders that may not exist: drop that noise only)
-pipq() { .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2); }
-stamp=.venv/.installed-hf-$(sha256sum pyproject.toml | cut -c1-16)
+  hf_stamp=.venv/.installed-hf-$(sha256sum pyproject.toml | cut -c1-16)
   if [ ! -f "$hf_stamp" ]; then
     echo "setup: installing the .[hf] extra (transformers) into .venv" >&2
     pipq -e ".[service,dev,hf]"
