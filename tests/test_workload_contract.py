@@ -387,3 +387,16 @@ def test_a_workload_not_deterministic_across_ranks_is_refused_at_the_start(two_r
                                   "rank 1's initial weights differ from rank 0's (4 tensors, first 0.weight)")
         split = two_ranks[rank]["random_split", "allreduce"]
         assert "not deterministic for seed: rank 1's training or eval data differ from rank 0's" in split
+
+
+@pytest.mark.parametrize("spec", ["examples.dict_workload:build", "examples.hf_workload:build"])
+def test_the_examples_train_in_the_service_loop(single_rank_group, spec):
+    if spec.startswith("examples.hf") and not HAVE_TRANSFORMERS:
+        pytest.skip("the .[hf] extra")
+    cfg = make_cfg(steps=6, world_sizes=(1,), workload=spec, optimizer="adamw", lr=0.01, global_batch_size=16,
+                   eval_every=6)
+    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    assert result.status == "ok" and result.losses[-1] < result.losses[0], result.losses
+    assert "final_eval_loss" in result.summary
+    if spec.startswith("examples.dict"):  # its eval_fn's own metric
+        assert 0 <= result.summary["final_eval_recall_malignant"] <= 1
