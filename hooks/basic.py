@@ -70,7 +70,9 @@ def cast_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Fu
     buf = bucket.buffer()
     w = state.world_size()
     x = state.add_residual(bucket, buf)
-    compressed = x.to(state.dtype).div_(w)
+    # copy=True: on a bucket already in the wire dtype (bf16 weights) .to() would return the
+    # bucket itself, and the residual below would be computed from the divided bucket
+    compressed = x.to(state.dtype, copy=True).div_(w)
     if state.error_feedback:
         state.store_residual(bucket, x - compressed.to(x.dtype) * w)
     state.account("allreduce", compressed.numel() * compressed.element_size())

@@ -2,18 +2,19 @@
 # Creates .venv and installs the project with everything the sweep and the tests need.
 # Idempotent: re-running after a change to pyproject.toml reinstalls; otherwise it is a no-op.
 #   scripts/setup.sh            the sweep's environment (.venv)
-#   scripts/setup.sh --test     also the system packages the tests use (Chromium, docker-compose)
+#   scripts/setup.sh --test     also the optional .[hf] extra (transformers, for the hf_gpt2
+#                               workload) and the system packages the tests use (Chromium, docker-compose)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# (this machine's pip config names find-links folders that may not exist: drop that noise only)
+pipq() { .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2); }
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing into .venv (first time: about 4 minutes)" >&2
-  # (this machine's pip config names find-links folders that may not exist: drop that noise only)
-  pipq() { .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2); }
   pipq --upgrade pip
   # torch first, pinned: the CPU wheel this machine keeps on disk (installs in seconds).
   pipq "torch==2.13.0"
@@ -33,6 +34,15 @@ if ! command -v tc >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
   fi
 fi
 if [ "${1:-}" = "--test" ]; then
+  # The tests train the hf_gpt2 workload: its optional extra (pinned in pyproject.toml).
+  hf_stamp=.venv/.installed-hf-$(sha256sum pyproject.toml | cut -c1-16)
+  if [ ! -f "$hf_stamp" ]; then
+    echo "setup: installing the .[hf] extra (transformers) into .venv" >&2
+    pipq -e ".[service,dev,hf]"
+    .venv/bin/python -c "import transformers"
+    rm -f .venv/.installed-hf-*
+    touch "$hf_stamp"
+  fi
   # System tools the tests use for real: headless Chromium renders report.html; docker-compose
   # (Compose v1, no engine needed) validates docker/compose.yaml.
   missing=()

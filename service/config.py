@@ -110,6 +110,12 @@ class WorkloadConfig(BaseModel):
     optimizer: Literal["sgd", "adamw"] = "sgd"
     eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
     warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
+    # Training realism (service/training_options.py says what each does, and where).
+    precision: Literal["fp32", "bf16_autocast", "bf16"] = Field(
+        "fp32", description="fp32 | bf16_autocast (fp32 weights, bf16 forward) | bf16 (bf16 weights and DDP buckets)")
+    grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear LR warm-up steps (not warmup_steps)")
 
     @model_validator(mode="before")
     @classmethod
@@ -144,6 +150,9 @@ class WorkloadConfig(BaseModel):
                 f"{self.warmup_steps} warm-up steps{default} leave none of the {self.steps} steps to "
                 f"measure throughput on; allowed: 0 to {self.steps - 1}",
             )
+        if self.lr_warmup_steps > self.steps:
+            raise FieldProblem("lr_warmup_steps", f"{self.lr_warmup_steps} is more than the {self.steps} steps; "
+                                                  f"allowed: 0 to {self.steps}")
         return self
 
 

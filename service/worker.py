@@ -35,9 +35,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
+from service import preflight
 from service.nan import NanMonitor
 from service.projection import LINKS_GBPS
-from service.workloads import Workload, build_workload, evaluate, fetch_batch
+from service.training_options import Precision, clip_gradients, lr_at, set_lr
+from service.workloads import Workload, build_workload, evaluate_workload, to_device
 
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
 PROGRESS_EVERY_S = 2.0
@@ -89,7 +91,13 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     # --- setup: same weights and data on every rank, DDP with the trial's hook
     torch.manual_seed(trial.seed)
     wl = build_workload(wl_cfg.name, trial.seed)
-    model = DDP(wl.model.to(device), device_ids=[device.index] if device.type == "cuda" else None,
+    precision = Precision(wl_cfg.precision, device)
+    # the start-of-trial checks (service.preflight): one line naming the workload, on every
+    # rank alike (the cross-rank one first: the others are then local and deterministic)
+    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
+    preflight.check_items(wl_cfg.name, wl)
+    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
                 process_group=process_group)
     hook_state, hook = hooks.build(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
@@ -97,7 +105,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
                             rank, world_size, wl_cfg.grad_accumulation)
-    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device) + 1
+    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
     monitor = NanMonitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                          hook_name=trial.hook)
     faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
@@ -113,11 +121,14 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         if faults.due(step) and stops(reporter.agreed(monitor.resolve()), cfg):
             break
         faults.before_step(step, model.module)
-        loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device)
+        loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device, precision)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
         # this backward's gradient collectives instead of adding a rendezvous of its own.
         if stops(reporter.agreed(monitor.resolve()), cfg):
             break  # this step's update is never applied: the weights stay the NaN step's
+        clip_gradients(model.parameters(), wl_cfg.grad_clip_norm)  # the hook's averaged gradient
+        if wl_cfg.lr_schedule != "constant" or wl_cfg.lr_warmup_steps:
+            set_lr(optimizer, lr_at(step, wl_cfg.lr, wl_cfg.steps, wl_cfg.lr_schedule, wl_cfg.lr_warmup_steps))
         optimizer.step()
         monitor.submit(step, loss)  # local checks now, the cross-rank agreement in flight
         meter.end(step)
@@ -130,7 +141,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         if (evaluating or checkpointing) and stops(reporter.agreed(monitor.resolve()), cfg):
             break
         if rank == 0 and evaluating:
-            eval_metrics = run_eval(model.module, wl, device)
+            eval_metrics = run_eval(model.module, wl, device, precision)
             reporter.eval(step, eval_metrics)
         if checkpointing:
             reporter.flush()  # nothing past a checkpoint may be missing from MLflow after a crash
@@ -140,7 +151,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     if check_stopped_on_nan(monitor, cfg):
         eval_metrics = {}
     elif rank == 0 and not eval_metrics:
-        eval_metrics = run_eval(model.module, wl, device)
+        eval_metrics = run_eval(model.module, wl, device, precision)
     summary = meter.summary(wl_cfg.global_batch_size, reporter.last_loss, eval_metrics,
                             monitor.report, start.restarts)
     summary.update(fidelity.summary())
@@ -205,30 +216,37 @@ class GlobalBatches:
         return list(mine.chunk(self.accumulation))
 
 
-def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device) -> torch.Tensor:
+def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
+                     precision: Optional[Precision] = None) -> torch.Tensor:
     """One step's gradients; returns this rank's mean loss over its micro-batches (a tensor).
 
     All micro-batches but the last run under ``no_sync()`` (gradients accumulate locally);
     the last backward runs the comm hook, bucket by bucket, and waits for it. The optimizer
     step is the caller's (the loop reads the previous step's NaN verdict in between).
+    Either workload form goes through ``wl.fetch`` and ``wl.step_loss``; the forward runs
+    in ``precision``'s autocast, floating inputs in its dtype.
     """
+    precision = precision or Precision("fp32", device)
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros((), device=device)
     for i, indices in enumerate(micro_batches):
-        x, y = fetch_batch(wl.train_set, indices)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        batch = to_device(wl.fetch(wl.train_set, indices), device, precision.input_dtype)
         last = i == len(micro_batches) - 1
         with (nullcontext() if last else model.no_sync()):
-            loss = wl.loss_fn(model(x), y) / len(micro_batches)
+            with precision.autocast():
+                loss = wl.step_loss(model, batch) / len(micro_batches)
             loss.backward()
         total += loss.detach()
     return total
 
 
-def run_eval(module: torch.nn.Module, wl: Workload, device) -> dict[str, float]:
-    """eval_loss and eval_accuracy of the bare module (no DDP collectives) on the eval set."""
-    eval_loss, eval_accuracy = evaluate(module, wl.eval_set, wl.loss_fn, device=device)
-    return {"eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+def run_eval(module: torch.nn.Module, wl: Workload, device,
+             precision: Optional[Precision] = None) -> dict[str, float]:
+    """The workload's eval metrics of the bare module (no DDP collectives): eval_loss and
+    eval_accuracy (loss_fn form), eval_loss (batch_loss form), or its eval_fn's metrics."""
+    dtype = precision.input_dtype if precision else None
+    with (precision.autocast() if precision else nullcontext()):
+        return evaluate_workload(wl, module, device=device, float_dtype=dtype)
 
 
 class StepMeter:
@@ -286,9 +304,8 @@ class StepMeter:
             "restarts": restarts,
         }
         out.update(self.projection(measured, now))
-        if "eval_accuracy" in eval_metrics:
-            out["final_eval_accuracy"] = eval_metrics["eval_accuracy"]
-            out["final_eval_loss"] = eval_metrics["eval_loss"]
+        for metric, value in eval_metrics.items():  # eval_loss (+ eval_accuracy, or eval_fn's)
+            out[f"final_{metric}"] = value
         if nan_report:
             out["first_nan_step"] = nan_report.first_nan_step
             out["nan_rank"] = nan_report.nan_rank
@@ -541,7 +558,8 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     return state
 
 
-def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: Workload, device) -> int:
+def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: Workload, device,
+            precision: Optional[Precision] = None) -> int:
     """Load a checkpoint (``{"trainer": ..., "hook_state": ...}``); returns its step (0: none).
 
     DDP rebuilds its gradient buckets after the first synced iteration; the hook's per-bucket
@@ -551,7 +569,7 @@ def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: W
     """
     if not checkpoint:
         return 0
-    prime_buckets(model, wl, device)
+    prime_buckets(model, wl, device, precision)
     trainer = checkpoint["trainer"]
     model.module.load_state_dict(trainer["model"])
     optimizer.load_state_dict(trainer["optimizer"])
@@ -561,10 +579,14 @@ def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: W
     return int(trainer["step"])
 
 
-def prime_buckets(model: DDP, wl: Workload, device) -> None:
+def prime_buckets(model: DDP, wl: Workload, device, precision: Optional[Precision] = None) -> None:
     """One synced forward/backward with a zero loss: no update, buckets get rebuilt."""
-    x, y = fetch_batch(wl.train_set, torch.arange(min(2, len(wl.train_set))))
-    (wl.loss_fn(model(x.to(device)), y.to(device)) * 0.0).backward()
+    precision = precision or Precision("fp32", device)
+    batch = to_device(wl.fetch(wl.train_set, torch.arange(min(2, len(wl.train_set)))), device,
+                      precision.input_dtype)
+    with precision.autocast():
+        loss = wl.step_loss(model, batch)
+    (loss * 0.0).backward()
     model.zero_grad(set_to_none=True)
 
 

@@ -14,9 +14,15 @@ Built-ins (real data that ships with the installed packages; nothing is download
     char_lm      small causal transformer predicting the next byte of Python's own
                  standard-library source
 
+    hf_gpt2      Hugging Face transformers' GPT-2 (built from a config: random init, no
+                 download) on the same text, model(**batch).loss; needs the `.[hf]` extra
+
 A user's own workload is named "package.module:function": the module is imported and
-function(seed) must return a Workload or a (model, train_set, eval_set, loss_fn) tuple.
-See docs/workloads.md and examples/custom_workload.py.
+function(seed) must return a Workload, a plain dict with the same keys, or a
+(model, train_set, eval_set, loss_fn) tuple. The loss is either loss_fn(logits, targets)
+(model(x) gives logits, datasets yield (x, y)) or batch_loss(model, batch) -> scalar, which
+gets the whole batch as torch's default collate builds it (a tuple or a dict of tensors);
+eval_fn(model, eval_set) -> {metric: float} is optional. See docs/workloads.md and examples/.
 
 Determinism: build_workload(name, seed) seeds torch's RNG with `seed` (inside a forked
 RNG, so the caller's RNG state is untouched), so every rank of a trial builds identical
@@ -29,26 +35,55 @@ import difflib
 import importlib
 import re
 import sysconfig
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import Dataset, TensorDataset, default_collate
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BatchLoss = Callable[[nn.Module, Any], torch.Tensor]
+EvalFn = Callable[[nn.Module, Dataset], Mapping[str, float]]
 
 
 @dataclass
 class Workload:
-    """What one trial trains. Datasets yield (x, y) per index; model(x) gives logits (..., C)."""
+    """What one trial trains, in one of two forms (exactly one of ``loss_fn``/``batch_loss``):
+
+    - ``loss_fn(logits, targets)``: datasets yield ``(x, y)``, ``model(x)`` gives logits
+      ``(..., C)``, ``y`` class indices; the default eval reports eval_loss and eval_accuracy;
+    - ``batch_loss(model, batch) -> scalar tensor``: ``batch`` is the whole batch as torch's
+      default collate builds it from the dataset's items (a tuple of tensors for tuple items,
+      a dict of tensors for dict items); the default eval reports eval_loss, the mean
+      ``batch_loss`` over the eval set (weighted by samples).
+
+    ``eval_fn(model, eval_set) -> {metric: float}`` replaces the default eval (the model is
+    the bare module, in eval mode, under no_grad; move batches to its device yourself).
+    """
 
     model: nn.Module
     train_set: Dataset
     eval_set: Dataset
-    loss_fn: LossFn
+    loss_fn: Optional[LossFn] = None
+    batch_loss: Optional[BatchLoss] = None
+    eval_fn: Optional[EvalFn] = None
+
+    def fetch(self, dataset: Dataset, indices: torch.Tensor):
+        """The batch of ``indices``, as this workload's loss takes it (on the CPU)."""
+        if self.batch_loss is not None:
+            return collate_batch(dataset, indices)
+        return fetch_batch(dataset, indices)
+
+    def step_loss(self, model: nn.Module, batch) -> torch.Tensor:
+        """The training loss of one (device-side) batch: the one code path for both forms."""
+        if self.batch_loss is not None:
+            return self.batch_loss(model, batch)
+        x, y = batch
+        return self.loss_fn(model(x), y)
 
 
 # What a config may leave out (issue 13: a first config should not need them): the global batch,
@@ -270,6 +305,83 @@ def build_char_lm(seed: int) -> Workload:
 
 
 # ----------------------------------------------------------------------------------------
+# Hugging Face GPT-2 on the same text (hf_gpt2; needs the optional `.[hf]` extra)
+
+# 2.45M parameters in 40 tensors (3 blocks of 12: LayerNorms, fused qkv Conv1D, projections,
+# MLP, all with biases; token + position embeddings, tied head): five times char_lm's
+# parameters, at about the same step time per sample as char_lm's twice-shorter context
+# (docs/workloads.md, "Sizing").
+GPT2_CONTEXT = 64
+GPT2_EMBED = 256
+GPT2_LAYERS = 3
+GPT2_HEADS = 4
+
+
+class DictTensorDataset(Dataset):
+    """A dataset of dict items ``{key: tensor[i]}`` over equal-length tensors, gathered a
+    whole batch at a time by :func:`collate_batch` (the dict twin of ``TensorDataset``)."""
+
+    def __init__(self, **tensors: torch.Tensor):
+        lengths = {len(t) for t in tensors.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"DictTensorDataset: tensors of different lengths {sorted(lengths)}")
+        self.tensors = tensors
+
+    def __len__(self) -> int:
+        return len(next(iter(self.tensors.values())))
+
+    def __getitem__(self, i) -> dict[str, torch.Tensor]:
+        return {k: t[i] for k, t in self.tensors.items()}
+
+
+def hf_causal_lm_loss(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """A Hugging Face causal LM's own loss: ``model(**batch).loss`` (labels shifted inside)."""
+    return model(**batch).loss
+
+
+@torch.no_grad()
+def hf_causal_lm_eval(model: nn.Module, eval_set: Dataset, batch_size: int = 256) -> dict[str, float]:
+    """eval_loss (the model's own loss, weighted by predicted positions) and eval_accuracy
+    (next-byte argmax match rate) of a Hugging Face causal LM whose labels are its inputs."""
+    device = next(model.parameters()).device
+    total_loss, correct, positions = 0.0, 0, 0
+    for start in range(0, len(eval_set), batch_size):
+        batch = to_device(collate_batch(eval_set, torch.arange(start, min(start + batch_size, len(eval_set)))),
+                          device)
+        out = model(**batch)
+        predicted = out.logits[:, :-1].argmax(dim=-1)
+        targets = batch["labels"][:, 1:]
+        n = targets.numel()
+        total_loss += float(out.loss) * n
+        correct += int((predicted == targets).sum())
+        positions += n
+    return {"eval_loss": total_loss / positions, "eval_accuracy": correct / positions}
+
+
+def build_hf_gpt2(seed: int) -> Workload:
+    from transformers import GPT2Config, GPT2LMHeadModel  # the optional extra: imported only here
+
+    tokens = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8).long()
+    split = int(len(tokens) * (1 - EVAL_FRACTION))
+
+    def windows(part: torch.Tensor, limit: Optional[int] = None) -> DictTensorDataset:
+        n = len(part) // GPT2_CONTEXT
+        ids = part[: n * GPT2_CONTEXT].view(n, GPT2_CONTEXT)[:limit].clone()
+        return DictTensorDataset(input_ids=ids, labels=ids)  # the model shifts labels itself
+
+    config = GPT2Config(
+        vocab_size=VOCAB_SIZE, n_positions=GPT2_CONTEXT, n_embd=GPT2_EMBED, n_layer=GPT2_LAYERS,
+        n_head=GPT2_HEADS, bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM",
+        # no dropout (as nanoGPT's small runs): a step is a function of the weights and the
+        # batch, so world sizes and hooks compare on the same trajectory
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa",
+    )
+    model = GPT2LMHeadModel(config)  # random init from torch's (seeded) RNG: nothing downloaded
+    return Workload(model, windows(tokens[:split]), windows(tokens[split:], EVAL_SEQUENCES),
+                    batch_loss=hf_causal_lm_loss, eval_fn=hf_causal_lm_eval)
+
+
+# ----------------------------------------------------------------------------------------
 # Registry
 
 BUILTIN_WORKLOADS: dict[str, WorkloadInfo] = {
@@ -298,11 +410,44 @@ def training_defaults(name: str, optimizer: str) -> dict[str, float]:
     return {"global_batch_size": info.global_batch_size if info is not None else DEFAULT_GLOBAL_BATCH,
             "lr": lrs.get(optimizer, DEFAULT_LR.get(optimizer, DEFAULT_LR["sgd"]))}
 
+
+@dataclass(frozen=True)
+class OptionalWorkload:
+    """A built-in that needs an optional extra of the project (``pip install -e '.[extra]'``)."""
+
+    description: str
+    package: str  # the import name that must be installed
+    extra: str
+    builder: Callable[[int], Workload]
+
+
+# Kept apart from BUILTIN_WORKLOADS (whose entries need nothing but the service's own
+# dependencies and yield TensorDatasets of (x, y)).
+OPTIONAL_WORKLOADS: dict[str, OptionalWorkload] = {
+    "hf_gpt2": OptionalWorkload(
+        f"transformers' GPT-2 ({GPT2_LAYERS} layers, embed {GPT2_EMBED}, random init) predicting the "
+        f"next byte of Python stdlib source (context {GPT2_CONTEXT}), model(**batch).loss",
+        "transformers", "hf", build_hf_gpt2,
+    ),
+}
+
 _SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+def workload_names() -> list[str]:
+    """Every built-in name, optional ones included."""
+    return [*BUILTIN_WORKLOADS, *OPTIONAL_WORKLOADS]
+
+
 def _allowed() -> str:
-    return f"one of {', '.join(BUILTIN_WORKLOADS)}, or 'package.module:function'"
+    return f"one of {', '.join(workload_names())}, or 'package.module:function'"
+
+
+def _check_optional(name: str) -> None:
+    info = OPTIONAL_WORKLOADS[name]
+    if importlib.util.find_spec(info.package) is None:
+        raise ValueError(f"workload {name!r} needs the optional package {info.package}, which is not "
+                         f"installed: pip install -e '.[{info.extra}]' (scripts/setup.sh --test installs it)")
 
 
 def _one_line(err: BaseException) -> str:
@@ -332,8 +477,10 @@ def check_workload(name: str) -> None:
         raise ValueError(f"workload must be {_allowed()}")
     if name in BUILTIN_WORKLOADS:
         return
+    if name in OPTIONAL_WORKLOADS:
+        return _check_optional(name)
     if ":" not in name:
-        close = difflib.get_close_matches(name, BUILTIN_WORKLOADS, n=1)
+        close = difflib.get_close_matches(name, workload_names(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown workload {name!r}: expected {_allowed()}{hint}")
     if not _SPEC.match(name):
@@ -341,25 +488,40 @@ def check_workload(name: str) -> None:
     _resolve_custom(name)
 
 
+WORKLOAD_KEYS = ("model", "train_set", "eval_set", "loss_fn", "batch_loss", "eval_fn")
+_EXPECTED = ("a Workload or a (model, train_set, eval_set, loss_fn) tuple, or a dict with keys "
+             "model, train_set, eval_set and loss_fn or batch_loss")
+
+
 def _as_workload(name: str, result: object) -> Workload:
-    """Accept a Workload or a (model, train_set, eval_set, loss_fn) tuple and check its parts."""
+    """Accept a Workload, a dict of its fields or a (model, train_set, eval_set, loss_fn)
+    tuple, and check its parts."""
     if isinstance(result, Workload):
         wl = result
+    elif isinstance(result, Mapping):
+        unknown = [k for k in result if k not in WORKLOAD_KEYS]
+        missing = [k for k in ("model", "train_set", "eval_set") if k not in result]
+        if unknown or missing:
+            what = f"unknown key {unknown[0]!r}" if unknown else f"no {missing[0]!r}"
+            raise ValueError(f"workload {name!r} returned a dict with {what}; allowed keys: {', '.join(WORKLOAD_KEYS)}")
+        wl = Workload(**result)
     elif isinstance(result, (tuple, list)) and len(result) == 4:
         wl = Workload(*result)
     else:
-        raise ValueError(
-            f"workload {name!r} returned {type(result).__name__}; expected a Workload or a "
-            "(model, train_set, eval_set, loss_fn) tuple"
-        )
+        raise ValueError(f"workload {name!r} returned {type(result).__name__}; expected {_EXPECTED}")
     if not isinstance(wl.model, nn.Module):
         raise ValueError(f"workload {name!r}: model is {type(wl.model).__name__}, not a torch.nn.Module")
     for field in ("train_set", "eval_set"):
         ds = getattr(wl, field)
         if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")) or len(ds) == 0:
             raise ValueError(f"workload {name!r}: {field} must be a non-empty indexable dataset")
-    if not callable(wl.loss_fn):
-        raise ValueError(f"workload {name!r}: loss_fn is not callable")
+    if (wl.loss_fn is None) == (wl.batch_loss is None):
+        both = "both" if wl.loss_fn is not None else "neither"
+        raise ValueError(f"workload {name!r} gives {both} loss_fn and batch_loss; give exactly one")
+    for field in ("loss_fn", "batch_loss", "eval_fn"):
+        value = getattr(wl, field)
+        if value is not None and not callable(value):
+            raise ValueError(f"workload {name!r}: {field} is not callable")
     return wl
 
 
@@ -369,7 +531,12 @@ def build_workload(name: str, seed: int) -> Workload:
     No downloads. Raises ValueError (one line) for an unknown name or a bad custom spec.
     """
     check_workload(name)
-    builder = BUILTIN_WORKLOADS[name].builder if name in BUILTIN_WORKLOADS else _resolve_custom(name)
+    if name in BUILTIN_WORKLOADS:
+        builder = BUILTIN_WORKLOADS[name].builder
+    elif name in OPTIONAL_WORKLOADS:
+        builder = OPTIONAL_WORKLOADS[name].builder
+    else:
+        builder = _resolve_custom(name)
     # Seed a forked RNG: identical weights on every rank, and the caller's RNG is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -391,6 +558,93 @@ def fetch_batch(dataset: Dataset, indices: torch.Tensor) -> tuple[torch.Tensor, 
     return torch.stack([torch.as_tensor(x) for x in xs]), torch.stack([torch.as_tensor(y) for y in ys])
 
 
+def collate_batch(dataset: Dataset, indices: torch.Tensor):
+    """The batch of ``indices`` as torch's default collate builds it, a tuple for tuple items.
+
+    One gather per tensor for a ``TensorDataset`` (a tuple) or a ``DictTensorDataset`` (a
+    dict); any other dataset's items go through ``torch.utils.data.default_collate``, whose
+    list for tuple items is returned as a tuple.
+    """
+    if isinstance(dataset, TensorDataset):
+        return tuple(t[indices] for t in dataset.tensors)
+    if isinstance(dataset, DictTensorDataset):
+        return {k: t[indices] for k, t in dataset.tensors.items()}
+    batch = default_collate([dataset[int(i)] for i in indices])
+    return tuple(batch) if isinstance(batch, list) else batch
+
+
+def to_device(batch, device, float_dtype: Optional[torch.dtype] = None):
+    """``batch`` (a tensor, or a tuple/list/dict of them, nested) moved to ``device``, its
+    floating tensors cast to ``float_dtype`` when given (a bf16 model takes bf16 inputs)."""
+    if isinstance(batch, torch.Tensor):
+        if float_dtype is not None and batch.is_floating_point():
+            return batch.to(device=device, dtype=float_dtype, non_blocking=True)
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device, float_dtype) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device, float_dtype) for v in batch)
+    return batch
+
+
+def batch_size_of(batch) -> int:
+    """Samples in a collated batch: the first dimension of its first tensor."""
+    while not isinstance(batch, torch.Tensor):
+        batch = next(iter(batch.values())) if isinstance(batch, Mapping) else batch[0]
+    return int(batch.shape[0]) if batch.dim() else 1
+
+
+@torch.no_grad()
+def evaluate_batch_loss(model: nn.Module, eval_set: Dataset, batch_loss: BatchLoss, batch_size: int = 512,
+                        device=None, float_dtype: Optional[torch.dtype] = None) -> float:
+    """The mean ``batch_loss`` over ``eval_set``, weighted by the samples of each batch (the
+    default eval of a ``batch_loss`` workload without ``eval_fn``). Train mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        total, samples = 0.0, 0
+        for start in range(0, len(eval_set), batch_size):
+            batch = collate_batch(eval_set, torch.arange(start, min(start + batch_size, len(eval_set))))
+            n = batch_size_of(batch)
+            if device is not None:
+                batch = to_device(batch, device, float_dtype)
+            total += float(batch_loss(model, batch)) * n
+            samples += n
+    finally:
+        model.train(was_training)
+    return total / samples
+
+
+def evaluate_workload(wl: Workload, model: nn.Module, device=None,
+                      float_dtype: Optional[torch.dtype] = None) -> dict[str, float]:
+    """The workload's eval metrics on ``model`` (the bare module): its ``eval_fn`` if it has
+    one, else eval_loss + eval_accuracy (``loss_fn`` form) or eval_loss (``batch_loss`` form).
+    Raises ValueError (one line) when an ``eval_fn`` returns anything but {name: number}."""
+    if wl.eval_fn is not None:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                metrics = wl.eval_fn(model, wl.eval_set)
+        finally:
+            model.train(was_training)
+        if not isinstance(metrics, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, (int, float, torch.Tensor)) and not isinstance(v, bool)
+                for k, v in metrics.items()):
+            raise ValueError(f"eval_fn returned {_short_repr(metrics)}; expected a dict of metric name -> number")
+        return {k: float(v) for k, v in metrics.items()}
+    if wl.batch_loss is not None:
+        return {"eval_loss": evaluate_batch_loss(model, wl.eval_set, wl.batch_loss, device=device,
+                                                 float_dtype=float_dtype)}
+    eval_loss, eval_accuracy = evaluate(model, wl.eval_set, wl.loss_fn, device=device, float_dtype=float_dtype)
+    return {"eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
+
+
+def _short_repr(value: object, limit: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -398,6 +652,7 @@ def evaluate(
     loss_fn: LossFn,
     batch_size: int = 512,
     device: torch.device | str | None = None,
+    float_dtype: Optional[torch.dtype] = None,
 ) -> tuple[float, float]:
     """(eval_loss, eval_accuracy) over the whole eval set.
 
@@ -405,7 +660,8 @@ def evaluate(
     argmax match rate over every position (so classification and the char LM share one
     eval). Pass the bare module (ddp_model.module) so no DDP collectives run. Batches are
     moved to `device` when given (the model must already be there). The model's
-    train/eval mode is restored afterwards.
+    train/eval mode is restored afterwards. ``float_dtype``: floating inputs are cast to it
+    (a bf16 model).
     """
     was_training = model.training
     model.eval()
@@ -414,8 +670,8 @@ def evaluate(
         for start in range(0, len(eval_set), batch_size):
             idx = torch.arange(start, min(start + batch_size, len(eval_set)))
             x, y = fetch_batch(eval_set, idx)
-            if device is not None:
-                x, y = x.to(device), y.to(device)
+            if device is not None or float_dtype is not None:
+                x, y = to_device((x, y), device or x.device, float_dtype)
             logits = model(x)
             n = y.numel()
             total_loss += float(loss_fn(logits, y)) * n

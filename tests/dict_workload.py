@@ -1,0 +1,96 @@
+"""Custom workloads in the batch_loss form, for the multi-process tests (referenced by name,
+``tests.dict_workload:FUNCTION``, as a user's workload is: each worker imports this module).
+
+``dict_digits`` is a tiny MLP on the real digits data whose items are dicts and whose loss is
+``batch_loss(model, batch)``, returned as a plain dict (no Workload), through a plain Dataset
+(torch's default collate). The others are broken on purpose, one way each.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
+DICT = "tests.dict_workload:dict_digits"
+
+
+class DigitsDicts(Dataset):
+    """{"pixels": (64,) float, "label": () long} per index: a dict-batch dataset, collated
+    by torch's default_collate (it is not one of the service's fast dataset types)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"pixels": self.x[i], "label": self.y[i]}
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return (torch.tensor(digits.data, dtype=torch.float32) / 16.0,
+            torch.tensor(digits.target, dtype=torch.long))
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def digits_loss(model, batch):
+    return F.cross_entropy(model(batch["pixels"]), batch["label"])
+
+
+def dict_digits(seed: int) -> dict:
+    x, y = _digits()
+    return {"model": _model(), "train_set": DigitsDicts(x[:1500], y[:1500]),
+            "eval_set": DigitsDicts(x[1500:], y[1500:]), "batch_loss": digits_loss}
+
+
+def random_weights(seed: int) -> dict:
+    """Re-seeds torch from the OS before building: every rank gets other weights."""
+    torch.manual_seed(int.from_bytes(os.urandom(4), "little"))
+    return dict_digits(seed) | {"model": _model()}
+
+
+def random_split(seed: int) -> dict:
+    """Deterministic weights, but a train/eval split drawn from the OS per process."""
+    wl = dict_digits(seed)
+    x, y = _digits()
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little")))
+    return wl | {"train_set": DigitsDicts(x[order[:1500]], y[order[:1500]])}
+
+
+def per_sample_loss(model, batch):
+    return F.cross_entropy(model(batch["pixels"]), batch["label"], reduction="none")
+
+
+def non_scalar(seed: int) -> dict:
+    return dict_digits(seed) | {"batch_loss": per_sample_loss}
+
+
+class MixedKeys(DigitsDicts):
+    def __getitem__(self, i):
+        item = super().__getitem__(i)
+        return item if i < len(self) // 2 else {"image": item["pixels"], "label": item["label"]}
+
+
+def mixed_keys(seed: int) -> dict:
+    x, y = _digits()
+    return dict_digits(seed) | {"train_set": MixedKeys(x[:1500], y[:1500])}
+
+
+def dicts_with_loss_fn(seed: int) -> dict:
+    """Dict items, but the (logits, targets) loss_fn form: cannot work."""
+    wl = dict_digits(seed)
+    del wl["batch_loss"]
+    return wl | {"loss_fn": F.cross_entropy}
+
+
+def bad_eval_fn(seed: int) -> dict:
+    return dict_digits(seed) | {"eval_fn": lambda model, eval_set: 0.5}
