@@ -24,29 +24,19 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import HookState
+from .state import SeededState, allgather_message, float32_out
 
 MAX_LEVELS = 127  # codes are int8: -levels .. levels
 _SEED_BASE = 0x95D_0000_0000
 
 
-class QSGDState(HookState):
+class QSGDState(SeededState):
     """State of qsgd: ``levels``, ``chunk_size`` and the number of calls so far (seeds the draws)."""
 
     def __init__(self, levels: int, chunk_size: int, process_group=None, error_feedback: bool = False):
         super().__init__(process_group, error_feedback)
         self.levels = int(levels)
         self.chunk_size = int(chunk_size)
-        self.draws = 0
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["draws"] = self.draws
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.draws = int(d.get("draws", 0))
 
 
 def encode(x: torch.Tensor, levels: int, chunk_size: int, generator: torch.Generator,
@@ -86,16 +76,14 @@ def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torc
     if state.error_feedback:
         carried = decode(codes, norms, s, chunk, out=torch.empty_like(xf))
         state.store_residual(bucket, torch.sub(xf, carried, out=carried).to(x.dtype))
-    gathered = message.new_empty((w * message.numel(),))
-    state.account("allgather", message.numel())
-    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+    gathered, fut = allgather_message(state, message)
 
     def average(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         rows = gathered.view(w, -1)
         # a copy: row r's norm bytes start at r * (4C + N), not always 4-byte aligned
         all_norms = rows.new_empty((w, 4 * c)).copy_(rows[:, : 4 * c]).view(torch.float32)  # (W, C)
-        total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        total = float32_out(buf)
         flat = total.view(-1)
         for r in range(w):
             decode(rows[r, 4 * c :].view(torch.int8), all_norms[r], s, chunk, out=flat, accumulate=r > 0)

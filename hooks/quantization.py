@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import quantize as q
-from .state import HookState
+from .state import HookState, allgather_message, float32_out
 
 
 class QuantizationState(HookState):
@@ -38,16 +38,14 @@ def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> to
     if state.error_feedback:
         carried = q.dequantize(codes, meta, chunk)
         state.store_residual(bucket, torch.sub(x.to(torch.float32), carried, out=carried).to(x.dtype))
-    gathered = message.new_empty((w * message.numel(),))  # flat: gloo wants a 1-D output
-    state.account("allgather", message.numel())
-    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+    gathered, fut = allgather_message(state, message)
 
     def dequantize_and_average(fut):
         fut.value()  # re-raises a failed collective (else `gathered` is uninitialised memory)
         codes_all, meta_all = q.unpack(gathered.view(w, -1), n, chunk)
         # Each rank's contribution is dequantized and summed straight into the bucket (the
         # input was consumed by quantize); float32 buckets need no temporary at all.
-        total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        total = float32_out(buf)
         for r in range(w):
             q.dequantize(codes_all[r], meta_all[r], chunk, out=total, accumulate=r > 0)
         total.div_(w)

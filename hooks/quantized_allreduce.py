@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from . import quantize as q
 from .quantization import QuantizationState
-from .state import _param_layout
+from .state import _param_layout, allgather_message, float32_out
 
 
 class QuantizedAllreduceState(QuantizationState):
@@ -115,15 +115,13 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     q.quantize(reduced, chunk, codes=codes2, meta=meta2)
     if state.error_feedback:
         state._shard_residuals[idx] = (layout, reduced - q.dequantize(codes2, meta2, chunk))
-    gathered = message.new_empty((w * message.numel(),))
-    state.account("allgather", message.numel())
-    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+    gathered, fut = allgather_message(state, message)
 
     def dequantize_shards(fut):
         fut.value()  # re-raises a failed allgather (else `gathered` is uninitialised memory)
         g_codes, g_meta = q.unpack(gathered.view(w, -1), s * chunk, chunk)
         # Straight into the bucket (float32) shard by shard; the padding past n is never written.
-        mean = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        mean = float32_out(buf)
         flat = mean.view(-1)
         for r in range(w):
             start = r * s * chunk

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import HookState
+from .state import HookState, allgather_message, float32_out
 
 # 8 bytes holding 0/1 each, read as one little-endian int64 v = sum_j b_j 2^(8j): v * _GATHER puts
 # b_j at bit 56 + j and every cross term b_j 2^(8j + 56 - 7i), i != j, either past bit 63 (j > i)
@@ -95,16 +95,14 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
     if state.error_feedback:
         carried = chunks.scale(torch.where(xf < 0, -1.0, 1.0), scales, chunk, out=torch.empty_like(xf))
         state.store_residual(bucket, torch.sub(xf, carried, out=carried).to(x.dtype))
-    gathered = message.new_empty((w * message.numel(),))
-    state.account("allgather", message.numel())
-    fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+    gathered, fut = allgather_message(state, message)
 
     def decode(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         g = gathered.view(w, -1)
         # a copy: a row's scale bytes start at r * (4C + nb), not always 4-byte aligned
         all_scales = g.new_empty((w, 4 * c)).copy_(g[:, : 4 * c]).view(torch.float32)  # (W, C)
-        total = buf if buf.dtype == torch.float32 and buf.is_contiguous() else torch.empty(n, dtype=torch.float32, device=buf.device)
+        total = float32_out(buf)
         flat = total.view(-1)
         if state.majority_vote:
             flat.copy_(unpack_signs(g[0, 4 * c :], n))

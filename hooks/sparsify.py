@@ -25,7 +25,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .state import HookState
+from .state import HookState, SeededState
 
 # randomk's index draws: seed = _SEED_BASE + calls so far, the same on every rank.
 _SEED_BASE = 0x5EED_0000
@@ -37,23 +37,13 @@ def num_selected(n: int, ratio: float) -> int:
     return min(n, max(1, math.ceil(ratio * n * (1 - 1e-12))))
 
 
-class SparsifyState(HookState):
+class SparsifyState(SeededState):
     """State of topk / randomk: ``ratio`` and, for randomk, the number of index draws so far
     (it seeds the next draw; kept in checkpoints so a resumed run draws the same indices)."""
 
     def __init__(self, ratio: float, process_group=None, error_feedback: bool = False):
         super().__init__(process_group, error_feedback)
         self.ratio = float(ratio)
-        self.draws = 0
-
-    def state_dict(self) -> dict:
-        d = super().state_dict()
-        d["draws"] = self.draws
-        return d
-
-    def load_state_dict(self, d: dict) -> None:
-        super().load_state_dict(d)
-        self.draws = int(d.get("draws", 0))
 
 
 def _as_float32(x: torch.Tensor) -> torch.Tensor:

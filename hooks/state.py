@@ -328,6 +328,40 @@ class HookState:
             self._nonfinite_at_reset = s["nonfinite_at_reset"]
 
 
+class SeededState(HookState):
+    """A hook state that counts its random draws (``draws``): the count seeds the next draw, and
+    checkpoints keep it, so a resumed run draws what the uninterrupted one would have."""
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, error_feedback: bool = False):
+        super().__init__(process_group, error_feedback)
+        self.draws = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        d = super().state_dict()
+        d["draws"] = self.draws
+        return d
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        super().load_state_dict(d)
+        self.draws = int(d.get("draws", 0))
+
+
+def allgather_message(state: HookState, message: torch.Tensor) -> tuple[torch.Tensor, torch.futures.Future]:
+    """Issue the allgather of this rank's uint8 ``message`` (accounted): ``(gathered, future)``,
+    gathered flat (gloo wants a 1-D output), row r = rank r's message once the future is done."""
+    gathered = message.new_empty((state.world_size() * message.numel(),))
+    state.account("allgather", message.numel())
+    return gathered, dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
+
+
+def float32_out(buf: torch.Tensor) -> torch.Tensor:
+    """Where to sum a decoded mean: the bucket itself when it is contiguous float32 (no
+    temporary), else a float32 scratch to copy back."""
+    if buf.dtype == torch.float32 and buf.is_contiguous():
+        return buf
+    return torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+
+
 def _gather_counts(counts: list) -> torch.Tensor:
     """Per-bucket counters -> one CPU tensor with a single device-to-host transfer per device."""
     devices = {c.device for c in counts}

@@ -23,7 +23,6 @@ import argparse
 import base64
 import csv
 import html
-import io
 import math
 import os
 import re
@@ -742,7 +741,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
             f"<td class='left'><code>{e(t.run_id)}</code></td></tr>")
     out.append("</table>")
 
-    out.append(f"<h2 id='config'>Sweep config</h2>")
+    out.append("<h2 id='config'>Sweep config</h2>")
     if sweep.config_text is not None:
         out.append(f"<p class='meta'>{e(sweep.config_name or '')}, as attached to the parent run"
                    f"</p><pre>{e(sweep.config_text)}</pre>")
