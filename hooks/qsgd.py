@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import SeededState, allgather_message, float32_out
+from .state import SeededState, allgather_message, float32_out, into_bucket, leading_floats
 
 MAX_LEVELS = 127  # codes are int8: -levels .. levels
 _SEED_BASE = 0x95D_0000_0000
@@ -81,13 +81,12 @@ def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torc
     def average(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         rows = gathered.view(w, -1)
-        # a copy: row r's norm bytes start at r * (4C + N), not always 4-byte aligned
-        all_norms = rows.new_empty((w, 4 * c)).copy_(rows[:, : 4 * c]).view(torch.float32)  # (W, C)
+        all_norms = leading_floats(rows, c)  # (W, C)
         total = float32_out(buf)
         flat = total.view(-1)
         for r in range(w):
             decode(rows[r, 4 * c :].view(torch.int8), all_norms[r], s, chunk, out=flat, accumulate=r > 0)
         flat.div_(w)
-        return total if total is buf else buf.copy_(total.view_as(buf))
+        return into_bucket(buf, total)
 
     return state.finish(fut.then(average), t0)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from . import quantize as q
-from .state import HookState, allgather_message, float32_out
+from .state import HookState, allgather_message, float32_out, into_bucket
 
 
 class QuantizationState(HookState):
@@ -49,7 +49,7 @@ def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> to
         for r in range(w):
             q.dequantize(codes_all[r], meta_all[r], chunk, out=total, accumulate=r > 0)
         total.div_(w)
-        return total if total is buf else buf.copy_(total.view_as(buf))
+        return into_bucket(buf, total)
 
     return state.finish(fut.then(dequantize_and_average), t0)
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from . import quantize as q
 from .quantization import QuantizationState
-from .state import _param_layout, allgather_message, float32_out
+from .state import _param_layout, allgather_message, float32_out, into_bucket
 
 
 class QuantizedAllreduceState(QuantizationState):
@@ -129,6 +129,6 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
             if m <= 0:
                 break
             q.dequantize(g_codes[r][:m], g_meta[r][: q.num_chunks(m, chunk)], chunk, out=flat[start : start + m])
-        return mean if mean is buf else buf.copy_(mean.view_as(buf))
+        return into_bucket(buf, mean)
 
     return state.finish(fut.then(dequantize_shards), t0)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import HookState, allgather_message, float32_out
+from .state import HookState, allgather_message, float32_out, into_bucket, leading_floats
 
 # 8 bytes holding 0/1 each, read as one little-endian int64 v = sum_j b_j 2^(8j): v * _GATHER puts
 # b_j at bit 56 + j and every cross term b_j 2^(8j + 56 - 7i), i != j, either past bit 63 (j > i)
@@ -100,8 +100,7 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
     def decode(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         g = gathered.view(w, -1)
-        # a copy: a row's scale bytes start at r * (4C + nb), not always 4-byte aligned
-        all_scales = g.new_empty((w, 4 * c)).copy_(g[:, : 4 * c]).view(torch.float32)  # (W, C)
+        all_scales = leading_floats(g, c)  # (W, C)
         total = float32_out(buf)
         flat = total.view(-1)
         if state.majority_vote:
@@ -113,6 +112,6 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
             for r in range(w):
                 chunks.scale(unpack_signs(g[r, 4 * c :], n), all_scales[r], chunk, out=flat, accumulate=r > 0)
             flat.div_(w)
-        return total if total is buf else buf.copy_(total.view_as(buf))
+        return into_bucket(buf, total)
 
     return state.finish(fut.then(decode), t0)

@@ -362,6 +362,17 @@ def float32_out(buf: torch.Tensor) -> torch.Tensor:
     return torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
 
 
+def into_bucket(buf: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """The bucket holding the mean summed in ``total`` (from :func:`float32_out`)."""
+    return total if total is buf else buf.copy_(total.view_as(buf))
+
+
+def leading_floats(rows: torch.Tensor, count: int) -> torch.Tensor:
+    """The first ``count`` float32 values of each uint8 row of a gathered message, (W, count):
+    copied out, since row r's bytes start at r * row length, not always 4-byte aligned."""
+    return rows.new_empty((rows.shape[0], 4 * count)).copy_(rows[:, : 4 * count]).view(torch.float32)
+
+
 def _gather_counts(counts: list) -> torch.Tensor:
     """Per-bucket counters -> one CPU tensor with a single device-to-host transfer per device."""
     devices = {c.device for c in counts}
