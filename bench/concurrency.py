@@ -53,7 +53,8 @@ def run_one(concurrency: int, path: Path) -> dict:
     cfg, path = load_config(path)
     started = time.time()
     with contextlib.redirect_stdout(io.StringIO()):
-        outcome = sweep.run_sweep(cfg, path, out=io.StringIO())
+        # one Ray instance for both sweeps: main() started it
+        outcome = sweep.run_sweep(cfg, path, out=io.StringIO(), init_ray=lambda *a: None)
     wall = time.time() - started
     bad = [r for r in outcome.rows if r["status"] != "ok"]
     if bad:
@@ -99,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     # Room for two trials (as the sweep itself would size it for max_concurrent_trials 2).
     ray_runtime.init_local(num_cpus=math.ceil(2 * (args.world_size * CPUS_PER_WORKER + sweep.TRIAL_DRIVER_CPUS)))
     ray_init_s = time.time() - started
-    sweep._init_ray = lambda *a, **k: None  # one Ray instance for both sweeps
     runs = {}
     try:
         for c in order:

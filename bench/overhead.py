@@ -147,7 +147,9 @@ def run_service(cfg, config_path: Path, uri: str, marks_dir: Path) -> dict:
 
     meter, started = TreeCpu().start(), time.time()
     with contextlib.redirect_stdout(io.StringIO()):
-        outcome = sweep.run_sweep(cfg, config_path, out=io.StringIO(), train_loop=timed_train_loop)
+        # Ray is already up (with ray_runtime's settings): one per bench
+        outcome = sweep.run_sweep(cfg, config_path, out=io.StringIO(), train_loop=timed_train_loop,
+                                  init_ray=lambda *a: None)
     ended, cpu = time.time(), meter.stop()
     row = outcome.rows[0]
     if row["status"] != "ok":
@@ -214,7 +216,7 @@ def _fit_noop(world_size, storage, TorchTrainer, TorchConfig, train) -> dict:
 
 
 def _tune_noop_trial(config: dict) -> None:
-    """What the service's Tune trial (service.sweep._run_trial) does with MLflow, the progress
+    """What the service's Tune trial (service.sweep.run._run_trial) does with MLflow, the progress
     board and training taken out: apply the Train settings, fit an empty TorchTrainer of the
     trial's world size (Tune's report callback attached, as there), report once to Tune."""
     import ray.train
@@ -235,7 +237,7 @@ def _tune_noop_trial(config: dict) -> None:
 
 
 def run_tune_train_noop(world_size: int, storage: Path) -> dict:
-    """One Tune experiment of one function trial (service.sweep._make_tuner's resources, run
+    """One Tune experiment of one function trial (service.sweep.run._make_tuner's resources, run
     and failure settings) whose trial fits an empty TorchTrainer: Tune's start, the trial's
     process, Train's worker group, teardown; no MLflow, no progress actor, no training."""
     from ray import tune
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from service import ray_runtime, sweep
+    from service import ray_runtime
     from service.config import load_config
 
     configs = {}
@@ -365,7 +367,6 @@ def main(argv: list[str] | None = None) -> int:
     ray_runtime.init_local(num_cpus=max(1, int(max(args.world_sizes) * 0.5 + 1)),
                            worker_niceness=RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS)
     ray_init_s = time.time() - t0
-    sweep._init_ray = lambda *a, **k: None  # Ray is already up (with ray_runtime's settings): one per bench
 
     arms = [arm for arm in ARMS if arm in {"bare", "service", *args.arms}]
     samples: dict[int, dict[str, list]] = {ws: {arm: [] for arm in ARMS} for ws in args.world_sizes}

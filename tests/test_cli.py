@@ -93,7 +93,7 @@ def test_help_explains_every_option(tmp_path):
     proc = sweep("--help", cwd=tmp_path)
     assert proc.returncode == 0
     text = proc.stdout
-    from service.sweep import build_parser
+    from service.sweep.cli import build_parser
 
     for action in build_parser()._actions:
         names = action.option_strings or [action.metavar or action.dest]
@@ -147,7 +147,8 @@ def test_sqlite_store_on_a_multi_host_cluster_is_refused_with_the_fix(monkeypatc
     import ray
 
     from service.config import load_config
-    from service.sweep import SweepError, check_cluster
+    from service.sweep.checks import check_cluster
+    from service.sweep.errors import SweepError
 
     nodes = [{"NodeID": f"n{i}", "NodeManagerAddress": f"10.0.0.{i}", "Alive": True,
               "Resources": {"CPU": 4.0}} for i in (1, 2)]

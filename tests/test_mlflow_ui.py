@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from service import tracking
-from service.sweep import mlflow_ui_hint
+from service.sweep.results import mlflow_ui_hint
 from tests.dist_utils import free_port
 from tests.test_report import run_chromium
 from tests.test_worker import make_cfg, trial_of

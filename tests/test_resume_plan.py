@@ -9,7 +9,8 @@ import pytest
 
 from service import tracking
 from service.config import SweepConfig
-from service.sweep import SweepError, plan_resume
+from service.sweep.errors import SweepError
+from service.sweep.resume import plan_resume
 
 
 def make_cfg(steps: int = 20, **resources) -> SweepConfig:

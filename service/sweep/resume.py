@@ -1,0 +1,43 @@
+"""``--resume``: which earlier sweep to continue, which trials are done, which runs to continue.
+
+A trial never gets a second run: an interrupted (KILLED) or still RUNNING run is continued,
+with its checkpoints; FINISHED and FAILED trials are not run again.
+"""
+
+from __future__ import annotations
+
+from service.config import SweepConfig, TrialSpec
+from service.sweep.errors import SweepError
+
+
+def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
+                tracking_uri: str) -> tuple[str, dict[str, str], list[TrialSpec]]:
+    """(parent run id, {trial key: run id to continue}, trials still to run) for --resume.
+
+    The parent is the experiment's latest sweep run of the same config (its fingerprint). A
+    trial is done when its run ended FINISHED or FAILED; a KILLED (interrupted) or still
+    RUNNING run is continued, so no trial ever gets a second run.
+    """
+    from service import tracking
+
+    same = tracking.latest_sweep_runs(cfg.name, tracking_uri, fingerprint=cfg.fingerprint())
+    if not same:
+        if tracking.latest_sweep_runs(cfg.name, tracking_uri):
+            raise SweepError(f"nothing to resume: the sweeps of experiment {cfg.name!r} in {tracking_uri} ran a "
+                             f"different config (workload, grid, faults or checkpoints changed since); "
+                             f"run it without --resume to start a new sweep")
+        raise SweepError(f"nothing to resume: no earlier sweep of experiment {cfg.name!r} in {tracking_uri}; "
+                         f"run it without --resume")
+    parent = same[0]
+    done, reusable = set(), {}
+    for run in tracking.child_runs(parent.info.run_id, tracking_uri):
+        key = run.data.tags.get("trial_key")
+        if not key:
+            continue
+        if run.info.status in ("FINISHED", "FAILED"):
+            done.add(key)
+            reusable.pop(key, None)
+        elif key not in done:
+            reusable[key] = run.info.run_id
+    pending = [t for t in trials if t.key not in done]
+    return parent.info.run_id, reusable, pending

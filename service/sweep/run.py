@@ -1,0 +1,326 @@
+"""``run_sweep``: a sweep's trials run on Ray, every trial's MLflow run closed whatever happens.
+
+Ray Train V2 (Ray >= 2.43) no longer accepts a trainer inside ``Tuner``: each Tune trial is a
+plain function (``_run_trial``) that builds and fits its own ``TorchTrainer``. Ray pickles that
+function by reference, so it lives here, in an importable module (``service.sweep.run``), and
+never in the ``__main__`` that ``python -m service.sweep`` runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, TextIO
+
+from service.config import SweepConfig, TrialSpec
+from service.sweep import logs
+from service.sweep.capacity import TRIAL_DRIVER_CPUS, cpus_needed
+from service.sweep.checks import check_cluster, check_tracking_store
+from service.sweep.errors import SweepError
+from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
+from service.sweep.paths import join, safe_name, storage_root, trial_dirname
+from service.sweep.results import SweepOutcome, trial_rows
+from service.sweep.resume import plan_resume
+from service.sweep.signals import signals_raise_keyboard_interrupt
+from service.text import one_line
+
+log = logging.getLogger("service.sweep")
+
+
+def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | None = None, *,
+              resume: bool = False, out: TextIO = sys.stdout,
+              train_loop: Callable[[dict], None] | None = None,
+              init_ray: Callable[[SweepConfig, list[TrialSpec]], None] | None = None) -> SweepOutcome:
+    """Run the trials of ``cfg`` and return the table rows (read back from MLflow).
+
+    ``resume``: continue the experiment's latest sweep (its parent run) and run only the
+    trials without a FINISHED or FAILED run, reusing the runs of interrupted ones.
+    ``train_loop`` is the per-worker function given to TorchTrainer (default:
+    ``service.worker.train_loop_per_worker``). ``init_ray(cfg, trials)`` connects to Ray (default:
+    ``_init_ray``; a bench that started Ray itself passes one that does nothing).
+
+    SIGINT/SIGTERM while trials run: the running trials are stopped, their runs and the
+    parent end KILLED, and the outcome says ``interrupted`` (resume with ``resume=True``).
+    """
+    import ray
+
+    from service import tracking
+    from service.progress import ProgressBoard, ProgressPrinter
+    from service.trial_runs import TrialRuns
+
+    logs.route_library_logs_to_file()  # with main()'s log file: the terminal keeps the sweep's own lines
+
+    trials = cfg.trials() if trials is None else trials
+    # first of all, before MLflow or Ray is touched: refuses in one line and leaves nothing
+    links = prepare_network(cfg, trials, out)
+    tracking_uri = tracking.resolve_tracking_uri()
+    check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
+
+    if train_loop is None:
+        from service.worker import train_loop_per_worker as train_loop
+
+    parent_run_id, reusable_runs, pending = None, {}, trials
+    if resume:
+        parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
+        print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
+              f"{len(trials)} trials already finished, {len(pending)} to run", file=out, flush=True)
+        if not pending:
+            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
+
+    storage = storage_root(cfg)
+    started = time.monotonic()
+    (init_ray or _init_ray)(cfg, pending)
+    log.info("ray ready in %.1f s", time.monotonic() - started)
+    check_cluster(cfg, pending, tracking_uri, storage)
+
+    # Tune's console reporter (a config box, per-trial error banners) would interleave with
+    # the progress lines; the legacy reporter at verbose=0 prints nothing.
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
+    # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED. It is
+    # in place before the parent run exists, so no signal can leave that run RUNNING.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    interrupted, interrupted_at_ms = False, None
+    parent_status = "FAILED"
+    board = printer = None
+    with signals_raise_keyboard_interrupt() as signal_received:
+        try:
+            if parent_run_id is None:
+                parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
+                print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
+                      file=out, flush=True)
+            else:
+                tracking.reopen_run(parent_run_id, tracking_uri)
+            # Started before Tune, so its process start and MLflow import overlap Tune's own start.
+            trial_runs = TrialRuns.remote(cfg, parent_run_id, tracking_uri)
+            board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
+            printer = ProgressPrinter(board, out=out).start()
+            _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
+                        resume, board, trial_runs, links).fit()
+            parent_status = "FINISHED"
+        except KeyboardInterrupt:
+            interrupted = True
+            interrupted_at_ms = signal_received["at_ms"] or int(time.time() * 1000)
+            parent_status = "KILLED"
+            print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
+        finally:
+            if printer is not None:
+                printer.stop()
+            if interrupted:
+                _tell_trials_interrupted(board)
+                ray.shutdown()  # ends the trial actors, their Train controllers and workers
+            if links is not None:  # the trials' emulated hosts, also of trials that were killed
+                remove_networks()
+            if parent_run_id is not None:
+                _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED",
+                                     interrupted_at_ms=interrupted_at_ms)
+                tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
+            log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
+    if parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
+        raise KeyboardInterrupt
+
+    rows = trial_rows(parent_run_id, tracking_uri, trials)
+    return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
+
+
+def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
+                storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
+                resume: bool, board, trial_runs, links=None):
+    """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
+
+    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section."""
+    from ray import tune
+
+    # Train's per-trial directories hang off the parent run: a resumed trial finds its
+    # checkpoints there, a new sweep never picks up an old sweep's.
+    sweep_dir = f"{safe_name(cfg.name)}-{parent_run_id[:8]}"
+    trainable = tune.with_parameters(
+        tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
+        cfg=cfg, tracking_uri=tracking_uri, trials_storage=join(storage, sweep_dir, "trials"),
+        board=board, trial_runs=trial_runs, train_loop=train_loop, reusable_runs=reusable_runs,
+        network=None if links is None else {"links": links, "owner_pid": os.getpid()},
+    )
+    tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+    return tune.Tuner(
+        trainable,
+        param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
+                                    trial_dirname_creator=trial_dirname),
+        run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+
+
+def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_storage: str, board,
+               trial_runs, train_loop: Callable[[dict], None],
+               reusable_runs: dict[str, str] | None = None, network: dict | None = None) -> None:
+    """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
+
+    A failing fit ends the run FAILED with the error text and returns normally, so the
+    sweep goes on with the other trials. The run is opened and closed by ``trial_runs``
+    (service.trial_runs.TrialRuns): this process never imports MLflow, and says so in its
+    Tune result (``trial_process_imported_mlflow``).
+    """
+    import ray
+    import ray.train
+    from ray import tune
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from service import ray_runtime
+    from service.progress import Publisher
+
+    ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
+    trial = TrialSpec.from_dict(config["trial"])
+    # a resumed trial continues its interrupted run; the run id is needed before Train starts
+    run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
+    board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
+
+    # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
+    # driver removes them if this process is killed; the workers join them (worker.py)
+    try:
+        net = trial_network(cfg, trial, network)
+    except Exception as exc:  # e.g. a namespace that cannot be created: this trial fails, in one line
+        summary = f"its emulated network: {one_line(exc)}"
+        ray.get(trial_runs.close.remote(run_id, "FAILED", summary))
+        board.trial_ended.remote(trial.key, f"failed: {summary}")
+        tune.report({"status": "failed", "error": summary, "run_id": run_id,
+                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
+        return
+
+    use_gpu = cfg.resources.use_gpu
+    resources = {"CPU": cfg.resources.cpus_per_worker}
+    if use_gpu:
+        resources["GPU"] = 1
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={
+            "trial": trial.to_dict(),
+            "sweep": cfg.model_dump(),
+            "tracking_uri": tracking_uri,
+            "run_id": run_id,
+            "progress": Publisher(board, trial.key),
+            "network": {"hosts": [vars(h) for h in net.hosts]} if net else None,
+        },
+        scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
+                                               resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=ray.train.RunConfig(
+            name=trial.run_name, storage_path=trials_storage,
+            failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            callbacks=[TuneReportCallback()]),
+    )
+    try:
+        try:
+            trainer.fit()
+        finally:
+            if net is not None:
+                log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
+    except Exception as exc:
+        if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
+            ray.get(trial_runs.close.remote(run_id, "KILLED"))
+            return
+        summary, details = describe_failure(exc)
+        ray.get(trial_runs.close.remote(run_id, "FAILED", f"{summary}\n{details}".strip()))
+        board.trial_ended.remote(trial.key, f"failed: {summary}")
+        tune.report({"status": "failed", "error": summary, "run_id": run_id,
+                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
+        return
+    status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
+    board.trial_ended.remote(trial.key, status)
+    tune.report({"status": status, "run_id": run_id,
+                 "trial_process_imported_mlflow": "mlflow" in sys.modules})
+
+
+def describe_failure(exc: BaseException) -> tuple[str, str]:
+    """(one line naming the failing ranks and their errors, the first rank's traceback)."""
+    failures = getattr(exc, "worker_failures", None)  # ray.train.WorkerGroupError
+    if failures:
+        parts, details = [], ""
+        for rank in sorted(failures):
+            base = getattr(failures[rank], "_base_exc", failures[rank])
+            parts.append(f"rank {rank}: {one_line(base)}")
+            if not details:
+                details = getattr(failures[rank], "_traceback_str", None) or str(failures[rank])
+        return "; ".join(parts), details
+    inner = getattr(exc, "controller_failure", None)  # ray.train.ControllerError
+    if inner is not None:
+        return f"Ray Train controller: {one_line(inner)}", ""
+    return one_line(exc), "".join(traceback.format_exception(exc))
+
+
+def _tell_trials_interrupted(board) -> None:
+    """Mark the board interrupted before the trials are torn down (best effort, bounded)."""
+    import ray
+
+    if board is None:
+        return
+    try:
+        ray.get(board.interrupt.remote(), timeout=5)
+    except Exception as exc:  # the runs are still closed KILLED by _close_leftover_runs
+        log.warning("could not tell the trials about the interruption: %s", one_line(exc))
+
+
+def _interrupted(board) -> bool:
+    """Was the sweep interrupted? (asked by a trial whose fit failed; a board that no longer
+    answers means the driver is gone, which is an interruption too)."""
+    import ray
+
+    try:
+        return bool(ray.get(board.interrupted.remote(), timeout=5))
+    except Exception:
+        return True
+
+
+def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool,
+                         interrupted_at_ms: int | None = None) -> None:
+    """No child run is left RUNNING: an interrupted sweep's trials end KILLED; a trial
+    whose process died before it could close its run ends FAILED.
+
+    ``interrupted_at_ms``: when the signal came. A trial whose TorchTrainer was torn down by
+    the interruption may get to close its own run FAILED first (a race with ``ray.shutdown``);
+    a run that ended FAILED after the signal is such a trial, and becomes KILLED, so that
+    ``--resume`` runs it again instead of taking it for a finished failure.
+    """
+    from service import tracking
+
+    for run in tracking.child_runs(parent_run_id, tracking_uri):
+        if (interrupted_at_ms is not None and run.info.status == "FAILED"
+                and (run.info.end_time or 0) >= interrupted_at_ms):
+            tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+        elif run.info.status == "RUNNING":
+            if killed:
+                tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+            else:
+                tracking.end_run(run.info.run_id, "FAILED", tracking_uri=tracking_uri,
+                                 error="the trial's process ended without closing its run "
+                                       "(see the Ray logs of the sweep)")
+
+
+def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
+    import ray
+
+    from service import ray_runtime
+
+    address = os.environ.get("RAY_ADDRESS", "").strip()
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    gpus = None
+    if cfg.resources.use_gpu:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus < max(t.world_size for t in trials):
+            raise SweepError(f"use_gpu with world_size {max(t.world_size for t in trials)} needs that many "
+                             f"GPUs; this machine has {gpus}; lower search.world_size or set "
+                             f"resources.use_gpu: false")
+    # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
+    # init_local retries Ray's fixed 30 s raylet start-up window on a loaded machine, and
+    # kills what a timed-out attempt left behind.
+    ray_runtime.init_local(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)

@@ -1,0 +1,39 @@
+"""SIGINT and SIGTERM as one path: a KeyboardInterrupt in the main thread, raised once.
+
+Tune's own SIGINT handler would wind the experiment down quietly and return as if it had
+finished; with this one both signals end the trials' runs KILLED, so ``--resume`` runs them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import time
+
+log = logging.getLogger("service.sweep")
+
+
+@contextlib.contextmanager
+def signals_raise_keyboard_interrupt():
+    """SIGINT and SIGTERM raise KeyboardInterrupt in the main thread (once: further signals
+    are ignored until the block has cleaned up, so the runs get closed). Yields a dict whose
+    ``at_ms`` is the signal's time (epoch ms), None until one came."""
+    watched = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in watched}
+    received: dict[str, int | None] = {"at_ms": None}
+
+    def handler(signum, frame):
+        received["at_ms"] = int(time.time() * 1000)
+        for s in watched:
+            signal.signal(s, signal.SIG_IGN)
+        log.warning("received %s: stopping the sweep", signal.Signals(signum).name)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for s in watched:
+        signal.signal(s, handler)
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
