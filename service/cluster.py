@@ -19,11 +19,11 @@ Call both after connecting to Ray and before starting Tune:
 
 from __future__ import annotations
 
-import ipaddress
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
-from urllib.parse import urlparse
+
+from service import uris
 
 Node = Mapping[str, object]
 # (local directory, alive multi-host nodes) -> addresses of the hosts that cannot read it
@@ -43,15 +43,6 @@ def cluster_hosts(nodes: Iterable[Node]) -> list[str]:
     return sorted({str(n["NodeManagerAddress"]) for n in alive_nodes(nodes)})
 
 
-def _is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def check_tracking_uri_for_cluster(uri: str | None, nodes: Iterable[Node]) -> None:
     """Refuse a tracking URI that workers on other hosts cannot write to.
 
@@ -65,35 +56,22 @@ def check_tracking_uri_for_cluster(uri: str | None, nodes: Iterable[Node]) -> No
         return
     where = f"this Ray cluster spans {len(hosts)} hosts ({', '.join(hosts)})"
     fix = "run an MLflow tracking server every host can reach and set MLFLOW_TRACKING_URI=http://HOST:PORT"
-    if uri and uri.split(":", 1)[0] in ("databricks", "databricks-uc"):  # a hosted server, by name
-        return
-    parsed = urlparse(uri or "")
-    scheme = parsed.scheme.lower()
-    if not uri or scheme in ("", "file") or len(scheme) == 1:  # len 1: a Windows drive letter
+    store = uris.tracking_store(uri)
+    if store.kind == "file":
         raise ClusterConfigError(
             f"tracking URI {uri or '(unset: MLflow default local store)'} is a local file store but {where}: "
             f"workers on other hosts would log into their own disk; {fix}"
         )
-    if scheme == "sqlite":
+    if store.kind == "sqlite":
         raise ClusterConfigError(
             f"tracking URI {uri} is a SQLite file on the driver's host but {where}: "
             f"workers on other hosts cannot write to it; {fix}"
         )
-    if scheme in ("http", "https") and _is_loopback(parsed.hostname or ""):
+    if store.loopback:
         raise ClusterConfigError(
             f"tracking URI {uri} is a loopback address but {where}: on each worker it names "
             f"that worker's own machine; use an address of the server that other hosts reach"
         )
-
-
-def _local_dir(storage_path: str) -> Path | None:
-    """The directory a storage path names on this host, or None for a remote URI (s3://...)."""
-    parsed = urlparse(storage_path)
-    if parsed.scheme.lower() == "file":
-        return Path(parsed.path)
-    if "://" in storage_path:
-        return None
-    return Path(storage_path)
 
 
 def check_storage_for_cluster(
@@ -109,7 +87,7 @@ def check_storage_for_cluster(
     """
     nodes = alive_nodes(nodes)
     hosts = cluster_hosts(nodes)
-    directory = _local_dir(storage_path)
+    directory = uris.local_dir(storage_path)
     if directory is None or len(hosts) <= 1:
         return
     blind = (probe or ray_storage_probe)(directory.resolve(), nodes)

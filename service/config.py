@@ -29,6 +29,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service.text import count, one_line
+
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "tune_configs"
 
 # Upper bounds that no sensible sweep reaches: they turn a typo (an extra zero or three) into a
@@ -56,7 +58,7 @@ class ConfigError(Exception):
 
     def __init__(self, message: str, *, field: str | None = None, source: str | Path | None = None,
                  more: list[tuple[str, str]] | None = None):
-        self.problem = _one_line(message)
+        self.problem = one_line(message)
         self.field = field
         self.source = str(source) if source is not None else None
         self.more = list(more or [])  # the other problems: (field, problem)
@@ -64,7 +66,7 @@ class ConfigError(Exception):
         if self.more:
             fields = [f for f, _ in self.more]
             shown = ", ".join(fields[:3]) + (", ..." if len(fields) > 3 else "")
-            summary = f" (and {len(fields)} more problem{'s' if len(fields) > 1 else ''}: {shown})"
+            summary = f" (and {count(len(fields), 'more problem')}: {shown})"
         super().__init__(self._line(field, self.problem + summary))
 
     def _line(self, field: str | None, problem: str) -> str:
@@ -72,10 +74,10 @@ class ConfigError(Exception):
 
     def lines(self) -> list[str]:
         """Every problem in full, one line each: at most MAX_SHOWN_PROBLEMS, then a count of the rest."""
-        every = [self._line(self.field, self.problem)] + [self._line(f, _one_line(p)) for f, p in self.more]
+        every = [self._line(self.field, self.problem)] + [self._line(f, one_line(p)) for f, p in self.more]
         shown = every[:MAX_SHOWN_PROBLEMS]
         hidden = len(every) - len(shown)
-        return shown + ([f"... and {hidden} more problem{'s' if hidden > 1 else ''}"] if hidden else [])
+        return shown + ([f"... and {count(hidden, 'more problem')}"] if hidden else [])
 
 
 class FieldProblem(ValueError):
@@ -657,16 +659,16 @@ def _parse_yaml(text: str, shown: str) -> Any:
 
 def _count_nodes(obj: Any, limit: int) -> int:
     """Values in a parsed YAML tree, aliases counted each time they are used; stops past `limit`."""
-    count, stack = 0, [obj]
-    while stack and count <= limit:
+    seen, stack = 0, [obj]
+    while stack and seen <= limit:
         item = stack.pop()
-        count += 1
+        seen += 1
         if isinstance(item, dict):
             stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-    return count
+    return seen
 
 
 # --------------------------------------------------------------------------------------------
@@ -754,16 +756,12 @@ def _did_you_mean(word: str, options) -> str:
 
 
 def _exception_text(exc: BaseException) -> str:
-    text = _one_line(str(exc)) or type(exc).__name__
+    text = one_line(str(exc)) or type(exc).__name__
     return text if isinstance(exc, (ValueError, ConfigError)) else f"{type(exc).__name__}: {text}"
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split())
-
-
 def _short(value: Any, limit: int = 60) -> str:
-    text = _one_line(repr(value))
+    text = one_line(repr(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from service.text import one_line
 from service.workloads import Workload, to_device
 
 
@@ -31,12 +32,7 @@ class WorkloadError(ValueError):
     """A workload that cannot be trained as given: one line, ``workload 'NAME': problem``."""
 
     def __init__(self, name: str, problem: str):
-        super().__init__(f"workload {name!r}: {' '.join(str(problem).split())}")
-
-
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+        super().__init__(f"workload {name!r}: {one_line(problem)}")
 
 
 # ----------------------------------------------------------------------------- items
@@ -64,7 +60,7 @@ def check_items(name: str, wl: Workload) -> None:
             try:
                 item = dataset[i]
             except Exception as err:  # a user's dataset may fail any way
-                raise WorkloadError(name, f"{field}[{i}] failed: {_one_line(err)}") from None
+                raise WorkloadError(name, f"{field}[{i}] failed: {one_line(err, every_line=True)}") from None
             shape = item_structure(item)
             if first is None:
                 first = ("train_set[0]", shape)
@@ -91,7 +87,7 @@ def check_loss(name: str, wl: Workload, model: torch.nn.Module, device, precisio
         with precision.autocast():
             loss = wl.step_loss(model, batch)
     except Exception as err:  # the user's model or loss: one line, at the start
-        raise WorkloadError(name, f"{form} failed on a batch of 2 training samples: {_one_line(err)}") from None
+        raise WorkloadError(name, f"{form} failed on a batch of 2 training samples: {one_line(err, every_line=True)}") from None
     finally:
         model.train(was_training)
     if not isinstance(loss, torch.Tensor):
@@ -157,7 +153,7 @@ def check_same_on_every_rank(name: str, wl: Workload, *, rank: int, world_size: 
     rows = table.tolist()
     failed = [r for r in range(world_size) if rows[r][2]]
     if failed:
-        what = _one_line(failure) if failure is not None else "see that rank's error"
+        what = one_line(failure, every_line=True) if failure is not None else "see that rank's error"
         raise WorkloadError(name, f"reading its weights or data failed on rank {failed[0]}: {what}")
     bad = [r for r in range(world_size) if rows[r] != rows[0]]
     if not bad:

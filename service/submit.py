@@ -25,6 +25,9 @@ import time
 import uuid
 from pathlib import Path
 
+from service import uris
+from service.text import one_line
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # Never shipped to the cluster: environments, local tracking stores, outputs, VCS data.
@@ -163,7 +166,7 @@ def config_in_project(config_arg: str, storage_path: str | None = None) -> tuple
 
 def _lasts(storage_path: str | None) -> bool:
     """A storage path that outlives the job: a URI or an absolute directory."""
-    return bool(storage_path) and ("://" in storage_path or Path(storage_path).is_absolute())
+    return bool(storage_path) and (uris.is_remote(storage_path) or Path(storage_path).is_absolute())
 
 
 OVERLAY_DIR = ".submit"
@@ -206,13 +209,8 @@ def check_job_tracking_uri(uri: str | None) -> None:
             "no MLflow tracking URI: the sweep's default ./mlflow.db would land in the job's "
             f"temporary working_dir on the head node and be deleted with it; {fix}"
         )
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        where = uri[len("sqlite:///"):]
-    elif "://" not in uri or (uri.startswith("file:") and not uri.startswith("file:///")):
-        where = uri.removeprefix("file:")
-    else:
-        return
-    if not Path(where).is_absolute():
+    store = uris.tracking_store(uri)
+    if store.local and store.path is not None and not Path(store.path).is_absolute():
         raise SubmitError(
             f"tracking URI {uri} is relative to the job's temporary working_dir, which is "
             f"deleted with the job; {fix}"
@@ -256,7 +254,7 @@ def follow(client, job_id: str) -> str:
     try:
         asyncio.run(tail())
     except Exception as e:  # the log stream is a convenience; the status below decides
-        print(f"submit: log stream ended early ({type(e).__name__}: {e}); polling status", file=sys.stderr)
+        print(f"submit: log stream ended early ({one_line(e)}); polling status", file=sys.stderr)
     while True:
         status = client.get_job_status(job_id)
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
@@ -287,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         client = JobSubmissionClient(args.address)
         job_id = client.submit_job(submission_id=args.submission_id, **job)
     except (ConnectionError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: could not submit to {args.address}: {first}", file=sys.stderr)
+        print(f"error: could not submit to {args.address}: {one_line(e, with_type=False)}", file=sys.stderr)
         return EXIT_NOT_SUBMITTED
     finally:  # the overlay has been uploaded with the working_dir (or nothing was submitted)
         remove_overlay(overlay)

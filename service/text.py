@@ -27,17 +27,21 @@ def format_bytes(value: float | None, missing: str = "-") -> str:
     return f"{value:.0f} B" if size == 1 else f"{value / size:.1f} {name}"
 
 
-def one_line(err: BaseException | str, *, with_type: bool = True) -> str:
+def one_line(err: BaseException | str, *, with_type: bool = True, every_line: bool = False) -> str:
     """An error (or any text) on one line: whitespace collapsed; an exception as "Type: message".
 
     An exception keeps its message's first line (later lines are detail: Ray's remote
     tracebacks, pydantic's listings); a message that is itself a traceback keeps its last line
     ("ValueError: ..."), which is what failed. ``with_type=False`` drops the type name (for errors whose message says it all).
+    ``every_line=True`` keeps every line of the message, joined (a user's code, whose message
+    is all the user has to go on: a workload that fails to import or to run).
     """
     if not isinstance(err, BaseException):
         return " ".join(str(err).split())
     lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-    if lines and lines[0].startswith("Traceback"):
+    if every_line:
+        lines = [" ".join(lines)] if lines else []
+    elif lines and lines[0].startswith("Traceback"):
         return lines[-1]
     text = " ".join(lines[0].split()) if lines else ""
     if not with_type:

@@ -45,6 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
+from service.text import one_line
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 BatchLoss = Callable[[nn.Module, Any], torch.Tensor]
 EvalFn = Callable[[nn.Module, Dataset], Mapping[str, float]]
@@ -450,18 +452,13 @@ def _check_optional(name: str) -> None:
                          f"installed: pip install -e '.[{info.extra}]' (scripts/setup.sh --test installs it)")
 
 
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
 def _resolve_custom(name: str) -> Callable:
     """Import the module of a 'package.module:function' spec and return the callable."""
     module_name, func_name = name.split(":")
     try:
         module = importlib.import_module(module_name)
     except (Exception, SystemExit) as err:  # a user's module may fail any way: one line
-        raise ValueError(f"workload {name!r}: cannot import {module_name}: {_one_line(err)}") from None
+        raise ValueError(f"workload {name!r}: cannot import {module_name}: {one_line(err, every_line=True)}") from None
     func = getattr(module, func_name, None)
     if func is None:
         raise ValueError(f"workload {name!r}: module {module_name} has no attribute {func_name!r}")

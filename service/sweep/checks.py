@@ -3,8 +3,10 @@ answers, and the cluster can place the largest trial and reach the sweep's store
 
 from __future__ import annotations
 
+from service import uris
+from service.cluster import ClusterConfigError, alive_nodes, check_storage_for_cluster, check_tracking_uri_for_cluster
 from service.config import SweepConfig, TrialSpec
-from service.sweep.capacity import TRIAL_DRIVER_CPUS
+from service.sweep.capacity import check_fits
 from service.sweep.errors import SweepError
 from service.text import one_line
 
@@ -18,7 +20,7 @@ def check_tracking_store(uri: str, timeout_s: float = 5.0) -> None:
     """
     from service import tracking
 
-    if tracking.is_server(uri):
+    if uris.is_server(uri):
         import urllib.error
         import urllib.request
 
@@ -45,27 +47,13 @@ def check_cluster(cfg: SweepConfig, trials: list[TrialSpec], tracking_uri: str, 
     cluster the tracking store and the storage path are reachable from every host."""
     import ray
 
-    largest = max(t.world_size for t in trials)
-    cpw = cfg.resources.cpus_per_worker
     total = ray.cluster_resources()
-    nodes = [n for n in ray.nodes() if n.get("Alive", True)]
-    need_cpu = largest * cpw + TRIAL_DRIVER_CPUS
-    biggest_node = max((n.get("Resources", {}).get("CPU", 0) for n in nodes), default=0)
-    if total.get("CPU", 0) + 1e-9 < need_cpu or biggest_node + 1e-9 < cpw:
-        raise SweepError(
-            f"world_size {largest} x cpus_per_worker {cpw:g} needs {need_cpu:g} CPUs but this Ray cluster "
-            f"has {total.get('CPU', 0):g} (largest node {biggest_node:g}): it can never place that trial; "
-            f"lower search.world_size or resources.cpus_per_worker, or add nodes")
-    if cfg.resources.use_gpu and total.get("GPU", 0) < largest:
-        raise SweepError(f"world_size {largest} with use_gpu needs {largest} GPUs but this Ray cluster has "
-                         f"{total.get('GPU', 0):g}; lower search.world_size or set resources.use_gpu: false")
+    nodes = alive_nodes(ray.nodes())
+    check_fits(cfg, trials, where="this Ray cluster", cpus=total.get("CPU", 0), gpus=total.get("GPU", 0),
+               largest_node_cpus=max((n.get("Resources", {}).get("CPU", 0) for n in nodes), default=0))
     if cfg.network is not None and len(nodes) > 1:
         raise SweepError(f"network: emulated hosts are namespaces on one machine, and this Ray cluster has "
                          f"{len(nodes)} nodes: run it on a single-node (local) Ray, or remove network:")
-    try:
-        from service.cluster import ClusterConfigError, check_storage_for_cluster, check_tracking_uri_for_cluster
-    except ImportError:  # pragma: no cover - the cluster checks are optional
-        return
     try:
         check_tracking_uri_for_cluster(tracking_uri, nodes)
         check_storage_for_cluster(storage, nodes)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from service import uris
 from service.config import SweepConfig, TrialSpec
 
 
@@ -13,7 +14,7 @@ def storage_root(cfg: SweepConfig) -> str:
     """Where Ray Tune and Ray Train keep their state: the config's storage_path (a local
     directory made absolute, or a URI such as s3://...), default ./results."""
     where = cfg.storage_path or "results"
-    if "://" in where:
+    if uris.is_remote(where):
         return where
     return str(Path(where).expanduser().resolve())
 
@@ -22,16 +23,12 @@ def local_base(cfg: SweepConfig) -> Path:
     """A directory on this machine under which the sweep's own files go: storage_path when
     it is local, ./results when it is a URI."""
     root = storage_root(cfg)
-    return Path("results").resolve() if "://" in root else Path(root)
+    return Path("results").resolve() if uris.is_remote(root) else Path(root)
 
 
 def local_dir(cfg: SweepConfig) -> Path:
     """A directory on this machine for the sweep's log (storage_path when it is local)."""
     return local_base(cfg) / safe_name(cfg.name)
-
-
-def join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts]) if "://" in root else str(Path(root, *parts))
 
 
 def safe_name(name: str) -> str:

@@ -19,15 +19,15 @@ from typing import Callable, TextIO
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep import logs
-from service.sweep.capacity import TRIAL_DRIVER_CPUS, cpus_needed
+from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
-from service.sweep.errors import SweepError
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
-from service.sweep.paths import join, safe_name, storage_root, trial_dirname
+from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
 from service.sweep.resume import plan_resume
 from service.sweep.signals import signals_raise_keyboard_interrupt
 from service.text import one_line
+from service.uris import join
 
 log = logging.getLogger("service.sweep")
 
@@ -316,10 +316,7 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
         import torch
 
         gpus = torch.cuda.device_count()
-        if gpus < max(t.world_size for t in trials):
-            raise SweepError(f"use_gpu with world_size {max(t.world_size for t in trials)} needs that many "
-                             f"GPUs; this machine has {gpus}; lower search.world_size or set "
-                             f"resources.use_gpu: false")
+        check_fits(cfg, trials, where="this machine", gpus=gpus)
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
     # init_local retries Ray's fixed 30 s raylet start-up window on a loaded machine, and
     # kills what a timed-out attempt left behind.
