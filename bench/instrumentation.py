@@ -90,22 +90,21 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
             cpu_begins.append(time.process_time())
             super().begin()
 
-    saved = worker.StepMeter, worker.NanMonitor, worker.hooks.build
-    worker.StepMeter = RecordingMeter
+    parts = {"make_meter": RecordingMeter}
     inside = _time_instrumentation_calls(worker) if mode == "on" else None
     logger = None
     if mode not in ("on", "only_nan_checks"):
-        worker.NanMonitor = _NoChecks
+        parts["make_monitor"] = _NoChecks
     if mode not in ("on", "only_accounting"):
-        worker.hooks.build = _plain_allreduce
+        parts["build_hook"] = _plain_allreduce
     if mode in ("on", "only_logging") and rank == 0:
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds)
     try:
         started = time.perf_counter()
-        worker.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger)
+        worker.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger,
+                            **parts)
         total = time.perf_counter() - started
     finally:
-        worker.StepMeter, worker.NanMonitor, worker.hooks.build = saved
         if inside is not None:
             inside.restore()
     warm = cfg.workload.warmup_steps
@@ -159,7 +158,7 @@ def _time_instrumentation_calls(worker) -> _CallTimers:
     timers.wrap(nan.NanMonitor, "submit", "nan_submit")
     timers.wrap(nan.NanMonitor, "resolve", "nan_resolve")
     timers.wrap(worker.Reporter, "record", "logging")
-    timers.wrap(worker.Reporter, "agreed", "logging")
+    timers.wrap(worker.Reporter, "log", "logging")
     timers.wrap(tracking.MetricLogger, "flush", "logging_flush")
     timers.wrap(hooks.state.HookState, "begin", "accounting")
     timers.wrap(hooks.state.HookState, "account", "accounting")

@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hooks
 from service import preflight
 from service.nan import NanMonitor
-from service.projection import LINKS_GBPS
+from service import step_projection
 from service.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, build_workload, evaluate_workload, to_device
 
@@ -75,7 +75,9 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
                  start: Optional[Start] = None,
                  checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
                  on_fault: Optional[Callable[[int, Any], None]] = None,
-                 process_group=None) -> TrialResult:
+                 process_group=None, build_hook: Callable = hooks.build,
+                 make_monitor: Callable[..., NanMonitor] = NanMonitor,
+                 make_meter: Optional[Callable[[int, int], "StepMeter"]] = None) -> TrialResult:
     """Train one trial on this rank (the process group is already initialised).
 
     ``logger`` (rank 0): a ``tracking.MetricLogger`` or None; ``progress(step, loss)``:
@@ -84,6 +86,10 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     with this rank's training state; ``on_fault(index, fault)``: called just before a
     configured fault fires (a crash fault never returns); ``process_group``: the group DDP and
     the hook communicate on (None: the default group; an emulated network's, service/netem.py).
+    ``build_hook(name, process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes
+    NanMonitor's arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its
+    NaN checks and its step timer (default: hooks.build, NanMonitor, StepMeter; benches and
+    tests pass their own instead of replacing module attributes).
     """
     wl_cfg, start = cfg.workload, start or Start()
     device = torch.device(device)
@@ -99,17 +105,18 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
                 process_group=process_group)
-    hook_state, hook = hooks.build(trial.hook, process_group=process_group, **dict(trial.hook_params))
+    hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
                             rank, world_size, wl_cfg.grad_accumulation)
     first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
-    monitor = NanMonitor(model, hook_state, rank=rank, world_size=world_size, device=device,
-                         hook_name=trial.hook)
+    monitor = make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
+                           hook_name=trial.hook)
     faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
-    meter = StepMeter(hook_state, wl_cfg.warmup_steps, first_step, trial)
+    meter = (make_meter or StepMeter)(wl_cfg.warmup_steps, first_step)
+    accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
     reporter = Reporter(logger, progress, rank)
 
     # --- steps
@@ -118,13 +125,18 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         meter.begin()
         fidelity.begin(step)
         # A configured fault never fires after the trial went non-finite (same steps on every rank)
-        if faults.due(step) and stops(reporter.agreed(monitor.resolve()), cfg):
-            break
+        if faults.due(step):
+            check = monitor.resolve()
+            reporter.log(check)
+            if stops(check, cfg):
+                break
         faults.before_step(step, model.module)
         loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device, precision)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
         # this backward's gradient collectives instead of adding a rendezvous of its own.
-        if stops(reporter.agreed(monitor.resolve()), cfg):
+        check = monitor.resolve()
+        reporter.log(check)  # the previous step's metrics, with its agreed loss
+        if stops(check, cfg):
             break  # this step's update is never applied: the weights stay the NaN step's
         clip_gradients(model.parameters(), wl_cfg.grad_clip_norm)  # the hook's averaged gradient
         if wl_cfg.lr_schedule != "constant" or wl_cfg.lr_warmup_steps:
@@ -132,14 +144,18 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         optimizer.step()
         monitor.submit(step, loss)  # local checks now, the cross-rank agreement in flight
         meter.end(step)
+        accounting.step_ended(step)
         reporter.record(step, meter.last_ms, fidelity.end(step))
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
         # Nothing leaves the loop (an eval, a checkpoint, the summary) before its step is
         # agreed finite: there the verdict is waited for at once.
-        if (evaluating or checkpointing) and stops(reporter.agreed(monitor.resolve()), cfg):
-            break
+        if evaluating or checkpointing:
+            check = monitor.resolve()
+            reporter.log(check)
+            if stops(check, cfg):
+                break
         if rank == 0 and evaluating:
             eval_metrics = run_eval(model.module, wl, device, precision)
             reporter.eval(step, eval_metrics)
@@ -152,8 +168,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         eval_metrics = {}
     elif rank == 0 and not eval_metrics:
         eval_metrics = run_eval(model.module, wl, device, precision)
-    summary = meter.summary(wl_cfg.global_batch_size, reporter.last_loss, eval_metrics,
-                            monitor.report, start.restarts)
+    summary = trial_summary(meter, accounting, trial, wl_cfg.global_batch_size, reporter.last_loss,
+                            eval_metrics, monitor.report, start.restarts)
     summary.update(fidelity.summary())
     status = "nan" if monitor.report else "ok"
     reporter.finish(summary, status, monitor.report)
@@ -250,14 +266,10 @@ def run_eval(module: torch.nn.Module, wl: Workload, device,
 
 
 class StepMeter:
-    """Step times (rank 0's clock) and the hook's byte/time accounting for the summary."""
+    """Step times on rank 0's clock: which steps are measured (after the warm-up) and their rate."""
 
-    def __init__(self, hook_state, warmup_steps: int, first_step: int, trial=None):
-        self.hook_state, self.warmup, self.first_step = hook_state, warmup_steps, first_step
-        self.trial = trial
-        self.start_stats = _stats(hook_state)
-        # accounting at the start of the measured (post-warm-up) steps: the projection's basis
-        self.measured_stats = self.start_stats if first_step > warmup_steps else None
+    def __init__(self, warmup_steps: int, first_step: int):
+        self.warmup, self.first_step = warmup_steps, first_step
         self.times_ms: dict[int, float] = {}
         self.last_ms = 0.0
         self._t0 = 0.0
@@ -268,88 +280,77 @@ class StepMeter:
     def end(self, step: int) -> None:
         self.last_ms = (time.perf_counter() - self._t0) * 1000.0
         self.times_ms[step] = self.last_ms
-        if step == self.warmup:
-            self.measured_stats = _stats(self.hook_state)
 
-    def summary(self, global_batch: int, final_loss: float, eval_metrics: dict,
-                nan_report, restarts: int) -> dict[str, float]:
-        """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup).
-
-        samples_per_s: global samples per second of step time after the warm-up steps
-        (excluded; their count is ``warmup_steps_excluded``); comm_bytes_per_step: this
-        rank's wire bytes (the hook's ``stats()``) per step; compression_ratio: raw bucket
-        bytes / bytes handed to collectives; hook_time_ms: hook entry to future completion,
-        summed over a step's buckets, per step. All over the steps of this attempt.
-        """
-        steps_run = len(self.times_ms)
+    def measured(self) -> tuple[list[float], bool]:
+        """(the step times the figures are over, whether they are the post-warm-up steps):
+        when every step was warm-up, all of them, rather than reporting nothing."""
         measured = [ms for s, ms in self.times_ms.items() if s > self.warmup]
-        warmup_excluded = steps_run - len(measured)
-        if not measured:  # every step was warm-up: use them all rather than report nothing
-            measured, warmup_excluded = list(self.times_ms.values()), 0
-        now = _stats(self.hook_state)
-        delta = {k: now.get(k, 0) - self.start_stats.get(k, 0) for k in now}
-        out = {
+        if not measured:
+            return list(self.times_ms.values()), False
+        return measured, True
+
+    def summary(self, global_batch: int) -> dict[str, float]:
+        """samples_per_s: global samples per second of step time after the warm-up steps
+        (excluded; their count is ``warmup_steps_excluded``), the median step time and its
+        spread, and the last step that ran. All over the steps of this attempt."""
+        measured, after_warmup = self.measured()
+        return {
             "samples_per_s": global_batch * len(measured) / (sum(measured) / 1000.0) if measured else 0.0,
             "step_time_ms_median": statistics.median(measured) if measured else 0.0,
             # the spread the report compares speeds against (issue 16: "same speed here")
             "step_time_ms_iqr": _iqr(measured),
-            "warmup_steps_excluded": warmup_excluded,
+            "warmup_steps_excluded": len(self.times_ms) - len(measured) if after_warmup else 0,
+            "steps_done": max(self.times_ms, default=self.first_step - 1),
+        }
+
+
+class HookAccounting:
+    """The hook's byte/time counters (``stats()``) at this attempt's start and at the end of the
+    warm-up steps: the summary's per-step communication figures and the projection's basis."""
+
+    def __init__(self, hook_state, warmup_steps: int, first_step: int):
+        self.hook_state, self.warmup = hook_state, warmup_steps
+        self.start = _stats(hook_state)
+        # the counters at the start of the measured (post-warm-up) steps
+        self.measured_start = self.start if first_step > warmup_steps else None
+
+    def step_ended(self, step: int) -> None:
+        if step == self.warmup:
+            self.measured_start = _stats(self.hook_state)
+
+    def summary(self, trial, meter: StepMeter) -> dict[str, float]:
+        """comm_bytes_per_step: this rank's wire bytes per step; compression_ratio: raw bucket
+        bytes / bytes handed to collectives; hook_time_ms: hook entry to future completion,
+        summed over a step's buckets, per step (all over the steps of this attempt); and the
+        measured steps' accounting projected onto faster links (``service.step_projection``)."""
+        steps_run = len(meter.times_ms)
+        now = _stats(self.hook_state)
+        delta = {k: now.get(k, 0) - self.start.get(k, 0) for k in now}
+        out = {
             "comm_bytes_per_step": delta.get("wire_bytes", 0) / max(steps_run, 1),
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
                                   if delta.get("payload_bytes") else 1.0),
             "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
-            "final_loss": final_loss,
-            "nan_detected": 1 if nan_report else 0,
-            "steps_done": max(self.times_ms, default=self.first_step - 1),
-            "restarts": restarts,
         }
-        out.update(self.projection(measured, now))
-        for metric, value in eval_metrics.items():  # eval_loss (+ eval_accuracy, or eval_fn's)
-            out[f"final_{metric}"] = value
-        if nan_report:
-            out["first_nan_step"] = nan_report.first_nan_step
-            out["nan_rank"] = nan_report.nan_rank
-            if nan_report.bucket_index is not None:
-                out["nan_bucket_index"] = nan_report.bucket_index
+        measured, after_warmup = meter.measured()
+        if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
+            out.update(step_projection.projection(trial, measured, self.measured_start, now))
         return out
 
 
-    def projection(self, measured_ms: list[float], now: dict) -> dict[str, float]:
-        """The per-step accounting of the measured steps and the step time projected onto
-        faster links at this trial's world size (``hooks.cost``'s alpha-beta model).
-
-        compute_ms_per_step = mean step time - mean hook time (hook entry to completion,
-        summed over buckets) of the measured steps. The hook time on this machine is the
-        loopback collectives, waiting for the other ranks, and the hook's compression
-        kernels: all of it is removed, so the projection prices compression kernels at zero
-        (optimistic for compressing hooks; their kernels show as hook_time_ms above
-        allreduce's). projected_step_ms_{G}gbps = compute_ms_per_step + hooks.cost's
-        projected communication of the measured buckets at G Gbit/s. The per-step
-        accounting (hook_calls, raw/payload bytes, allreduce calls) is what the report
-        needs to project the same configuration onto other world sizes.
-        """
-        base = self.measured_stats
-        steps = len(measured_ms)
-        if base is None or not steps or self.trial is None or not now.get("calls"):
-            return {}  # every step was warm-up, or a hook without accounting: nothing to project
-        if len(measured_ms) != sum(1 for s in self.times_ms if s > self.warmup):
-            return {}  # the fallback of summary(): warm-up steps stand in, no clean basis
-        delta = {k: now.get(k, 0) - base.get(k, 0) for k in ("calls", "raw_bytes", "payload_bytes",
-                                                             "allreduce_calls", "seconds")}
-        compute_ms = max(statistics.fmean(measured_ms) - 1000.0 * delta["seconds"] / steps, 0.0)
-        out = {
-            "compute_ms_per_step": compute_ms,
-            "hook_calls_per_step": delta["calls"] / steps,
-            "raw_bytes_per_step": delta["raw_bytes"] / steps,
-            "payload_bytes_per_step": delta["payload_bytes"] / steps,
-            "allreduce_calls_per_step": delta["allreduce_calls"] / steps,
-        }
-        params = dict(self.trial.hook_params)
-        for gbps in LINKS_GBPS:
-            seconds = hooks.cost.projected_step_seconds(compute_ms / 1000.0, self.trial.hook, delta, steps,
-                                                        self.trial.world_size, gbps, **params)
-            out[f"projected_step_ms_{gbps}gbps"] = 1000.0 * seconds
-        return out
+def trial_summary(meter: StepMeter, accounting: HookAccounting, trial, global_batch: int,
+                  final_loss: float, eval_metrics: dict, nan_report, restarts: int) -> dict[str, float]:
+    """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup)."""
+    out = {**meter.summary(global_batch), **accounting.summary(trial, meter),
+           "final_loss": final_loss, "nan_detected": 1 if nan_report else 0, "restarts": restarts}
+    for metric, value in eval_metrics.items():  # eval_loss (+ eval_accuracy, or eval_fn's)
+        out[f"final_{metric}"] = value
+    if nan_report:
+        out["first_nan_step"] = nan_report.first_nan_step
+        out["nan_rank"] = nan_report.nan_rank
+        if nan_report.bucket_index is not None:
+            out["nan_bucket_index"] = nan_report.bucket_index
+    return out
 
 
 class FidelitySampler:
@@ -432,13 +433,13 @@ class Reporter:
         self._recorded: tuple[int, float, dict] = (0, 0.0, {})
 
     def record(self, step: int, step_time_ms: float, fidelity: dict | None = None) -> None:
-        """A step ran: its metrics wait for its agreed loss (``agreed``)."""
+        """A step ran: its metrics wait for its agreed loss (``log``)."""
         self._recorded = (step, step_time_ms, fidelity or {})
 
-    def agreed(self, check):
-        """Log the recorded step with its agreed mean loss; returns ``check`` (None: none)."""
+    def log(self, check) -> None:
+        """Log the recorded step with its agreed mean loss (``check``; None: no step was pending)."""
         if check is None:
-            return None
+            return
         step, step_time_ms, fidelity = self._recorded
         assert step == check.step, (step, check.step)
         self.losses.append(check.mean_loss)
@@ -448,7 +449,6 @@ class Reporter:
         if self.progress and time.monotonic() - self._last_progress >= PROGRESS_EVERY_S:
             self._last_progress = time.monotonic()
             _call_quietly(self.progress, step, check.mean_loss)
-        return check
 
     def eval(self, step: int, metrics: dict[str, float]) -> None:
         if self.logger:

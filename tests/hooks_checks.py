@@ -775,26 +775,16 @@ def failing_collectives():
             setattr(dist, name, fn)
 
 
-@contextlib.contextmanager
-def failing_hook_collectives():
-    """Only the collectives a hook issues fail (hooks.build hands out hooks that run under
-    failing_collectives): DDP's own broadcasts and the service's NaN agreement stay real."""
-    real_build = hooks.build
+def build_with_failing_collectives(*args, **kwargs):
+    """hooks.build, whose hook runs under failing_collectives: only the collectives the hook
+    issues fail; DDP's own broadcasts and the service's NaN agreement stay real."""
+    state, hook = hooks.build(*args, **kwargs)
 
-    def build(*args, **kwargs):
-        state, hook = real_build(*args, **kwargs)
+    def failing_hook(st, bucket):
+        with failing_collectives():
+            return hook(st, bucket)
 
-        def failing_hook(st, bucket):
-            with failing_collectives():
-                return hook(st, bucket)
-
-        return state, failing_hook
-
-    hooks.build = build
-    try:
-        yield
-    finally:
-        hooks.build = real_build
+    return state, failing_hook
 
 
 def _expect_injected(fn, what) -> None:

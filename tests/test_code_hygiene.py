@@ -72,9 +72,9 @@ def test_the_parent_run_tag_is_spelled_once():
 
 def test_the_projected_links_are_defined_once():
     """The summary's projected_step_ms_{G}gbps and the report's projection price the same links."""
-    from service import projection, worker
+    from service import projection, step_projection
 
     definitions = [f"{p.relative_to(ROOT)}:{n.lineno}" for p, tree in _modules() for n in tree.body
                    if isinstance(n, ast.Assign) and any("LINKS" in getattr(t, "id", "") for t in n.targets)]
     assert definitions == ["service/projection.py:" + definitions[0].split(":")[1]], definitions
-    assert worker.LINKS_GBPS is projection.LINKS_GBPS
+    assert step_projection.LINKS_GBPS is projection.LINKS_GBPS

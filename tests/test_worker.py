@@ -127,13 +127,13 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
                                      device="cpu")
     # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
     # and hand back this rank's own bucket as the mean) must end the trial with that error.
-    from tests.hooks_checks import failing_hook_collectives
+    from tests.hooks_checks import build_with_failing_collectives
 
     cfg = SweepConfig.model_validate(clean_cfg)
     fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
     try:
-        with failing_hook_collectives():
-            run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
+        run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu",
+                     build_hook=build_with_failing_collectives)
         results["collective_failure"] = None
     except RuntimeError as exc:
         results["collective_failure"] = str(exc)
