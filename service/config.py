@@ -596,7 +596,7 @@ def _load(arg: str | Path) -> tuple[SweepConfig, Path]:
     return cfg, path
 
 
-# libyaml's safe loader when PyYAML was built with it: ~20x faster, and it caps nesting depth
+# libyaml's safe loader when PyYAML was built with it: a C parser, and it caps nesting depth
 # (the pure-Python parser takes seconds to reach a RecursionError on `[[[[...`).
 _SafeBase = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

@@ -9,13 +9,23 @@ read after the next step's backward, or at once before an eval or a checkpoint, 
 non-finite step stops every rank before the following update is applied), gradient
 fidelity every ``tracking.fidelity_every`` steps (when asked), logging
 (``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
-checkpoints every ``checkpoint.every`` steps. It needs an
-initialised process group and nothing else, so tests and users can run it without Ray.
+checkpoints every ``checkpoint.every`` steps. Each verdict is read the same three lines
+wherever the loop needs one, so every side effect shows where it happens (as nanoGPT's
+train.py writes its loop)::
+
+    check = monitor.resolve()   # the pending step's agreed NaN verdict and mean loss (None: none)
+    reporter.log(check)         # rank 0: that step's metrics, with its agreed loss
+    if stops(check, cfg):       # non-finite and stop.on_nan: every rank leaves the loop
+        break
+
+It needs an initialised process group and nothing else, so tests and users can run it
+without Ray; its hook builder, NaN monitor and step timer are parameters (benches swap them).
 
 ``train_loop_per_worker`` is the function given to Ray Train's ``TorchTrainer``: it reads
 rank and world size from Ray, resumes from Ray's checkpoint after a crash, opens the
 trial's MLflow run for rank 0, and reports to Ray at checkpoints and at the end only
-(``ray.train.report`` is a ~1.5 s barrier here: never per step).
+(``ray.train.report`` is a barrier across the ranks, never per step: its cost is in
+docs/performance.md, section 1).
 
 Step numbering: step 1 is the first optimizer step, ``workload.steps`` the last; MLflow
 metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
@@ -643,7 +653,8 @@ def train_loop_per_worker(config: dict) -> None:
     if rank == 0:
         from service import tracking
 
-        # which quantization kernels ran (hooks/_native.py, or the torch fallback): speed differs ~5x
+        # which quantization kernels ran (hooks/_native.py, or the torch fallback): their speeds
+        # differ several-fold (docs/hooks.md), so a trial's times mean nothing without it
         tracking.set_tags(run_id, uri, attempts=attempt, kernel_backend=hooks.kernel_backend())
         done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)

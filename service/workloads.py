@@ -135,9 +135,9 @@ def _digits_tensors() -> tuple[TensorDataset, TensorDataset]:
     return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[eval_idx], y[eval_idx])
 
 
-# Sizes: each built-in costs ~0.1-0.15 s per plain step at batch 128 on one thread here, so
-# 300 steps at world size 2 take about a minute (measurements in docs/workloads.md).
-# The MLP has 8.5M parameters (34 MB of gradient in 8 tensors): the communication-heavy one.
+# Sizes: each built-in is sized so that a 300-step trial at world size 2 trains for about a
+# minute on 2 cores (measured in docs/workloads.md, "Sizing"). The MLP has 8.5M parameters
+# (34 MB of gradient in 8 tensors): the communication-heavy one.
 MLP_HIDDEN = 2048
 
 

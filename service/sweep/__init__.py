@@ -27,8 +27,9 @@ The modules, by what they hold:
     errors.py    SweepError: a problem the user can fix, said in one line
 
 Ray is only here: the workers see plain PyTorch (service/worker.py) and MLflow is only behind
-service/tracking.py. The Tune trial's process never imports MLflow (a second of CPU per trial
-on its critical path): it asks the TrialRuns actor, which imported it once for the sweep.
+service/tracking.py. The Tune trial's process never imports MLflow (a CPU-heavy import on the
+trial's critical path, docs/performance.md): it asks the TrialRuns actor, which imported it
+once for the sweep.
 """
 
 from service.sweep.capacity import TRIAL_DRIVER_CPUS
