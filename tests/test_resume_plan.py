@@ -1,6 +1,7 @@
 """--resume picks the right sweep: the experiment's latest sweep *of the same config*.
 
-Real SQLite MLflow store, runs written through service.tracking as the sweep writes them; no
+Real SQLite MLflow store, runs written through service.tracking as the sweep writes them (the
+trial_key tag --resume matches on comes with the run: tracking.identity_tags); no
 Ray (the interrupted-sweep path end to end is tests/test_resume.py).
 """
 from __future__ import annotations
@@ -27,7 +28,6 @@ def interrupted_sweep(cfg: SweepConfig, uri: str, finished: int) -> tuple[str, l
     run_ids = []
     for i, trial in enumerate(cfg.trials()[: finished + 1]):
         run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
-        tracking.set_tags(run_id, uri, trial_key=trial.key)
         tracking.end_run(run_id, "FINISHED" if i < finished else "KILLED", tracking_uri=uri)
         run_ids.append(run_id)
     tracking.end_run(parent, "KILLED", tracking_uri=uri)
