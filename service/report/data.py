@@ -18,11 +18,15 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from service.report import recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
+
+if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
+    from service.tracking import TrialRecord
 
 SUMMARY_METRICS = (
     "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
@@ -55,7 +59,7 @@ def open_store(tracking_uri: str | None = None):
 class Trial:
     """One trial: its record (identity, status, logged metrics) and its step-metric histories."""
 
-    record: "tracking.TrialRecord"  # noqa: F821 (service.tracking, imported lazily)
+    record: TrialRecord
     loss: tuple[np.ndarray, np.ndarray] = _EMPTY
     eval_accuracy: tuple[np.ndarray, np.ndarray] = _EMPTY
     eval_loss: tuple[np.ndarray, np.ndarray] = _EMPTY
