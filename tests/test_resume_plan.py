@@ -68,3 +68,15 @@ def test_resume_of_a_changed_config_is_refused_in_one_line(uri):
 def test_resume_without_any_sweep_is_refused(uri):
     with pytest.raises(SweepError, match="no earlier sweep"):
         plan_resume(make_cfg(), make_cfg().trials(), uri)
+
+
+def test_resume_of_a_sweep_with_runs_from_an_older_version_is_refused_in_one_line(uri):
+    """Runs without the trial identity tags (an older version wrote them) are not guessed at."""
+    cfg = make_cfg()
+    parent, _ = interrupted_sweep(cfg, uri, finished=0)
+    client = tracking.client(uri)
+    client.create_run(client.get_run(parent).info.experiment_id, run_name="fp16_compress-w1-s0",
+                      tags={tracking.PARENT_TAG: parent})
+    with pytest.raises(SweepError, match="cannot resume: .*older version") as err:
+        plan_resume(cfg, cfg.trials(), uri)
+    assert "\n" not in str(err.value)
