@@ -476,3 +476,18 @@ def test_report_html_renders_in_headless_chromium(store, tmp_path):
     shot.unlink(missing_ok=True)
     run_chromium(["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()], tmp_path)
     assert shot.stat().st_size > 20_000
+
+
+def test_report_html_escapes_what_mlflow_holds():
+    """report.html is rendered from its Jinja2 template with autoescape: names and texts read from
+    MLflow (an experiment name, the attached config) are text on the page, never markup."""
+    from service.report.render import render_html
+
+    sweep = report.Sweep(experiment="<b>exp</b>", parent_run_id="p" * 32, parent_name="n",
+                         parent_status="FINISHED", started="2026-01-01 00:00 UTC",
+                         tracking_uri="sqlite:///x.db", config_name="c.yaml",
+                         config_text="name: <script>alert(1)</script>")
+    page = render_html(sweep, [], [], {}, "final_loss", [])
+    assert "<script>" not in page and "<b>exp</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Sweep report: &lt;b&gt;exp&lt;/b&gt;" in page
+    assert "No trial has finished yet" in page and "No trial logged the per-step accounting" in page
