@@ -41,6 +41,8 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from service.text import one_line
+
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
@@ -545,7 +547,7 @@ class SweepReader:
             experiment = self.client.get_experiment_by_name(ref)
         except MlflowException as e:
             raise StoreError(f"cannot read the MLflow store at {self.tracking_uri}: "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{one_line(e, with_type=False)}") from None
         if experiment is None:
             names = sorted(e.name for e in self.client.search_experiments() if e.name != "Default")
             raise StoreError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "

@@ -8,6 +8,7 @@ from service.report import recommend
 from service.report.data import (ReportError, Sweep, load_sweep, loss_curve_data, open_store,
                                  recommendations, summary_rows, throughput_data, tradeoff_data)
 from service.report.render import render_html, summary_markdown, write_summary_csv
+from service.text import one_line
 
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
                 "report.html", "projected_throughput.png")
@@ -59,7 +60,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
             reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
         except Exception as e:
             raise ReportError(f"report written to {out_dir}, but attaching it to run "
-                              f"{parent_run_id} failed: {str(e).splitlines()[0]}") from None
+                              f"{parent_run_id} failed: {one_line(e, with_type=False)}") from None
     return report
 
 
