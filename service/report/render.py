@@ -44,7 +44,6 @@ _RULE = ("Time to target: training seconds (the sum of measured step times, eval
          "the same speed here and allreduce is kept.")
 
 
-
 # --------------------------------------------------------------------------------------------
 # Tables
 # --------------------------------------------------------------------------------------------
