@@ -16,6 +16,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+from service.text import byte_unit  # noqa: E402
+
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
 # A hook no longer registered (an old run read back from MLflow) still draws, in grey.
 _UNREGISTERED = ("grey", "o")
@@ -47,15 +49,6 @@ class ChunkStyles:
         if chunk_size is None:
             return "-"
         return _LINESTYLES[(1 + self.order.index(chunk_size)) % len(_LINESTYLES)]
-
-
-def _bytes_unit(values) -> tuple[float, str]:
-    """The unit to draw byte counts in: the largest whose scaled maximum is at least 1."""
-    top = max((abs(v) for v in values), default=0)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if top >= size:
-            return size, unit
-    return 1, "B"
 
 
 def _empty(ax, text):
@@ -204,7 +197,7 @@ def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = ""
     fig, axes = plt.subplots(1, len(world_sizes), figsize=(5.6 * len(world_sizes) + 3.0, 4.8),
                              squeeze=False, layout="constrained")
     ylabel = "final eval accuracy" if quality_metric == "final_eval_accuracy" else "final loss"
-    scale, unit = _bytes_unit(p.bytes_per_step for g in points.values() for p in g)
+    scale, unit = byte_unit(p.bytes_per_step for g in points.values() for p in g)
     chunks = ChunkStyles(p.chunk_size for g in points.values() for p in g)
     legend: dict[str, Line2D] = {}
     for ax, world_size in zip(axes[0], world_sizes):

@@ -18,18 +18,19 @@ and payload bytes per step: ``service.worker.StepMeter.projection``) goes throug
 
 A configuration "pays off" at (W, link) when its projected throughput beats ``allreduce``'s.
 ``service.report`` adds the table to summary.md / report.html and the plot
-``projected_throughput.png``.
+``projected_throughput.png``. The configurations' parameters are their trial records' (typed, as
+the config had them: ``service.tracking.TrialRecord``), handed to ``hooks.cost`` as they are.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import hooks
+from service.text import format_bytes
 
 WORLD_SIZES = (8, 64, 512)
 LINKS_GBPS = (10, 100)
@@ -63,53 +64,24 @@ class Projection:
                 "allreduce_calls": a["allreduce_calls_per_step"]}
 
 
-def _hook_kwargs(hook: str, hook_params: dict[str, str]) -> dict:
-    """Params as hooks.cost takes them (MLflow returns strings): chunk_size and levels as ints,
-    ratio (topk/randomk: the fraction of values sent) as a float."""
-    out = {}
-    for k, v in hook_params.items():
-        if v in (None, "", "None"):
-            continue
-        if k in ("chunk_size", "levels"):
-            out[k] = int(float(v))
-        elif k == "ratio":
-            out[k] = float(v)
-    return out
-
-
-def projected_step_ms(hook: str, hook_params: dict[str, str], stats: dict, compute_ms: float,
+def projected_step_ms(hook: str, hook_params: dict, stats: dict, compute_ms: float,
                       world_size: int, link_gbps: float) -> float:
     """hooks.cost's projected step time (ms) of one step's accounting at ``world_size``."""
     return 1000.0 * hooks.cost.projected_step_seconds(compute_ms / 1000.0, hook, stats, 1, world_size,
-                                                      link_gbps, **_hook_kwargs(hook, hook_params))
+                                                      link_gbps, **hook_params)
 
 
-def project(sweep, run_metrics=None, run_params=None) -> list[Projection]:
+def project(sweep) -> list[Projection]:
     """Projections for every configuration of ``sweep`` (a ``service.report.Sweep``) whose trials
-    ended ok and logged the accounting. ``run_metrics(run_id)`` / ``run_params(run_id)`` read a
-    child run's summary metrics and params (default: from the sweep's MLflow store)."""
-    if run_metrics is None or run_params is None:
-        from service import tracking  # the one module that talks to MLflow
-
-        client = tracking.client(sweep.tracking_uri)
-        cache: dict[str, object] = {}
-
-        def _run(run_id):
-            if run_id not in cache:
-                cache[run_id] = client.get_run(run_id)
-            return cache[run_id]
-
-        run_metrics = run_metrics or (lambda rid: dict(_run(rid).data.metrics))
-        run_params = run_params or (lambda rid: dict(_run(rid).data.params))
-
+    ended ok and logged the accounting (their records' metrics and params)."""
     groups: dict[tuple[str, int], list] = defaultdict(list)
     for t in sweep.trials:
         if t.state != "ok":
             continue
-        metrics = run_metrics(t.run_id)
+        metrics = t.record.metrics
         if not all(math.isfinite(metrics.get(k, math.nan)) for k in ACCOUNTING_KEYS):
             continue  # a run from before the projection existed, or with nothing measured
-        groups[(t.config, t.world_size)].append((t, metrics, run_params(t.run_id)))
+        groups[(t.config, t.world_size)].append((t, metrics, t.record.params))
 
     # per configuration: the trials at its largest measured world size
     chosen: dict[str, tuple[int, list]] = {}
@@ -178,7 +150,7 @@ def table(projections: list[Projection]) -> tuple[list[str], list[list[str]]]:
         cells = [p.config, str(p.measured_world_size),
                  f"{p.compute_ms:.1f}" + (" (allreduce's)" if p.compute_source == BASELINE_HOOK
                                           and p.hook != BASELINE_HOOK else ""),
-                 _bytes(p.accounting["payload_bytes_per_step"])]
+                 format_bytes(p.accounting["payload_bytes_per_step"])]
         for g in LINKS_GBPS:
             for w in WORLD_SIZES:
                 sps, sp = p.samples_per_s[(w, g)], p.speedup[(w, g)]
@@ -188,21 +160,17 @@ def table(projections: list[Projection]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _bytes(v: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(v) >= size:
-            return f"{v / size:.2f} {unit}"
-    return f"{v:.0f} B"
-
-
+# The cost model's measured error against real shaped links: the one place the report states it.
+MEASURED_ERROR = ("Measured error of this model against real shaped 1 Gbit/s links (bench/network.py, "
+                  "docs/hooks.md): -4 to -2 % for allreduce's step, -81 to -6 % for compressing hooks "
+                  "(their kernels sit on the communication path): read compressing hooks' figures as "
+                  "upper bounds.")
 NOTE = ("Projected samples/s (× = against allreduce) from hooks.cost's alpha-beta model: one flat "
         "ring, latency 5 µs per message, no overlap of communication with compute, compression "
         "kernels not priced (optimistic for compressing hooks); weak scaling (each rank keeps its "
         "measured batch); compute = step time − hook time as measured here (allreduce's for every "
         "configuration when the sweep has it). Payload bytes/step: handed to collectives per rank. "
-        "Measured error of this model against real shaped 1 Gbit/s links (bench/network.py, "
-        "docs/hooks.md): -4 to -2 % for allreduce's step, -81 to -6 % for compressing hooks "
-        "(their kernels sit on the communication path): read compressing hooks' figures as upper bounds.")
+        + MEASURED_ERROR)
 
 
 def markdown(projections: list[Projection]) -> str:
@@ -215,23 +183,6 @@ def markdown(projections: list[Projection]) -> str:
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
     lines += ["", NOTE, ""]
     return "\n".join(lines)
-
-
-def html_section(projections: list[Projection]) -> str:
-    """The section for report.html (the plot is added by the report like its other images)."""
-    e = html.escape
-    out = ["<h2 id='projection'>Projected throughput at scale</h2>"]
-    if not projections:
-        out.append("<p class='meta'>No trial logged the per-step accounting that the projection "
-                   "needs.</p>")
-        return "\n".join(out)
-    header, rows = table(projections)
-    out.append("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>")
-    for r in rows:
-        out.append("<tr>" + "".join(f"<td{' class=left' if i in (0, len(r) - 1) else ''}>{e(c)}</td>"
-                                    for i, c in enumerate(r)) + "</tr>")
-    out.append(f"</table><p class='meta'>{e(NOTE)}</p>")
-    return "\n".join(out)
 
 
 def plot(projections: list[Projection], path: Path, title: str = "") -> Path:
@@ -265,5 +216,4 @@ def plot(projections: list[Projection], path: Path, title: str = "") -> Path:
 
 
 def _chunk(p: Projection):
-    v = p.hook_params.get("chunk_size")
-    return int(float(v)) if v not in (None, "", "None") else None
+    return p.hook_params.get("chunk_size")

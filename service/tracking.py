@@ -10,7 +10,11 @@ What a sweep records (the contract the UI, reports and tests rely on):
 - one parent run per sweep invocation (tags ``config_path``, ``git_commit``; the config
   file as an artifact), created by :func:`start_parent_run`;
 - one child run per trial, nested through the ``mlflow.parentRunId`` tag and named
-  ``trial.run_name``, created by :func:`start_child_run` with the trial's params;
+  ``trial.run_name``, created by :func:`start_child_run` with the trial's params and its
+  identity as tags, written once with the run (:func:`identity_tags`: ``trial_key``,
+  ``trial_config``, ``trial_hook``, ``trial_hook_params`` as JSON, ``trial_world_size``,
+  ``trial_seed``, ``trial_link_gbps``); :class:`SweepReader` reads them back as
+  :class:`TrialRecord` objects, so no reader parses run names or string params;
 - rank 0 of the trial logs step metrics and the summary into the child run through a
   batching :class:`MetricLogger` (a single ``log_metric`` costs ~10 ms on SQLite, a
   ``log_batch`` of 1000 points ~0.2 s);
@@ -21,11 +25,13 @@ What a sweep records (the contract the UI, reports and tests rely on):
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -34,6 +40,8 @@ import numpy as np
 from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+
+from service.text import one_line
 
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
@@ -225,14 +233,35 @@ def log_trial_params(run_id: str, trial, cfg, tracking_uri: str | None = None) -
         c.log_batch(run_id, params=params[i:i + _MAX_PARAMS_TAGS_PER_BATCH])
 
 
+# A trial's identity, written as tags when its run is created (never parsed from the run name).
+TRIAL_KEY_TAG = "trial_key"   # TrialSpec.key: what --resume matches on
+_IDENTITY = {"config": "trial_config", "hook": "trial_hook", "hook_params": "trial_hook_params",
+             "world_size": "trial_world_size", "seed": "trial_seed", "link_gbps": "trial_link_gbps"}
+
+
+def identity_tags(trial) -> dict[str, str]:
+    """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
+    name without its world size, seed and link: one label per configuration), hook, hook params
+    as JSON, world size, seed and emulated link ("" on the ordinary network)."""
+    where = f"-w{trial.world_size}-s{trial.seed}"
+    return {TRIAL_KEY_TAG: trial.key,
+            _IDENTITY["config"]: trial.run_name.rpartition(where)[0] or trial.run_name,
+            _IDENTITY["hook"]: trial.hook,
+            _IDENTITY["hook_params"]: json.dumps(dict(trial.hook_params), sort_keys=True),
+            _IDENTITY["world_size"]: str(trial.world_size),
+            _IDENTITY["seed"]: str(trial.seed),
+            _IDENTITY["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps))}
+
+
 def start_child_run(parent_run_id: str, trial, cfg, tracking_uri: str | None = None) -> str:
     """Create a trial's run, nested under the sweep's parent run (same experiment), named
-    ``trial.run_name``, with its params logged; returns its run id."""
+    ``trial.run_name``, with its identity tags (:func:`identity_tags`) and params; returns
+    its run id."""
     c = client(tracking_uri)
     parent = c.get_run(parent_run_id)
     run = c.create_run(
         parent.info.experiment_id,
-        tags={PARENT_TAG: parent_run_id, "role": "trial", "status": "running"},
+        tags={PARENT_TAG: parent_run_id, "role": "trial", "status": "running", **identity_tags(trial)},
         run_name=trial.run_name,
     )
     log_trial_params(run.info.run_id, trial, cfg, tracking_uri)
@@ -433,9 +462,64 @@ class StoreError(Exception):
     """The store cannot answer what was asked (no such store, experiment or sweep): one line."""
 
 
+@dataclass(frozen=True)
+class TrialRecord:
+    """One trial's run as the sweep recorded it: its identity (from the tags written when the run
+    was created, typed again: hook params as the config had them) and what it logged."""
+
+    run_id: str
+    run_name: str
+    key: str                        # TrialSpec.key
+    config: str                     # the configuration's label, e.g. quantization_perchannel-c512
+    hook: str
+    hook_params: dict[str, Any]     # every hook parameter, defaults included, typed
+    world_size: int
+    seed: int
+    link_gbps: float | None         # the emulated link, None on the ordinary network
+    status: str                     # MLflow's: RUNNING | FINISHED | FAILED | KILLED
+    start_time: int                 # epoch ms
+    end_time: int | None
+    metrics: dict[str, float]       # latest value of every metric
+    params: dict[str, str]
+    tags: dict[str, str]
+
+    @classmethod
+    def from_run(cls, run) -> "TrialRecord":
+        tags = run.data.tags
+        missing = [t for t in (TRIAL_KEY_TAG, *_IDENTITY.values()) if t not in tags]
+        if missing:
+            raise StoreError(f"trial run {run.info.run_name or run.info.run_id} ({run.info.run_id}) has no "
+                             f"{missing[0]} tag: it was written by an older version of the service, "
+                             f"which this one cannot read; run the sweep again")
+        link = tags[_IDENTITY["link_gbps"]]
+        return cls(run_id=run.info.run_id, run_name=run.info.run_name or run.info.run_id,
+                   key=tags[TRIAL_KEY_TAG], config=tags[_IDENTITY["config"]], hook=tags[_IDENTITY["hook"]],
+                   hook_params=json.loads(tags[_IDENTITY["hook_params"]]),
+                   world_size=int(tags[_IDENTITY["world_size"]]), seed=int(tags[_IDENTITY["seed"]]),
+                   link_gbps=float(link) if link else None, status=run.info.status,
+                   start_time=run.info.start_time or 0, end_time=run.info.end_time,
+                   metrics=dict(run.data.metrics), params=dict(run.data.params), tags=dict(tags))
+
+    @property
+    def state(self) -> str:
+        """ok | nan | failed | killed | running: how the trial ended (or that it has not)."""
+        if self.status in ("RUNNING", "KILLED", "FAILED"):
+            return self.status.lower()
+        tag = self.tags.get("status")
+        if tag in ("ok", "nan", "failed"):
+            return tag
+        return "nan" if self.metrics.get("nan_detected", 0) >= 1 else "ok"
+
+    @property
+    def ended(self) -> bool:
+        """FINISHED or FAILED: done for --resume (KILLED and RUNNING runs are continued)."""
+        return self.status in ("FINISHED", "FAILED")
+
+
 class SweepReader:
-    """The read side of the contract above, for the report (service/report.py): a sweep's
-    parent run, its trial runs, their metric histories and config; plus attaching files."""
+    """The read side of the contract above, for the report (service/report/), the end-of-sweep
+    table and --resume: a sweep's parent run, its trial records, their metric histories and
+    config; plus recording derived results and attaching files."""
 
     def __init__(self, tracking_uri: str | None = None):
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
@@ -463,7 +547,7 @@ class SweepReader:
             experiment = self.client.get_experiment_by_name(ref)
         except MlflowException as e:
             raise StoreError(f"cannot read the MLflow store at {self.tracking_uri}: "
-                              f"{str(e).splitlines()[0]}") from None
+                              f"{one_line(e, with_type=False)}") from None
         if experiment is None:
             names = sorted(e.name for e in self.client.search_experiments() if e.name != "Default")
             raise StoreError(f"no MLflow experiment or run {ref!r} at {self.tracking_uri} "
@@ -480,14 +564,17 @@ class SweepReader:
     def experiment_name(self, experiment_id: str) -> str:
         return self.client.get_experiment(experiment_id).name
 
-    def child_runs(self, parent) -> list:
-        """The trial runs of a sweep; of several runs of the same trial (tag trial_key, else
-        the run name) the newest wins."""
-        runs = self._search(parent.info.experiment_id,
-                            f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
-        newest = {}
+    def trials(self, parent_run_id: str) -> list["TrialRecord"]:
+        """The trial records of a sweep, one per trial (of several runs of a trial, the newest),
+        oldest first. Raises StoreError (one line) for a run that has no identity tags: one
+        written by a version of the service from before they existed."""
+        parent = self.client.get_run(parent_run_id)
+        runs = self._search(parent.info.experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
+        newest: dict[str, TrialRecord] = {}
         for run in sorted(runs, key=lambda r: r.info.start_time or 0):
-            newest[run.data.tags.get("trial_key") or run.info.run_name or run.info.run_id] = run
+            record = TrialRecord.from_run(run)
+            newest.pop(record.key, None)  # re-inserted: the dict keeps start order
+            newest[record.key] = record
         return list(newest.values())
 
     def history(self, run_id: str, key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -38,14 +38,12 @@ class TrialRuns:
     def open(self, trial: Any, reusable_run_id: str | None = None) -> str:
         """The run id for ``trial`` (a TrialSpec): ``reusable_run_id`` marked RUNNING again (a
         resumed trial continues its interrupted run), else a new child run with its params and
-        the ``trial_key`` tag that --resume matches on."""
+        its identity tags (``trial_key``, which --resume matches on, among them)."""
         if reusable_run_id:
             self._tracking.reopen_run(reusable_run_id, self._tracking_uri)
             return reusable_run_id
-        run_id = self._tracking.start_child_run(self._parent_run_id, trial, self._cfg,
-                                                tracking_uri=self._tracking_uri)
-        self._tracking.set_tags(run_id, self._tracking_uri, trial_key=trial.key)
-        return run_id
+        return self._tracking.start_child_run(self._parent_run_id, trial, self._cfg,
+                                              tracking_uri=self._tracking_uri)
 
     def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
         """Summary metrics the trial's process measured itself (e.g. its emulated link's)."""

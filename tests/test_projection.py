@@ -129,17 +129,31 @@ def test_sweep_without_accounting_gets_an_empty_projection(tmp_path):
     assert path.stat().st_size > 0
 
 
-def test_mlflow_string_params_of_the_compressors_reach_the_cost_model():
+def test_swept_params_of_the_compressors_reach_the_cost_model(tmp_path):
     """MLflow hands params back as strings: a swept topk ratio or qsgd chunk size must price
-    the bytes that trial sent, not the hook's defaults."""
+    the bytes that trial sent, not the hook's defaults. The trial record carries them typed,
+    as the config had them (identity tags written when the run was created)."""
+    from service import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = SweepConfig.model_validate({
+        "name": "projection-params", "workload": {"name": "mlp_digits", "steps": 10},
+        "search": {"hooks": [{"name": "topk", "ratio": 0.1, "error_feedback": True},
+                             {"name": "qsgd", "levels": 7, "chunk_size": 64},
+                             {"name": "signsgd", "chunk_size": 128, "majority_vote": True}],
+                   "world_size": [1], "seed": [0]}})
+    parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
+    for trial in cfg.trials():
+        tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
+    records = {r.hook: r for r in tracking.SweepReader(uri).trials(parent)}
     stats = {"calls": 1, "raw_bytes": 4 * 100_000, "payload_bytes": 0, "allreduce_calls": 0}
-    for hook, params, kwargs in [("topk", {"ratio": "0.1", "error_feedback": "True"}, {"ratio": 0.1}),
-                                 ("qsgd", {"levels": "7", "chunk_size": "64", "error_feedback": "False"},
-                                  {"levels": 7, "chunk_size": 64}),
-                                 ("signsgd", {"chunk_size": "128", "majority_vote": "True"}, {"chunk_size": 128})]:
-        assert projection._hook_kwargs(hook, params) == kwargs
+    for hook, kwargs in [("topk", {"ratio": 0.1}), ("qsgd", {"levels": 7, "chunk_size": 64}),
+                         ("signsgd", {"chunk_size": 128})]:
+        params = records[hook].hook_params
+        assert {k: params[k] for k in kwargs} == kwargs
+        assert all(type(params[k]) is type(v) for k, v in kwargs.items()), params
         got = projection.projected_step_ms(hook, params, stats, 10.0, 8, 10.0)
         expect = 10.0 + 1000 * hooks.cost.hook_seconds(hook, 100_000, 8, 10.0, **kwargs)
         assert got == pytest.approx(expect)
-    assert projection.projected_step_ms("topk", {"ratio": "0.1"}, stats, 0.0, 8, 10.0) > \
+    assert projection.projected_step_ms("topk", records["topk"].hook_params, stats, 0.0, 8, 10.0) > \
         projection.projected_step_ms("topk", {}, stats, 0.0, 8, 10.0)

@@ -1,4 +1,4 @@
-"""service.recommend on synthetic trials: time to target, paired gaps with t-intervals, the
+"""service.report.recommend on synthetic trials: time to target, paired gaps with t-intervals, the
 ranking (issue 16)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service import recommend
-from service.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
+from service.report import recommend
+from service.report.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
 
 
 def test_time_to_target_interpolates_between_evals():

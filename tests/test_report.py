@@ -28,7 +28,8 @@ mlflow = pytest.importorskip("mlflow")  # part of the service extra: always inst
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 
-from service import plots, report  # noqa: E402
+from service import plots, report, tracking  # noqa: E402
+from service.config import TrialSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -55,20 +56,31 @@ def _loss_curve(seed: int, scale: float, steps: int) -> np.ndarray:
     return 2.3 * np.exp(-t / 8.0) * scale + 0.05 + rng.uniform(0, 0.02, steps)
 
 
+def _hook_params(hook, chunk):
+    """Every hook param, defaults included, as the sweep's TrialSpec holds them."""
+    params = {"chunk_size": chunk} if chunk else {}
+    if hook.startswith("quantization"):
+        params["error_feedback"] = False
+    return params
+
+
+def _trial_tags(hook, chunk, world_size, seed):
+    """The identity tags the sweep writes when it creates a trial's run (service.tracking)."""
+    spec = TrialSpec(hook=hook, hook_params=_hook_params(hook, chunk), world_size=world_size, seed=seed)
+    return tracking.identity_tags(spec)
+
+
 def _log_trial(client, exp_id, parent_id, hook, chunk, world_size, seed, loss, accuracy,
                bytes_per_step, samples_per_s, state="ok", first_nan_step=None, error=None):
-    """One child run, shaped like issue 3's contract. Returns what was logged."""
+    """One child run, shaped like the sweep's contract (service/tracking.py). Returns what was logged."""
     name = f"{hook}{f'-c{chunk}' if chunk else ''}-w{world_size}-s{seed}"
     run = client.create_run(exp_id, run_name=name,
-                            tags={"mlflow.parentRunId": parent_id})
+                            tags={**_trial_tags(hook, chunk, world_size, seed), "mlflow.parentRunId": parent_id})
     params = {"hook": hook, "world_size": world_size, "seed": seed, "workload": "mlp_digits",
               "global_batch_size": 256, "steps": STEPS, "lr": 0.05, "optimizer": "sgd",
               "grad_accumulation": 1, "backend": "gloo", "torch_version": "2.13.0",
               "ray_version": "2.60.0"}
-    if chunk:
-        params["chunk_size"] = chunk
-    if hook.startswith("quantization"):  # the sweep logs every hook param, defaults included
-        params["error_feedback"] = False
+    params.update(_hook_params(hook, chunk))  # the sweep logs every hook param, defaults included
     now = int(time.time() * 1000)
     metrics = [Metric("loss", float(v), now + i, i) for i, v in enumerate(loss)]
     metrics += [Metric("step_time_ms", 5.0 + 0.1 * i, now + i, i) for i in range(len(loss))]
@@ -141,7 +153,8 @@ def store(tmp_path_factory):
                    _loss_curve(0, 1.0, STEPS), 0.95, 40000.0, 3500.0),
     ]
     unfinished = client.create_run(exp_id, run_name="quantization_pertensor-w2-s0",
-                                   tags={"mlflow.parentRunId": running_parent.info.run_id})
+                                   tags={**_trial_tags("quantization_pertensor", None, 2, 0),
+                                         "mlflow.parentRunId": running_parent.info.run_id})
     # Restarted from a checkpoint at step 4 in the same run: steps 4-6 are logged again.
     client.log_batch(unfinished.info.run_id,
                      metrics=[Metric("loss", 2.0 - 0.1 * i, 0, i) for i in range(7)]
@@ -149,7 +162,8 @@ def store(tmp_path_factory):
                      params=[Param("hook", "quantization_pertensor"), Param("world_size", "2"),
                              Param("seed", "0")])
     killed = client.create_run(exp_id, run_name="quantization_perchannel-c128-w2-s0",
-                               tags={"mlflow.parentRunId": running_parent.info.run_id})
+                               tags={**_trial_tags("quantization_perchannel", 128, 2, 0),
+                                     "mlflow.parentRunId": running_parent.info.run_id})
     client.log_batch(killed.info.run_id,
                      metrics=[Metric("loss", 2.0 - 0.1 * i, 0, i) for i in range(4)],
                      params=[Param("hook", "quantization_perchannel"), Param("chunk_size", "128"),
@@ -462,3 +476,18 @@ def test_report_html_renders_in_headless_chromium(store, tmp_path):
     shot.unlink(missing_ok=True)
     run_chromium(["--window-size=1280,4200", f"--screenshot={shot}", html_path.as_uri()], tmp_path)
     assert shot.stat().st_size > 20_000
+
+
+def test_report_html_escapes_what_mlflow_holds():
+    """report.html is rendered from its Jinja2 template with autoescape: names and texts read from
+    MLflow (an experiment name, the attached config) are text on the page, never markup."""
+    from service.report.render import render_html
+
+    sweep = report.Sweep(experiment="<b>exp</b>", parent_run_id="p" * 32, parent_name="n",
+                         parent_status="FINISHED", started="2026-01-01 00:00 UTC",
+                         tracking_uri="sqlite:///x.db", config_name="c.yaml",
+                         config_text="name: <script>alert(1)</script>")
+    page = render_html(sweep, [], [], {}, "final_loss", [])
+    assert "<script>" not in page and "<b>exp</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Sweep report: &lt;b&gt;exp&lt;/b&gt;" in page
+    assert "No trial has finished yet" in page and "No trial logged the per-step accounting" in page

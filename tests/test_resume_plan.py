@@ -1,6 +1,7 @@
 """--resume picks the right sweep: the experiment's latest sweep *of the same config*.
 
-Real SQLite MLflow store, runs written through service.tracking as the sweep writes them; no
+Real SQLite MLflow store, runs written through service.tracking as the sweep writes them (the
+trial_key tag --resume matches on comes with the run: tracking.identity_tags); no
 Ray (the interrupted-sweep path end to end is tests/test_resume.py).
 """
 from __future__ import annotations
@@ -28,7 +29,6 @@ def interrupted_sweep(cfg: SweepConfig, uri: str, finished: int) -> tuple[str, l
     run_ids = []
     for i, trial in enumerate(cfg.trials()[: finished + 1]):
         run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
-        tracking.set_tags(run_id, uri, trial_key=trial.key)
         tracking.end_run(run_id, "FINISHED" if i < finished else "KILLED", tracking_uri=uri)
         run_ids.append(run_id)
     tracking.end_run(parent, "KILLED", tracking_uri=uri)
@@ -69,3 +69,15 @@ def test_resume_of_a_changed_config_is_refused_in_one_line(uri):
 def test_resume_without_any_sweep_is_refused(uri):
     with pytest.raises(SweepError, match="no earlier sweep"):
         plan_resume(make_cfg(), make_cfg().trials(), uri)
+
+
+def test_resume_of_a_sweep_with_runs_from_an_older_version_is_refused_in_one_line(uri):
+    """Runs without the trial identity tags (an older version wrote them) are not guessed at."""
+    cfg = make_cfg()
+    parent, _ = interrupted_sweep(cfg, uri, finished=0)
+    client = tracking.client(uri)
+    client.create_run(client.get_run(parent).info.experiment_id, run_name="fp16_compress-w1-s0",
+                      tags={tracking.PARENT_TAG: parent})
+    with pytest.raises(SweepError, match="cannot resume: .*older version") as err:
+        plan_resume(cfg, cfg.trials(), uri)
+    assert "\n" not in str(err.value)

@@ -6,7 +6,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from service import tracking
-from service.config import SweepConfig
+from service.config import SweepConfig, TrialSpec
 
 
 def make_cfg(name: str = "track", **workload) -> SweepConfig:
@@ -83,11 +83,10 @@ def test_child_run_logs_each_hook_param_by_its_own_name(store, parent):
     uri, _ = store
     parent_id, cfg, _ = parent
 
-    class Trial:  # any object with the TrialSpec attributes
-        hook, hook_params, world_size, seed = "quantization_perchannel", {"chunk_size": 128}, 1, 3
-        run_name = "quantization_perchannel-c128-w1-s3"
+    trial = TrialSpec(hook="quantization_perchannel", hook_params={"chunk_size": 128}, world_size=1, seed=3)
+    assert trial.run_name == "quantization_perchannel-c128-w1-s3"
 
-    child_id = tracking.start_child_run(parent_id, Trial, cfg, tracking_uri=uri)
+    child_id = tracking.start_child_run(parent_id, trial, cfg, tracking_uri=uri)
     params = MlflowClient(uri).get_run(child_id).data.params
     assert params["chunk_size"] == "128" and params["hook"] == "quantization_perchannel"
 
@@ -165,3 +164,37 @@ def test_end_run_finished_keeps_the_workers_status_and_truncates_long_errors(sto
     assert len(error) <= 8000 and error.endswith("the last line")
     with pytest.raises(ValueError, match="FINISHED, FAILED, KILLED"):
         tracking.end_run(failed, "DONE", tracking_uri=uri)
+
+
+def test_a_trials_identity_is_written_with_its_run_and_read_back_typed(store, parent):
+    """The trial record (issue 14, item 2): key, configuration label, typed hook params, world
+    size, seed and link come from the tags written when the run was created, not from its name;
+    of two runs of one trial the newest is the record; a run without those tags is refused."""
+    uri, _ = store
+    parent_id, _, _ = parent
+    cfg = SweepConfig.model_validate({**make_cfg().model_dump(exclude_none=True),
+                                      "network": {"link_gbps": 2.5}})
+    trial = TrialSpec(hook="powersgd", world_size=2, seed=1, link_gbps=2.5,
+                      hook_params={"rank": 4, "start_iter": 10, "error_feedback": True,
+                                   "warm_start": True, "orthogonalization_epsilon": 1e-08})
+    exp_id = MlflowClient(uri).get_run(parent_id).info.experiment_id
+    sub_parent = MlflowClient(uri).create_run(exp_id, run_name="records").info.run_id
+    first = tracking.start_child_run(sub_parent, trial, cfg, tracking_uri=uri)
+    tracking.end_run(first, "FAILED", error="boom", tracking_uri=uri)
+    second = tracking.start_child_run(sub_parent, trial, cfg, tracking_uri=uri)
+    [record] = tracking.SweepReader(uri).trials(sub_parent)
+    assert record.run_id == second and record.status == "RUNNING" and record.state == "running"
+    assert record.key == trial.key and record.run_name == trial.run_name == "powersgd-rank4-w2-s1-2.5gbps"
+    assert record.config == "powersgd-rank4"  # the run name without world size, seed and link
+    assert record.hook_params == trial.hook_params
+    assert type(record.hook_params["rank"]) is int and record.hook_params["error_feedback"] is True
+    assert (record.hook, record.world_size, record.seed, record.link_gbps) == ("powersgd", 2, 1, 2.5)
+    tracking.end_run(second, "FINISHED", tracking_uri=uri)
+    [record] = tracking.SweepReader(uri).trials(sub_parent)
+    assert record.ended and record.state == "ok"
+
+    MlflowClient(uri).create_run(exp_id, run_name="allreduce-w1-s0",
+                                 tags={"mlflow.parentRunId": sub_parent})  # an older version's run
+    with pytest.raises(tracking.StoreError, match="older version") as err:
+        tracking.SweepReader(uri).trials(sub_parent)
+    assert "\n" not in str(err.value) and "allreduce-w1-s0" in str(err.value)

@@ -36,28 +36,25 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -
     """One row per trial of the sweep, from its MLflow child run (trials in grid order)."""
     from service import tracking
 
-    by_key: dict[str, Any] = {}
-    for run in tracking.child_runs(parent_run_id, tracking_uri):
-        key = run.data.tags.get("trial_key") or run.info.run_name
-        by_key[key] = run  # the newest run of a trial wins
+    by_key = {r.key: r for r in tracking.SweepReader(tracking_uri).trials(parent_run_id)}
     rows = []
     for trial in trials:
-        run = by_key.get(trial.key) or by_key.get(trial.run_name)
+        record = by_key.get(trial.key)
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
                                "params": " ".join([f"{k}={v}" for k, v in trial.non_default_params().items()]
                                                   + ([f"link={trial.link_gbps:g}Gbit/s"]
                                                      if trial.link_gbps is not None else [])),
                                "world_size": trial.world_size, "seed": trial.seed}
-        if run is None:
+        if record is None:
             row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,
                        error="")
         else:
-            row.update({m: run.data.metrics.get(m) for m in TABLE_METRICS})
-            tags = run.data.tags
-            row["status"] = tags.get("status", run.info.status.lower())  # ok | nan | failed | killed
+            row.update({m: record.metrics.get(m) for m in TABLE_METRICS})
+            tags = record.tags
+            row["status"] = tags.get("status", record.status.lower())  # ok | nan | failed | killed
             row["nan_source"] = tags.get("nan_source", "")
             row["error"] = (tags.get("error") or "").splitlines()[0] if tags.get("error") else ""
-            row["run_id"] = run.info.run_id
+            row["run_id"] = record.run_id
         rows.append(row)
     return rows
 

@@ -29,15 +29,11 @@ def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
         raise SweepError(f"nothing to resume: no earlier sweep of experiment {cfg.name!r} in {tracking_uri}; "
                          f"run it without --resume")
     parent = same[0]
-    done, reusable = set(), {}
-    for run in tracking.child_runs(parent.info.run_id, tracking_uri):
-        key = run.data.tags.get("trial_key")
-        if not key:
-            continue
-        if run.info.status in ("FINISHED", "FAILED"):
-            done.add(key)
-            reusable.pop(key, None)
-        elif key not in done:
-            reusable[key] = run.info.run_id
+    try:
+        records = tracking.SweepReader(tracking_uri).trials(parent.info.run_id)
+    except tracking.StoreError as e:
+        raise SweepError(f"cannot resume: {e}") from None
+    done = {r.key for r in records if r.ended}
+    reusable = {r.key: r.run_id for r in records if not r.ended}
     pending = [t for t in trials if t.key not in done]
     return parent.info.run_id, reusable, pending

@@ -1,0 +1,23 @@
+"""The sweep report: plots, summary tables and report.html, rebuilt from MLflow alone
+(``python -m service.report``).
+
+    data.py       trial records (service.tracking.SweepReader) -> Sweep, aggregated into typed rows
+    recommend.py  which configuration to use: time to target, paired quality gaps, the ranking
+    render.py     markdown / CSV tables, the headline, report.html from templates/report.html.j2
+    build.py      build_report: every file written into a folder and attached to the parent run
+    cli.py        the command line
+
+The names below are the package's interface (service.sweep builds the report at the end of a
+sweep; tests read the data the plots are drawn from).
+"""
+
+from service.report.build import REPORT_FILES, build_report
+from service.report.cli import main
+from service.report.data import (LossCurve, ReportError, Sweep, Trial, TradeoffPoint, load_sweep,
+                                 loss_curve_data, open_store, recommendations, summary_rows,
+                                 throughput_data, tradeoff_data)
+from service.report.render import headline
+
+__all__ = ["REPORT_FILES", "LossCurve", "ReportError", "Sweep", "Trial", "TradeoffPoint", "build_report",
+           "headline", "load_sweep", "loss_curve_data", "main", "open_store", "recommendations",
+           "summary_rows", "throughput_data", "tradeoff_data"]

@@ -1,0 +1,78 @@
+"""Building a sweep's report: read it, draw it, write every file, record the answer in MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from service.report import recommend
+from service.report.data import (ReportError, Sweep, load_sweep, loss_curve_data, open_store,
+                                 recommendations, summary_rows, throughput_data, tradeoff_data)
+from service.report.render import render_html, summary_markdown, write_summary_csv
+from service.text import one_line
+
+REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
+                "report.html", "projected_throughput.png")
+
+
+def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: Path | None = None,
+                 attach: bool = True) -> Path:
+    """Write every report file for the sweep whose parent run is `parent_run_id` into
+    `out_dir` (default results/report-<id8>), attach them to the parent run when `attach`,
+    and return the path of report.html. Raises ReportError for problems the user can fix."""
+    from service import plots, projection  # here: `--help` and the package import stay light
+    from service.tracking import StoreError
+
+    reader = open_store(tracking_uri)
+    try:
+        parent_run_id = reader.resolve_parent(parent_run_id)
+    except StoreError as e:
+        raise ReportError(str(e)) from None
+    sweep = load_sweep(reader, parent_run_id)
+    out_dir = Path(out_dir) if out_dir is not None else Path("results") / f"report-{parent_run_id[:8]}"
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"cannot create {out_dir}: {e.strerror}") from None
+
+    rows = summary_rows(sweep)
+    recs = recommendations(sweep)
+    quality_metric, tradeoff = tradeoff_data(sweep)
+    images = {
+        "loss_curves": plots.plot_loss_curves(loss_curve_data(sweep), out_dir / "loss_curves.png",
+                                              title=sweep.experiment),
+        "throughput": plots.plot_throughput(throughput_data(sweep), out_dir / "throughput.png",
+                                            title=sweep.experiment),
+        "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
+                                        title=sweep.experiment),
+    }
+    projections = projection.project(sweep)  # hooks.cost at W = 8, 64, 512 (service/projection.py)
+    projected = projection.plot(projections, out_dir / projection.IMAGE, title=sweep.experiment)
+    if projections:  # trials from before the accounting was logged: the table says so, no plot
+        images["projected_throughput"] = projected
+    write_summary_csv(rows, out_dir / "summary.csv")
+    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs)
+                                        + projection.markdown(projections))
+    report = out_dir / "report.html"
+    report.write_text(render_html(sweep, rows, recs, images, quality_metric, projections))
+    if attach:
+        try:
+            record_answer(reader, sweep, recs)
+            reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
+        except Exception as e:
+            raise ReportError(f"report written to {out_dir}, but attaching it to run "
+                              f"{parent_run_id} failed: {one_line(e, with_type=False)}") from None
+    return report
+
+
+def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) -> None:
+    """Into MLflow: each trial's time_to_target_s (absent when never reached) and
+    time_to_target_interpolated, and on the parent run the answer per world size and link as
+    tags recommended.w{W}.{link} = configuration, so the UI shows it without the report."""
+    for t in sweep.trials:
+        if t.time_to_target is not None and t.time_to_target.seconds is not None:
+            reader.record(t.run_id, metrics={
+                "time_to_target_s": t.time_to_target.seconds,
+                "time_to_target_interpolated": float(t.time_to_target.interpolated)})
+    tags = {r.key: r.choice.config for r in recs if r.choice is not None}
+    tags["target_tolerance"] = repr(sweep.tolerance)
+    reader.record(sweep.parent_run_id, tags=tags)

@@ -1,0 +1,422 @@
+"""The sweep as data: trial records read from MLflow, aggregated into the typed rows every plot,
+table and recommendation is drawn from (tests compare these with what MLflow holds).
+
+    open_store()      service.tracking.SweepReader (tracking.py is the only MLflow module)
+    load_sweep()      -> Sweep: the parent run and one Trial per trial record, histories included
+    *_data(), summary_rows(), recommendations()   the numbers of the plots, tables and answer
+
+Everything comes from what the sweep recorded (service/tracking.py's contract): one parent run
+per sweep, one nested child run per trial carrying its identity as tags (tracking.TrialRecord),
+step metrics ``loss``, ``eval_loss``, ``eval_accuracy``, ``step_time_ms``, summary metrics
+``samples_per_s``, ``comm_bytes_per_step``, ...; tag ``status`` (ok | nan | failed). So a report
+can be rebuilt for a finished sweep, one still running, or one that was interrupted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from service.report import recommend
+from service.report.recommend import BASELINE_HOOK, LOOPBACK
+
+if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
+    from service.tracking import TrialRecord
+
+SUMMARY_METRICS = (
+    "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
+    "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
+    "nan_detected", "first_nan_step",
+)
+_HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
+_EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))
+
+
+class ReportError(Exception):
+    """A problem the user can fix (unknown id, unreachable store): printed as one line."""
+
+
+def open_store(tracking_uri: str | None = None):
+    """The sweep reader of service.tracking (the only MLflow module), its errors as ReportError."""
+    from service import tracking  # imported here: `--help` should not wait for mlflow
+
+    try:
+        return tracking.SweepReader(tracking_uri)
+    except tracking.StoreError as e:
+        raise ReportError(str(e)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The sweep as data
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Trial:
+    """One trial: its record (identity, status, logged metrics) and its step-metric histories."""
+
+    record: TrialRecord
+    loss: tuple[np.ndarray, np.ndarray] = _EMPTY
+    eval_accuracy: tuple[np.ndarray, np.ndarray] = _EMPTY
+    eval_loss: tuple[np.ndarray, np.ndarray] = _EMPTY
+    step_time_ms: tuple[np.ndarray, np.ndarray] = _EMPTY
+    time_to_target: recommend.TimeToTarget | None = None   # set by load_sweep
+
+    run_id = property(lambda self: self.record.run_id)
+    run_name = property(lambda self: self.record.run_name)
+    hook = property(lambda self: self.record.hook)
+    hook_params = property(lambda self: self.record.hook_params)
+    world_size = property(lambda self: self.record.world_size)
+    seed = property(lambda self: self.record.seed)
+    config = property(lambda self: self.record.config)   # one label per configuration
+    state = property(lambda self: self.record.state)     # ok | nan | failed | killed | running
+    error = property(lambda self: self.record.tags.get("error"))
+    nan_source = property(lambda self: self.record.tags.get("nan_source"))
+
+    @property
+    def link(self) -> str:
+        """"1 Gbit/s" for a trial on an emulated link, "loopback" for one on this host's loopback."""
+        gbps = self.record.link_gbps
+        return LOOPBACK if gbps is None else f"{gbps:g} Gbit/s"
+
+    @property
+    def chunk_size(self) -> int | None:
+        return self.hook_params.get("chunk_size")
+
+    def metric(self, key: str) -> float:
+        """A summary metric as logged (latest value); NaN when never logged."""
+        return self.record.metrics.get(key, math.nan)
+
+    @property
+    def stop_step(self) -> int | None:
+        """Where a NaN trial stopped: first_nan_step if logged, else its last loss step."""
+        if self.state != "nan":
+            return None
+        first = self.metric("first_nan_step")
+        if math.isfinite(first):
+            return int(first)
+        return int(self.loss[0][-1]) if len(self.loss[0]) else None
+
+
+@dataclass
+class Sweep:
+    experiment: str
+    parent_run_id: str
+    parent_name: str
+    parent_status: str             # MLflow status of the parent run: RUNNING, FINISHED, ...
+    started: str
+    tracking_uri: str
+    config_name: str | None
+    config_text: str | None
+    trials: list[Trial] = field(default_factory=list)
+    tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
+
+    @property
+    def world_sizes(self) -> list[int]:
+        return sorted({t.world_size for t in self.trials})
+
+    @property
+    def complete(self) -> bool:
+        return (self.parent_status == "FINISHED"
+                and all(t.state in ("ok", "nan", "failed") for t in self.trials))
+
+
+def load_sweep(reader, parent_run_id: str) -> Sweep:
+    """The sweep of ``parent_run_id`` from ``reader`` (a tracking.SweepReader); ReportError for
+    a sweep it cannot read."""
+    from service import tracking
+
+    parent = reader.get_run(parent_run_id)
+    config = reader.config_text(parent_run_id)
+    try:
+        records = reader.trials(parent_run_id)
+    except tracking.StoreError as e:
+        raise ReportError(str(e)) from None
+    sweep = Sweep(
+        experiment=reader.experiment_name(parent.info.experiment_id),
+        parent_run_id=parent_run_id,
+        parent_name=parent.info.run_name or parent_run_id,
+        parent_status=parent.info.status,
+        started=datetime.fromtimestamp((parent.info.start_time or 0) / 1000, timezone.utc)
+        .strftime("%Y-%m-%d %H:%M UTC"),
+        tracking_uri=reader.tracking_uri,
+        config_name=config[0] if config else None,
+        config_text=config[1] if config else None,
+        tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
+        trials=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
+    )
+    sweep.trials.sort(key=_trial_order)
+    _time_to_target(sweep)
+    return sweep
+
+
+def _time_to_target(sweep: Sweep) -> None:
+    """Each trial's time to the target eval loss: the baseline's final eval loss at the same
+    world size, link and seed, plus the sweep's tolerance (service/report/recommend.py)."""
+    targets = {(t.world_size, t.link, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
+               for t in sweep.trials if t.config == BASELINE_HOOK and t.state == "ok"}
+    for t in sweep.trials:
+        target = targets.get((t.world_size, t.link, t.seed))
+        if target is None or t.state != "ok" or not len(t.eval_loss[0]):
+            continue
+        t.time_to_target = recommend.time_to_target(*t.eval_loss, *t.step_time_ms, target)
+
+
+def _config_order(hook: str, hook_params: dict):
+    """allreduce first, then by hook, chunk size, the other parameters (as text: any type)."""
+    chunk = hook_params.get("chunk_size")
+    return (hook != BASELINE_HOOK, hook, -1 if chunk is None else chunk,
+            sorted((k, str(v)) for k, v in hook_params.items()))
+
+
+def _trial_order(t: Trial):
+    return (t.world_size, link_order(t.link), _config_order(t.hook, t.hook_params), t.seed)
+
+
+def link_order(link: str) -> float:
+    """Slowest link first, loopback last."""
+    return math.inf if link == LOOPBACK else float(link.split()[0])
+
+
+def with_link(config: str, link: str) -> str:
+    """A configuration's label in plots: with its link when it ran on an emulated one."""
+    return config if link == LOOPBACK else f"{config} @{link}"
+
+
+def _mean_std(values: list[float]) -> tuple[float, float, int]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, 0
+    return (float(np.mean(finite)), float(np.std(finite, ddof=1)) if len(finite) > 1 else 0.0,
+            len(finite))
+
+
+# --------------------------------------------------------------------------------------------
+# The data the plots and tables are drawn from
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class LossCurve:
+    """One line of loss_curves.png: a configuration at a world size, over its seeds."""
+
+    config: str
+    hook: str
+    chunk_size: int | None
+    world_size: int
+    run_ids: list[str]
+    steps: np.ndarray              # every step at which some seed logged a finite loss
+    mean: np.ndarray               # mean over the seeds with a finite loss at that step
+    std: np.ndarray                # sample std over those seeds (0 where only one)
+    count: np.ndarray              # how many seeds contribute at that step
+    stops: list[tuple[str, int, float, str]]   # (run_id, step, loss there, "nan" | "failed")
+
+
+def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
+    """Per world size, one LossCurve per configuration (seeds averaged, band = ±std)."""
+    groups: dict[tuple[int, str], list[Trial]] = defaultdict(list)
+    for t in sweep.trials:
+        groups[(t.world_size, with_link(t.config, t.link))].append(t)
+    curves: dict[int, list[LossCurve]] = defaultdict(list)
+    for (world_size, config), trials in groups.items():
+        by_step: dict[int, list[float]] = defaultdict(list)
+        stops = []
+        for t in trials:
+            steps, values = t.loss
+            finite = np.isfinite(values)
+            for s, v in zip(steps[finite], values[finite]):
+                by_step[int(s)].append(float(v))
+            if t.state in ("nan", "failed") and finite.any():
+                last = int(np.flatnonzero(finite)[-1])
+                stop = t.stop_step if t.state == "nan" else int(steps[last])
+                stops.append((t.run_id, stop if stop is not None else int(steps[last]),
+                              float(values[last]), t.state))
+        ordered = sorted(by_step)
+        curves[world_size].append(LossCurve(
+            config=config, hook=trials[0].hook, chunk_size=trials[0].chunk_size,
+            world_size=world_size, run_ids=[t.run_id for t in trials],
+            steps=np.array(ordered, dtype=np.int64),
+            mean=np.array([np.mean(by_step[s]) for s in ordered]),
+            std=np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0
+                          for s in ordered]),
+            count=np.array([len(by_step[s]) for s in ordered], dtype=np.int64),
+            stops=stops,
+        ))
+    for world_size in curves:
+        curves[world_size].sort(key=lambda c: _config_order(c.hook, _params_of(sweep, c)))
+    return dict(sorted(curves.items()))
+
+
+def _params_of(sweep: Sweep, curve: LossCurve) -> dict:
+    return next(t.hook_params for t in sweep.trials if t.run_id == curve.run_ids[0])
+
+
+@dataclass
+class SummaryRow:
+    """One configuration at one world size, over its seeds. Metrics average the trials that
+    ended ok; `states` says what happened to the others."""
+
+    config: str
+    hook: str
+    hook_params: dict
+    world_size: int
+    seeds: list[int]
+    states: dict[str, int]
+    run_ids: list[str]
+    stats: dict[str, tuple[float, float, int]]   # metric -> (mean, std, n); incl. loss_gap
+    link: str = LOOPBACK
+
+    @property
+    def n_ok(self) -> int:
+        return self.states.get("ok", 0)
+
+    @property
+    def all_ok(self) -> bool:
+        return self.n_ok == sum(self.states.values())
+
+    @property
+    def chunk_size(self) -> int | None:
+        return self.hook_params.get("chunk_size")
+
+    def mean(self, key: str) -> float:
+        return self.stats.get(key, (math.nan, math.nan, 0))[0]
+
+    def std(self, key: str) -> float:
+        return self.stats.get(key, (math.nan, math.nan, 0))[1]
+
+
+def summary_rows(sweep: Sweep) -> list[SummaryRow]:
+    """The summary table: one row per (configuration, world size, link), plus `loss_gap` =
+    final loss minus allreduce's at the same world size, link and seed (paired per seed, then
+    averaged) and `time_to_target_s` (over the seeds that reached the target)."""
+    baseline = {(t.world_size, t.link, t.seed): t.metric("final_loss") for t in sweep.trials
+                if t.hook == BASELINE_HOOK and not t.hook_params and t.state == "ok"}
+    groups: dict[tuple[int, str, str], list[Trial]] = defaultdict(list)
+    for t in sweep.trials:
+        groups[(t.world_size, t.link, t.config)].append(t)
+    rows = []
+    for (world_size, link, config), trials in groups.items():
+        ok = [t for t in trials if t.state == "ok"]
+        stats = {key: _mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
+                 if key not in ("nan_detected", "first_nan_step")}
+        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, link, t.seed)]
+                                       for t in ok if (world_size, link, t.seed) in baseline])
+        stats["time_to_target_s"] = _mean_std([t.time_to_target.seconds for t in ok
+                                               if t.time_to_target and t.time_to_target.seconds is not None])
+        stats["first_nan_step"] = _mean_std([t.metric("first_nan_step") for t in trials
+                                             if t.state == "nan"])
+        states: dict[str, int] = defaultdict(int)
+        for t in trials:
+            states[t.state] += 1
+        rows.append(SummaryRow(config=config, hook=trials[0].hook,
+                               hook_params=trials[0].hook_params, world_size=world_size,
+                               seeds=sorted(t.seed for t in trials), states=dict(states),
+                               run_ids=[t.run_id for t in trials], stats=stats, link=link))
+    rows.sort(key=lambda r: (r.world_size, link_order(r.link), _config_order(r.hook, r.hook_params)))
+    return rows
+
+
+@dataclass
+class ThroughputLine:
+    config: str
+    hook: str
+    chunk_size: int | None
+    world_sizes: list[int]
+    mean: list[float]
+    std: list[float]
+
+
+def throughput_data(sweep: Sweep) -> list[ThroughputLine]:
+    """samples/s against world size, one line per configuration (trials that ended ok)."""
+    lines: dict[str, ThroughputLine] = {}
+    for row in summary_rows(sweep):
+        mean, std, n = row.stats["samples_per_s"]
+        if n == 0:
+            continue
+        label = with_link(row.config, row.link)
+        line = lines.setdefault(label, ThroughputLine(label, row.hook, row.chunk_size, [], [], []))
+        line.world_sizes.append(row.world_size)
+        line.mean.append(mean)
+        line.std.append(std)
+    return list(lines.values())
+
+
+@dataclass
+class TradeoffPoint:
+    config: str
+    hook: str
+    world_size: int
+    bytes_per_step: float
+    quality: float                 # eval accuracy (higher is better) or final loss (lower)
+    quality_std: float
+    on_front: bool = False
+    chunk_size: int | None = None
+
+
+def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
+    """(quality metric name, per world size the points of tradeoff.png with the Pareto front
+    marked). Quality is final eval accuracy, or final loss when no trial logged accuracy.
+    World size 1 is left out when larger ones exist: it sends nothing."""
+    rows = summary_rows(sweep)
+    metric = ("final_eval_accuracy" if any(r.stats["final_eval_accuracy"][2] for r in rows)
+              else "final_loss")
+    points: dict[int, list[TradeoffPoint]] = defaultdict(list)
+    for row in rows:
+        bytes_mean, _, n_bytes = row.stats["comm_bytes_per_step"]
+        quality, quality_std, n_quality = row.stats[metric]
+        if n_bytes and n_quality:
+            points[row.world_size].append(TradeoffPoint(
+                with_link(row.config, row.link), row.hook, row.world_size, bytes_mean, quality, quality_std,
+                chunk_size=row.chunk_size))
+    if any(w > 1 for w in points):
+        points.pop(1, None)
+    better = (lambda a, b: a >= b) if metric == "final_eval_accuracy" else (lambda a, b: a <= b)
+    for group in points.values():
+        for p in group:
+            p.on_front = not any(
+                q is not p and q.bytes_per_step <= p.bytes_per_step and better(q.quality, p.quality)
+                and (q.bytes_per_step < p.bytes_per_step or q.quality != p.quality)
+                for q in group)
+    return metric, dict(sorted(points.items()))
+
+
+# --------------------------------------------------------------------------------------------
+# Which configuration to use (the rule: service/report/recommend.py)
+# --------------------------------------------------------------------------------------------
+
+def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
+    """Per (world size, link): recommend.recommend's answer over the sweep's configurations."""
+    groups: dict[tuple[int, str], dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
+    for t in sweep.trials:
+        groups[(t.world_size, t.link)][t.config].append(t)
+    out = []
+    for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
+        candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance))
+    return out
+
+
+def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
+    ok = [t for t in trials if t.state == "ok"]
+    states: dict[str, int] = defaultdict(int)
+    for t in trials:
+        states[t.state] += 1
+    return recommend.Candidate(
+        config=config, hook=trials[0].hook, ok=len(ok) == len(trials),
+        states=", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f" of {len(trials)} trial(s)",
+        final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
+        time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
+        spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
+                  for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
+        samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
+        bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
+    )
+
+
+def _measured_ms(t: Trial) -> np.ndarray:
+    """Step times without the first ones (warm-up: compilation, first bucket rebuild)."""
+    ms = t.step_time_ms[1]
+    return ms[min(5, len(ms) // 4):]

@@ -1,0 +1,204 @@
+"""The report's text: markdown and CSV tables, the headline, and report.html rendered from the
+Jinja2 template templates/report.html.j2 (autoescaped: every value from MLflow is text)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import math
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import jinja2
+
+from service.report import recommend
+from service.report.data import SummaryRow, Sweep, link_order
+from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.text import format_bytes
+
+
+# --------------------------------------------------------------------------------------------
+# The answer in a sentence
+# --------------------------------------------------------------------------------------------
+
+def headline(recs: list[recommend.Recommendation]) -> str:
+    """The answer in a sentence: the choice at the largest world size that communicates, on
+    the slowest link measured."""
+    with_comm = [r for r in recs if r.world_size > 1] or recs
+    if not with_comm:
+        return "No trial has finished yet: nothing to recommend."
+    top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
+    where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
+    if top.choice is None:
+        return f"At {where}: {top.reason}."
+    return f"Use {top.choice.config} at {where}: {top.reason}."
+
+
+_RULE = ("Time to target: training seconds (the sum of measured step times, eval excluded) until "
+         "the eval loss first reaches allreduce's final eval loss at the same world size, link and "
+         "seed plus {tolerance:.0%}. The recommendation ranks by that time among configurations whose "
+         "every trial ended ok and whose paired eval-loss gap to allreduce has its 95% interval "
+         "within +{tolerance:.0%}; then by throughput, then bytes. A configuration is called faster "
+         "only by more than the spread of the times (step-time IQR, seed scatter); otherwise it is "
+         "the same speed here and allreduce is kept.")
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+_COLUMNS = [  # (header, metric, formatter of the mean, formatter of the std)
+    ("time to target (s)", "time_to_target_s", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
+    ("final eval loss", "final_eval_loss", lambda v: f"{v:.4g}", lambda v: f"{v:.2g}"),
+    ("final loss", "final_loss", lambda v: f"{v:.4g}", lambda v: f"{v:.2g}"),
+    (f"loss gap to {BASELINE_HOOK}", "loss_gap", lambda v: f"{v:+.3g}", lambda v: f"{v:.2g}"),
+    ("eval accuracy", "final_eval_accuracy", lambda v: f"{v:.3f}", lambda v: f"{v:.3f}"),
+    ("samples/s", "samples_per_s", lambda v: f"{v:,.0f}", lambda v: f"{v:,.0f}"),
+    ("step ms (median)", "step_time_ms_median", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
+    ("step ms IQR", "step_time_ms_iqr", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
+    ("bytes/step", "comm_bytes_per_step", format_bytes, format_bytes),
+    ("compression", "compression_ratio", lambda v: f"{v:.2f}x", lambda v: f"{v:.2f}"),
+    ("hook ms", "hook_time_ms", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
+]
+
+
+def _cell(row: SummaryRow, metric: str, fmt, fmt_std) -> str:
+    mean, std, n = row.stats.get(metric, (math.nan, math.nan, 0))
+    if n == 0:
+        return ""
+    if metric == "loss_gap" and row.hook == BASELINE_HOOK and not row.hook_params:
+        return "baseline"
+    return fmt(mean) + (f" ± {fmt_std(std)}" if n > 1 and std > 0 else "")
+
+
+def _states_text(row: SummaryRow) -> str:
+    return ", ".join(f"{n} {s}" if n > 1 or len(row.states) > 1 else s
+                     for s, n in sorted(row.states.items()))
+
+
+_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (95% CI)",
+           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (95% CI)"]
+
+
+def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None) -> list[str]:
+    """Time-to-target speed-up and paired eval-loss gap against fp32 allreduce and the best
+    16-bit hook of the same world size and link."""
+    if c is None or rec is None:
+        return [""] * 4
+    cells = []
+    for ref, gap in ((rec.baseline, c.gap), (rec.best_16bit, c.gap_16bit)):
+        if ref is None:
+            cells += ["", ""]
+            continue
+        speedup = (f"{ref.seconds / c.seconds:.2f}x" if math.isfinite(ref.seconds) and math.isfinite(c.seconds)
+                   else "")
+        cells += ["ref" if ref is c else speedup, "ref" if ref is c else (gap.text() if gap else "")]
+    return cells
+
+
+def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | None = None
+                ) -> tuple[list[str], list[list[str]]]:
+    header = (["configuration", "world size", "link", "seeds", "status"] + [c[0] for c in _COLUMNS]
+              + (_VERSUS if recs is not None else []))
+    by_group = {(r.world_size, r.link): r for r in recs or []}
+    body = []
+    for r in rows:
+        cells = ([r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
+                 + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS])
+        if recs is not None:
+            rec = by_group.get((r.world_size, r.link))
+            candidate = next((c for c in rec.candidates if c.config == r.config), None) if rec else None
+            cells += _versus_cells(candidate, rec)
+        body.append(cells)
+    return header, body
+
+
+def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
+    """Machine-readable: every mean and std as its own column (empty when not recorded)."""
+    metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "seeds", "trials",
+                         "ok", "nan", "failed", "other"]
+                        + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
+        for r in rows:
+            other = sum(n for s, n in r.states.items() if s not in ("ok", "nan", "failed"))
+            values = []
+            for m in metrics:
+                mean, std, n = r.stats.get(m, (math.nan, math.nan, 0))
+                values += [repr(mean) if n else "", repr(std) if n > 1 else ""]
+            writer.writerow([r.config, r.hook,
+                             ";".join(f"{k}={v}" for k, v in sorted(r.hook_params.items())),
+                             r.world_size, r.link, " ".join(map(str, r.seeds)), len(r.run_ids),
+                             r.states.get("ok", 0), r.states.get("nan", 0),
+                             r.states.get("failed", 0), other] + values)
+
+
+def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
+    header, body = table_cells(rows, recs)
+    lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
+             f"**{headline(recs)}**", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+    lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
+              f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
+              f"{_RULE.format(tolerance=sweep.tolerance)}", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# report.html
+# --------------------------------------------------------------------------------------------
+
+_TEMPLATES = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
+                                autoescape=True, trim_blocks=True, lstrip_blocks=True,
+                                undefined=jinja2.StrictUndefined)
+
+_CAPTIONS = {
+    "loss_curves": "Training loss against step, one panel per world size; colour = hook, "
+                   "line style = chunk size; bands = ±std over seeds; ✕ = trial went NaN "
+                   "and stopped there, + = trial failed there.",
+    "throughput": "Samples per second against world size, one line per configuration "
+                  "(trials that ended ok; bars = ±std over seeds).",
+    "tradeoff": "{quality} against bytes per step on the wire (per rank). The line joins the Pareto "
+                "front: the configurations worth choosing; everything else is beaten on "
+                "both axes by one of them.",
+}
+
+
+def _number(value: float, fmt: str) -> str:
+    return fmt.format(value) if math.isfinite(value) else ""
+
+
+def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
+                images: dict[str, Path], quality_metric: str,
+                projections: list) -> str:
+    """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
+    ``projections`` from service.projection.project."""
+    from service import projection  # imports hooks (torch): only when a report is built
+    header, body = table_cells(rows, recs)
+    picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
+    quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
+    summary = [{"cells": cells, "pick": (row.config, row.world_size, row.link) in picks,
+                "status": None if row.all_ok else next(s for s in row.states if s != "ok")}
+               for row, cells in zip(rows, body)]
+    trials = [{"name": t.run_name, "state": t.state, "run_id": t.run_id, "nan_source": t.nan_source or "",
+               "final_loss": _number(t.metric("final_loss"), "{:.4g}"),
+               "accuracy": _number(t.metric("final_eval_accuracy"), "{:.3f}"),
+               "first_nan": _number(t.metric("first_nan_step"), "{:.0f}"),
+               "error": ((t.error or "").strip().splitlines() or [""])[-1][:200]}
+              for t in sweep.trials]
+    images_ = [{"id": name, "title": name.replace("_", " ").capitalize(),
+                "data": base64.b64encode(path.read_bytes()).decode(),
+                "caption": _CAPTIONS.get(name, "").format(quality=quality)}
+               for name, path in images.items()]
+    projected = projection.table(projections) if projections else None
+    return _TEMPLATES.get_template("report.html.j2").render(
+        sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
+        headline=headline(recs), recs=recs, rule=_RULE.format(tolerance=sweep.tolerance),
+        baseline=BASELINE_HOOK, header=header, summary=summary, images=images_, trials=trials,
+        projection_header=projected[0] if projected else None,
+        projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
+        local_store=sweep.tracking_uri.startswith("sqlite:"),
+        generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")
