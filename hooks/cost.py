@@ -131,3 +131,42 @@ def projected_comm_seconds(name: str, stats: dict, steps: int, world_size: int, 
 def projected_step_seconds(compute_seconds: float, name: str, stats: dict, steps: int, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S, **params) -> float:
     """Measured compute seconds per step + projected communication at ``world_size`` and ``link_gbps``."""
     return compute_seconds + projected_comm_seconds(name, stats, steps, world_size, link_gbps, latency_s, **params)
+
+
+# ----------------------------------------------------------------------------- re-pricing a measured step
+# A step measured on one link, re-priced on a slower one (bench/network.py holds it against
+# measurement). Its communication window (first hook entry to last completion) is of two kinds
+# of time: moving the bytes (the wire, and the CPU work that moves with them: copies, the TCP
+# stack, a ring allreduce's reductions, pipelined segment by segment) and the hook's own serial
+# work (compression kernels, PowerSGD's matrix products, a wait between two collectives). On a
+# link slower than the machine can move bytes, the wire is the limit and the transport's CPU
+# work runs under it: the window becomes serial + max(transport, wire), not serial + transport
+# + wire. Measured on 2 cores at W = 4, where transport is CPU-bound (4 ranks share the cores),
+# leaving the overlap out over-priced ring hooks by 20-50 % at 1 Gbit/s (docs/hooks.md).
+
+
+def transport_seconds(stats: dict, steps: int, world_size: int, seconds_per_wire_byte: dict[str, float]) -> float:
+    """Seconds per step that moving a hook's bytes took where it was measured.
+
+    ``stats``: the hook's measured ``state.stats()`` delta (per-kind payload bytes
+    ``allreduce_bytes``, ``allgather_bytes``, ``all_to_all_bytes``) over ``steps`` steps;
+    ``seconds_per_wire_byte``: the measured transport cost per byte one rank sends, per
+    collective kind, on that link (all_to_all falls back to allgather's: both only copy).
+    """
+    if not steps:
+        return 0.0
+    total = 0.0
+    for kind in ("allreduce", "allgather", "all_to_all"):
+        rate = seconds_per_wire_byte.get(kind, seconds_per_wire_byte.get("allgather", 0.0))
+        total += wire_bytes(kind, stats.get(f"{kind}_bytes", 0), world_size) * rate
+    return total / steps
+
+
+def projected_step_from_measured(step_s: float, window_s: float, transport_s: float, wire_s: float) -> float:
+    """The step measured as ``step_s`` (communication window ``window_s``, of which moving the
+    bytes took ``transport_s``) on a link whose model wire time for the same bytes is ``wire_s``.
+
+    Serial work (window - transport) is kept as measured; transport and wire overlap (see above).
+    """
+    transport_s = min(max(transport_s, 0.0), window_s)
+    return step_s - transport_s + max(transport_s, wire_s)

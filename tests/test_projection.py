@@ -143,3 +143,37 @@ def test_mlflow_string_params_of_the_compressors_reach_the_cost_model():
         assert got == pytest.approx(expect)
     assert projection.projected_step_ms("topk", {"ratio": "0.1"}, stats, 0.0, 8, 10.0) > \
         projection.projected_step_ms("topk", {}, stats, 0.0, 8, 10.0)
+
+
+def test_compute_of_a_trial_on_an_emulated_link_is_its_step_less_the_wire_time():
+    """On a shaped link the buckets' hooks wait at the same time, so the worker's
+    compute_ms_per_step (step - summed hook time) is 0; the projection takes the step less the
+    model's wire time at the link the trial measured instead (bench/network.py: summed hook time
+    1.3-1.9x the communication window there)."""
+    bucket = 4_273_157 * 4
+    metrics = {"compute_ms_per_step": 0.0, "step_time_ms_median": 320.0, "hook_calls_per_step": 2.0,
+               "raw_bytes_per_step": 2.0 * bucket, "payload_bytes_per_step": 2.0 * bucket,
+               "allreduce_calls_per_step": 2.0, "link_measured_gbps": 0.96, "link_measured_latency_ms": 0.04}
+    stats = {"calls": 2.0, "raw_bytes": 2.0 * bucket, "payload_bytes": 2.0 * bucket, "allreduce_calls": 2.0}
+    wire_ms = 1000 * hooks.cost.projected_comm_seconds("allreduce", stats, 1, 2, 0.96, latency_s=4e-5)
+    assert 270 < wire_ms < 300  # 34 MB through a ring of 2 at 0.96 Gbit/s
+    assert projection.trial_compute_ms("allreduce", {}, metrics, 2) == pytest.approx(320.0 - wire_ms)
+    # on loopback (no measured link) the worker's own figure stands
+    loopback = {k: v for k, v in metrics.items() if not k.startswith("link_")}
+    assert projection.trial_compute_ms("allreduce", {}, {**loopback, "compute_ms_per_step": 31.0}, 2) == 31.0
+    # a link slower than the step allows: never negative
+    assert projection.trial_compute_ms("allreduce", {}, {**metrics, "step_time_ms_median": 100.0}, 2) == 0.0
+
+
+def test_a_step_repriced_on_a_slower_link_keeps_serial_work_and_overlaps_transport():
+    # window 100 ms of which 60 ms moved bytes: on a link whose wire needs 200 ms the serial
+    # 40 ms stays and the transport hides under the wire
+    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.060, 0.200) == pytest.approx(0.270)
+    # a link faster than the transport changes nothing
+    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.060, 0.010) == pytest.approx(0.130)
+    # transport is at most the window
+    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.500, 0.200) == pytest.approx(0.230)
+    stats = {"allreduce_bytes": 34e6, "allgather_bytes": 4e6, "all_to_all_bytes": 8e6}
+    spb = {"allreduce": 2e-9, "allgather": 1e-9}
+    # per step, at W=4: allreduce 2*3/4*34 MB at 2 ns/B, allgather 3*4 MB and all_to_all 3/4*8 MB at 1 ns/B
+    assert hooks.cost.transport_seconds(stats, 2, 4, spb) == pytest.approx((51e6 * 2e-9 + 12e6 * 1e-9 + 6e6 * 1e-9) / 2)
