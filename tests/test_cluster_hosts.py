@@ -119,7 +119,10 @@ def host_cluster():
         c.mlflow = subprocess.Popen(
             [str(BIN / "mlflow"), "server", "--host", BRIDGE_ADDRESS, "--port", str(mlflow_port),
              "--workers", "1", "--backend-store-uri", f"sqlite:///{base}/mlflow.db",
-             "--artifacts-destination", str(base / "mlartifacts")],
+             "--artifacts-destination", str(base / "mlartifacts"),
+             # MLflow admits Host headers of localhost and private ranges only by default;
+             # 198.18/15 is not one of them (as a real server's public name would not be)
+             "--allowed-hosts", f"{BRIDGE_ADDRESS}:{mlflow_port}"],
             cwd=base, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         common = ["--disable-usage-stats", "--object-store-memory", str(200 * 2**20)]
         _ray_start(_in_host(head, str(RAY_CLI), "start", "--head", "--node-ip-address", head.address,
