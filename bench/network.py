@@ -218,14 +218,17 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
             hook_name, bare[-1]["stats"], steps, world_size, m0.measured_gbps,
             latency_s=m0.measured_latency_ms / 1000, **params)
         from_bare = bare_step - bare_model + model["goodput"]  # the old re-pricing: no overlap
-        # the model: the unshaped step re-priced with the transport's CPU work overlapping the
-        # shaped wire (hooks.cost.projected_step_from_measured); transport = the hook's bytes at
-        # what moving them alone cost on the unshaped link (_transport_probe), at least its wire time
+        # the model: the unshaped step re-priced on the shaped link (hooks.cost.projected_step_from_measured):
+        # allreduce's transport (its bytes at what an allreduce alone cost per byte unshaped,
+        # _transport_probe) overlapping the shaped wire, the other kinds' unshaped time kept
         bare_window = statistics.median(r["comm_ms"] for r in bare)
-        transport_ms = max(1000 * hooks.cost.transport_seconds(bare[-1]["stats"], steps, world_size, transport),
-                           bare_model)
+        spb = transport["allreduce"]
+        moved = hooks.cost.wire_bytes("allreduce", bare[-1]["stats"].get("allreduce_bytes", 0), world_size) / steps
+        transport_ms = 1000 * max(moved * spb, hooks.cost.wire_seconds_by_kind(
+            bare[-1]["stats"], steps, world_size, m0.measured_gbps, m0.measured_latency_ms / 1000)["allreduce"])
         overlap = 1000 * hooks.cost.projected_step_from_measured(
-            bare_step / 1000, bare_window / 1000, transport_ms / 1000, model["goodput"] / 1000)
+            bare_step / 1000, bare[-1]["stats"], steps, world_size, m0.measured_gbps, m0.measured_latency_ms / 1000,
+            m.measured_gbps, m.measured_latency_ms / 1000, spb)
         rows.append({
             "hook": hook_name, "world_size": world_size, "link_gbps": link,
             "link_measured_gbps": m.measured_gbps, "latency_ms": m.measured_latency_ms,
@@ -245,6 +248,37 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
     return rows
 
 
+def _print_table(rows: list[dict], links: list[float]) -> None:
+    headers = ["hook", "W", "Gbit/s", "step ms", "comm ms", "model comm ms", "comm err %",
+               "compute + model ms (err %)", "unshaped step ms", "unshaped comm ms", "unshaped transport ms",
+               "no-overlap ms (err %)", "model step ms", "model err %"]
+    print(table(headers, [[r["hook"], r["world_size"], r["link_gbps"], round(r["step_ms"], 1),
+                           round(r["comm_ms"], 1), round(r["model_comm_ms"], 1), round(r["comm_error_pct"], 1),
+                           f"{r['projected_step_ms']:.1f} ({r['step_error_pct']:+.1f})",
+                           round(r["unshaped_step_ms"], 1), round(r["unshaped_comm_ms"], 1),
+                           round(r["unshaped_transport_ms"], 1),
+                           f"{r['projected_from_unshaped_ms']:.1f} ({r['from_unshaped_error_pct']:+.1f})",
+                           round(r["model_step_ms"], 1), round(r["model_step_error_pct"], 1)] for r in rows]))
+    for link in links:
+        def band(key):
+            errs = [r[key] for r in rows if r["link_gbps"] == link]
+            return f"{min(errs):+.1f}% .. {max(errs):+.1f}%"
+        print(f"error band at {link:g} Gbit/s: model step {band('model_step_error_pct')}; for reference: "
+              f"without overlap {band('from_unshaped_error_pct')}, compute + wire model (kernels at zero) "
+              f"{band('step_error_pct')}, wire model vs comm window {band('comm_error_pct')}")
+
+
+def _print_saved(path: str) -> int:
+    import json
+
+    saved = json.loads(open(path).read())
+    measured = {None if k == "None" else float(k): link_measure.LinkMeasurement(**v) for k, v in saved["links"].items()}
+    rows = [row for w, raw in saved["raw"].items() for row in summarise(raw, int(w), measured)]
+    _print_table(rows, sorted({r["link_gbps"] for r in rows}))
+    print(f"(saved run: load average before {saved['load_before']}, after {saved['load_after']})")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -256,7 +290,11 @@ def main(argv=None) -> int:
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, allreduce/fp16/quantized_allreduce, 1 repeat")
     parser.add_argument("--out", help="JSON path (default bench/results/network.json)")
+    parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw "
+                        "measurements through the current model) instead of measuring")
     args = parser.parse_args(argv)
+    if args.summarise:
+        return _print_saved(args.summarise)
     hook_list = HOOKS
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps = [2], [1.0], 1, 3
@@ -273,7 +311,7 @@ def main(argv=None) -> int:
     measured = {None: link_measure.measure(None)}  # the veth links unshaped: what the bare arm ran on
     print(f"unshaped: measured {measured[None].measured_gbps:.3f} Gbit/s, "
           f"{measured[None].measured_latency_ms:.3f} ms one way", flush=True)
-    for link in args.links:
+    for link in links:
         measured[link] = link_measure.measure(link)
         print(f"link {link:g} Gbit/s: measured {measured[link].measured_gbps:.3f} Gbit/s, "
               f"{measured[link].measured_latency_ms:.3f} ms one way (load {load_average()})", flush=True)
@@ -284,23 +322,7 @@ def main(argv=None) -> int:
         rows += summarise(raw, w, measured)
         print(f"W={w} done (load {load_average()})", flush=True)
     load_after = load_average()
-    headers = ["hook", "W", "Gbit/s", "step ms", "comm ms", "model comm ms", "comm err %",
-               "compute + model ms (err %)", "unshaped step ms", "unshaped comm ms", "unshaped transport ms",
-               "no-overlap ms (err %)", "model step ms", "model err %"]
-    print(table(headers, [[r["hook"], r["world_size"], r["link_gbps"], round(r["step_ms"], 1),
-                           round(r["comm_ms"], 1), round(r["model_comm_ms"], 1), round(r["comm_error_pct"], 1),
-                           f"{r['projected_step_ms']:.1f} ({r['step_error_pct']:+.1f})",
-                           round(r["unshaped_step_ms"], 1), round(r["unshaped_comm_ms"], 1),
-                           round(r["unshaped_transport_ms"], 1),
-                           f"{r['projected_from_unshaped_ms']:.1f} ({r['from_unshaped_error_pct']:+.1f})",
-                           round(r["model_step_ms"], 1), round(r["model_step_error_pct"], 1)] for r in rows]))
-    for link in args.links:
-        def band(key):
-            errs = [r[key] for r in rows if r["link_gbps"] == link]
-            return f"{min(errs):+.1f}% .. {max(errs):+.1f}%"
-        print(f"error band at {link:g} Gbit/s: model step {band('model_step_error_pct')}; for reference: "
-              f"without overlap {band('from_unshaped_error_pct')}, compute + wire model (kernels at zero) "
-              f"{band('step_error_pct')}, wire model vs comm window {band('comm_error_pct')}")
+    _print_table(rows, args.links)
     print(f"load average before {load_before}, after {load_after}; {time.time() - started:.0f} s")
     path = write_json("network", {"machine": machine(), "load_before": load_before, "load_after": load_after,
                                   "links": {str(k): vars(v) for k, v in measured.items()}, "rows": rows,

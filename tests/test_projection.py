@@ -165,15 +165,20 @@ def test_compute_of_a_trial_on_an_emulated_link_is_its_step_less_the_wire_time()
     assert projection.trial_compute_ms("allreduce", {}, {**metrics, "step_time_ms_median": 100.0}, 2) == 0.0
 
 
-def test_a_step_repriced_on_a_slower_link_keeps_serial_work_and_overlaps_transport():
-    # window 100 ms of which 60 ms moved bytes: on a link whose wire needs 200 ms the serial
-    # 40 ms stays and the transport hides under the wire
-    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.060, 0.200) == pytest.approx(0.270)
-    # a link faster than the transport changes nothing
-    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.060, 0.010) == pytest.approx(0.130)
-    # transport is at most the window
-    assert hooks.cost.projected_step_from_measured(0.130, 0.100, 0.500, 0.200) == pytest.approx(0.230)
-    stats = {"allreduce_bytes": 34e6, "allgather_bytes": 4e6, "all_to_all_bytes": 8e6}
-    spb = {"allreduce": 2e-9, "allgather": 1e-9}
-    # per step, at W=4: allreduce 2*3/4*34 MB at 2 ns/B, allgather 3*4 MB and all_to_all 3/4*8 MB at 1 ns/B
-    assert hooks.cost.transport_seconds(stats, 2, 4, spb) == pytest.approx((51e6 * 2e-9 + 12e6 * 1e-9 + 6e6 * 1e-9) / 2)
+def test_a_step_repriced_on_a_slower_link_overlaps_allreduce_transport_and_keeps_the_rest():
+    cost = hooks.cost
+    # 2 allreduces of 8.5 MB per step at W=2: 17 MB sent per rank per step
+    ar = {"allreduce_calls": 2, "allreduce_bytes": 17e6}
+    fast = cost.wire_seconds_by_kind(ar, 1, 2, 8.0, 0.0)
+    slow = cost.wire_seconds_by_kind(ar, 1, 2, 1.0, 0.0)
+    assert slow["allreduce"] == pytest.approx(17e6 / 125e6) and slow["allgather"] == 0.0
+    # the allreduce moved its bytes at 4 Gbit/s on the fast link (transport 34 ms, CPU-bound, more
+    # than the 17 ms of wire there): on 1 Gbit/s the 136 ms of wire hides it; the rest of the step stays
+    step = cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
+    assert step == pytest.approx(0.100 - 0.034 + 0.136)
+    # a link faster than that transport changes nothing
+    assert cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 100.0, 0.0, 8 / 4e9) == pytest.approx(0.100)
+    # an allgather's fast-link time stays: only its wire time changes
+    ag = {"allgather_calls": 1, "allgather_bytes": 4e6}
+    step = cost.projected_step_from_measured(0.050, ag, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
+    assert step == pytest.approx(0.050 - 4e6 / 1e9 + 4e6 / 125e6)
