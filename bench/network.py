@@ -188,7 +188,10 @@ def run_world(world_size: int, links: list[float], repeats: int, warmup: int, st
 
 def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measure.LinkMeasurement]) -> list[dict]:
     rows = []
-    transport = next(r["transport_s_per_byte"] for r in raw if "transport_s_per_byte" in r)
+    transport = next((r["transport_s_per_byte"] for r in raw if "transport_s_per_byte" in r), None)
+    if transport is None:
+        raise SystemExit("error: this saved run predates the transport probe (bench/network.py of issue 15 "
+                         "item 4); run the bench again")
     raw = [r for r in raw if "hook" in r]
     keys = sorted({(r["hook"], r["link"] or 0.0) for r in raw}, key=lambda k: (k[1], [h for h, _ in HOOKS].index(k[0])))
     for hook_name, link in keys:
