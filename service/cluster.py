@@ -15,6 +15,9 @@ Call both after connecting to Ray and before starting Tune:
     check_storage_for_cluster(storage_path, nodes)
 
 `nodes` is what `ray.nodes()` returns (dicts with NodeID, NodeManagerAddress, Alive).
+
+And one thing the trials need across hosts: `torch_config(backend, nodes)`, Ray Train's
+TorchConfig whose workers bind gloo to their node's interface (see the section below).
 """
 
 from __future__ import annotations
