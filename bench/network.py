@@ -19,8 +19,13 @@ Per (hook, W, link), medians over repeats of the per-step figures (max over rank
 * compute ms: step - comm on the *unshaped* link (what the step costs besides communicating);
 * model comm ms: hooks.cost.projected_comm_seconds of the measured buckets (calls, bytes) at the
   link's measured goodput (service/link_measure.py) and latency;
-* projected step ms = compute + model comm (no overlap); error % = (projected - measured) /
-  measured, for the step and for the communication.
+* compute + model ms = compute + model comm (kernels priced at zero, no overlap);
+* model step ms, the projection held against the target: the *unshaped* step re-priced on the
+  shaped link by hooks.cost.projected_step_from_measured: its window's serial work kept as
+  measured, its transport (the hook's bytes at the per-kind cost of moving bytes measured alone
+  on the unshaped link, ``_transport_probe``) overlapping the shaped link's model wire time;
+  no-overlap ms = the same without the overlap (unshaped step - unshaped wire + shaped wire);
+* error % = (projected - measured) / measured.
 
 Prints the table and the error band, writes bench/results/network.json with the load.
 """
@@ -68,6 +73,34 @@ def _timed(hook):
     return timed, marks
 
 
+BUCKET_ELEMS = 4_273_157  # mlp_digits' mean DDP bucket (8.5 M gradients in 2 buckets)
+
+
+def _transport_probe(group, world_size: int, repeats: int = 3) -> dict[str, float]:
+    """Seconds per byte one rank sends, per collective kind, on the link as it is now (the
+    unshaped veth): one bucket-sized allreduce (fp32) and allgather (uint8) timed alone, max
+    over ranks, median of repeats. What moving bytes costs this machine's CPUs at this W."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for kind, x in (("allreduce", torch.ones(BUCKET_ELEMS)), ("allgather", torch.ones(BUCKET_ELEMS, dtype=torch.uint8))):
+        times = []
+        for rep in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if kind == "allreduce":
+                dist.all_reduce(x, group=group)
+            else:
+                dist.all_gather_into_tensor(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # default group: loopback
+            if rep:
+                times.append(t.item())
+        out[kind] = statistics.median(times) / hooks.cost.wire_bytes(kind, x.numel() * x.element_size(), world_size)
+    return out
+
+
 def _rank(rank: int, world_size: int, port: int, net: netem.Network, arms: list, repeats: int,
           warmup: int, steps: int, hook_list: list, queue) -> None:
     try:
@@ -80,7 +113,7 @@ def _rank(rank: int, world_size: int, port: int, net: netem.Network, arms: list,
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
         group = netem.process_group_on_host(net.hosts[rank])
-        results = []
+        results = [{"transport_s_per_byte": _transport_probe(group, world_size)}]  # the network starts unshaped
         for rep in range(repeats):
             order = arms if rep % 2 == 0 else arms[::-1]  # alternate which arm goes first
             for name, params in hook_list:
@@ -155,6 +188,11 @@ def run_world(world_size: int, links: list[float], repeats: int, warmup: int, st
 
 def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measure.LinkMeasurement]) -> list[dict]:
     rows = []
+    transport = next((r["transport_s_per_byte"] for r in raw if "transport_s_per_byte" in r), None)
+    if transport is None:
+        raise SystemExit("error: this saved run predates the transport probe (bench/network.py of issue 15 "
+                         "item 4); run the bench again")
+    raw = [r for r in raw if "hook" in r]
     keys = sorted({(r["hook"], r["link"] or 0.0) for r in raw}, key=lambda k: (k[1], [h for h, _ in HOOKS].index(k[0])))
     for hook_name, link in keys:
         if not link:
@@ -182,7 +220,18 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
         bare_model = 1000 * hooks.cost.projected_comm_seconds(
             hook_name, bare[-1]["stats"], steps, world_size, m0.measured_gbps,
             latency_s=m0.measured_latency_ms / 1000, **params)
-        from_bare = bare_step - bare_model + model["goodput"]
+        from_bare = bare_step - bare_model + model["goodput"]  # the old re-pricing: no overlap
+        # the model: the unshaped step re-priced on the shaped link (hooks.cost.projected_step_from_measured):
+        # allreduce's transport (its bytes at what an allreduce alone cost per byte unshaped,
+        # _transport_probe) overlapping the shaped wire, the other kinds' unshaped time kept
+        bare_window = statistics.median(r["comm_ms"] for r in bare)
+        spb = transport["allreduce"]
+        moved = hooks.cost.wire_bytes("allreduce", bare[-1]["stats"].get("allreduce_bytes", 0), world_size) / steps
+        transport_ms = 1000 * max(moved * spb, hooks.cost.wire_seconds_by_kind(
+            bare[-1]["stats"], steps, world_size, m0.measured_gbps, m0.measured_latency_ms / 1000)["allreduce"])
+        overlap = 1000 * hooks.cost.projected_step_from_measured(
+            bare_step / 1000, bare[-1]["stats"], steps, world_size, m0.measured_gbps, m0.measured_latency_ms / 1000,
+            m.measured_gbps, m.measured_latency_ms / 1000, spb)
         rows.append({
             "hook": hook_name, "world_size": world_size, "link_gbps": link,
             "link_measured_gbps": m.measured_gbps, "latency_ms": m.measured_latency_ms,
@@ -192,12 +241,45 @@ def summarise(raw: list[dict], world_size: int, measured: dict[float, link_measu
             "step_error_pct": 100 * (projected - step) / step,
             "unshaped_step_ms": bare_step, "projected_from_unshaped_ms": from_bare,
             "from_unshaped_error_pct": 100 * (from_bare - step) / step,
+            "unshaped_comm_ms": bare_window, "unshaped_transport_ms": transport_ms,
+            "model_step_ms": overlap, "model_step_error_pct": 100 * (overlap - step) / step,
             "comm_error_pct": 100 * (model["goodput"] - comm) / comm if comm else float("nan"),
             "comm_error_nominal_pct": 100 * (model["nominal"] - comm) / comm if comm else float("nan"),
             "calls_per_step": stats.get("calls", 0) / steps,
             "wire_bytes_per_step": stats.get("wire_bytes", 0) / steps,
         })
     return rows
+
+
+def _print_table(rows: list[dict], links: list[float]) -> None:
+    headers = ["hook", "W", "Gbit/s", "step ms", "comm ms", "model comm ms", "comm err %",
+               "compute + model ms (err %)", "unshaped step ms", "unshaped comm ms", "unshaped transport ms",
+               "no-overlap ms (err %)", "model step ms", "model err %"]
+    print(table(headers, [[r["hook"], r["world_size"], r["link_gbps"], round(r["step_ms"], 1),
+                           round(r["comm_ms"], 1), round(r["model_comm_ms"], 1), round(r["comm_error_pct"], 1),
+                           f"{r['projected_step_ms']:.1f} ({r['step_error_pct']:+.1f})",
+                           round(r["unshaped_step_ms"], 1), round(r["unshaped_comm_ms"], 1),
+                           round(r["unshaped_transport_ms"], 1),
+                           f"{r['projected_from_unshaped_ms']:.1f} ({r['from_unshaped_error_pct']:+.1f})",
+                           round(r["model_step_ms"], 1), round(r["model_step_error_pct"], 1)] for r in rows]))
+    for link in links:
+        def band(key):
+            errs = [r[key] for r in rows if r["link_gbps"] == link]
+            return f"{min(errs):+.1f}% .. {max(errs):+.1f}%"
+        print(f"error band at {link:g} Gbit/s: model step {band('model_step_error_pct')}; for reference: "
+              f"without overlap {band('from_unshaped_error_pct')}, compute + wire model (kernels at zero) "
+              f"{band('step_error_pct')}, wire model vs comm window {band('comm_error_pct')}")
+
+
+def _print_saved(path: str) -> int:
+    import json
+
+    saved = json.loads(open(path).read())
+    measured = {None if k == "None" else float(k): link_measure.LinkMeasurement(**v) for k, v in saved["links"].items()}
+    rows = [row for w, raw in saved["raw"].items() for row in summarise(raw, int(w), measured)]
+    _print_table(rows, sorted({r["link_gbps"] for r in rows}))
+    print(f"(saved run: load average before {saved['load_before']}, after {saved['load_after']})")
+    return 0
 
 
 def main(argv=None) -> int:
@@ -211,7 +293,11 @@ def main(argv=None) -> int:
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, allreduce/fp16/quantized_allreduce, 1 repeat")
     parser.add_argument("--out", help="JSON path (default bench/results/network.json)")
+    parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw "
+                        "measurements through the current model) instead of measuring")
     args = parser.parse_args(argv)
+    if args.summarise:
+        return _print_saved(args.summarise)
     hook_list = HOOKS
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps = [2], [1.0], 1, 3
@@ -228,7 +314,7 @@ def main(argv=None) -> int:
     measured = {None: link_measure.measure(None)}  # the veth links unshaped: what the bare arm ran on
     print(f"unshaped: measured {measured[None].measured_gbps:.3f} Gbit/s, "
           f"{measured[None].measured_latency_ms:.3f} ms one way", flush=True)
-    for link in args.links:
+    for link in links:
         measured[link] = link_measure.measure(link)
         print(f"link {link:g} Gbit/s: measured {measured[link].measured_gbps:.3f} Gbit/s, "
               f"{measured[link].measured_latency_ms:.3f} ms one way (load {load_average()})", flush=True)
@@ -239,22 +325,7 @@ def main(argv=None) -> int:
         rows += summarise(raw, w, measured)
         print(f"W={w} done (load {load_average()})", flush=True)
     load_after = load_average()
-    headers = ["hook", "W", "Gbit/s", "step ms", "comm ms", "compute ms", "model comm ms", "projected step ms",
-               "step err %", "comm err %", "comm err % (nominal rate)", "unshaped step ms",
-               "projected from unshaped ms", "its err %"]
-    print(table(headers, [[r["hook"], r["world_size"], r["link_gbps"], round(r["step_ms"], 1),
-                           round(r["comm_ms"], 1), round(r["compute_ms"], 1), round(r["model_comm_ms"], 1),
-                           round(r["projected_step_ms"], 1), round(r["step_error_pct"], 1),
-                           round(r["comm_error_pct"], 1), round(r["comm_error_nominal_pct"], 1),
-                           round(r["unshaped_step_ms"], 1), round(r["projected_from_unshaped_ms"], 1),
-                           round(r["from_unshaped_error_pct"], 1)] for r in rows]))
-    for link in args.links:
-        errs = [r["step_error_pct"] for r in rows if r["link_gbps"] == link]
-        cerrs = [r["comm_error_pct"] for r in rows if r["link_gbps"] == link]
-        ferrs = [r["from_unshaped_error_pct"] for r in rows if r["link_gbps"] == link]
-        print(f"error band at {link:g} Gbit/s: step {min(errs):+.1f}% .. {max(errs):+.1f}%, "
-              f"comm {min(cerrs):+.1f}% .. {max(cerrs):+.1f}%, step projected from the unshaped step "
-              f"{min(ferrs):+.1f}% .. {max(ferrs):+.1f}%")
+    _print_table(rows, args.links)
     print(f"load average before {load_before}, after {load_after}; {time.time() - started:.0f} s")
     path = write_json("network", {"machine": machine(), "load_before": load_before, "load_after": load_after,
                                   "links": {str(k): vars(v) for k, v in measured.items()}, "rows": rows,

@@ -131,3 +131,56 @@ def projected_comm_seconds(name: str, stats: dict, steps: int, world_size: int, 
 def projected_step_seconds(compute_seconds: float, name: str, stats: dict, steps: int, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S, **params) -> float:
     """Measured compute seconds per step + projected communication at ``world_size`` and ``link_gbps``."""
     return compute_seconds + projected_comm_seconds(name, stats, steps, world_size, link_gbps, latency_s, **params)
+
+
+# ----------------------------------------------------------------------------- re-pricing a measured step
+# A step measured on one link, re-priced on a slower one (bench/network.py holds it against
+# measurement). Its communication window holds the wire time of its collectives, the CPU work
+# that moves their bytes (copies, the TCP stack, a ring allreduce's reductions) and the hook's
+# serial work (compression kernels, PowerSGD's matrix products, the wait between two collectives).
+# What a slower link does to each, measured collective by collective (bench/collectives_probe.py,
+# docs/hooks.md):
+#
+# * allreduce (gloo's ring, pipelined segment by segment): the CPU work runs under the wire. Alone
+#   on a 1 Gbit/s link it takes the model's wire time (-3..+1 %, fp32/fp16/bf16, W = 2 and 4)
+#   although on the fast link it took 1.2-2.3x its wire time there: a window of
+#   serial + max(transport, wire), not serial + transport + wire;
+# * allgather and all_to_all do not overlap: on the slow link they take their wire time plus at
+#   least their CPU time of the fast link (1.1-1.8x the model's wire time at 1 Gbit/s). Their
+#   fast-link time stays in the step, less its wire time there.
+OVERLAPPING_KINDS = ("allreduce",)
+KINDS = ("allreduce", "allgather", "all_to_all")
+
+
+def wire_seconds_by_kind(stats: dict, steps: int, world_size: int, link_gbps: float,
+                         latency_s: float = DEFAULT_LATENCY_S) -> dict[str, float]:
+    """Model wire seconds per step of a hook's measured collectives, per kind, from its
+    ``state.stats()`` delta over ``steps`` steps (``{kind}_calls``, ``{kind}_bytes``)."""
+    out = {}
+    for kind in KINDS:
+        calls, nbytes = stats.get(f"{kind}_calls", 0), stats.get(f"{kind}_bytes", 0)
+        out[kind] = (calls * collective_seconds(kind, nbytes / calls, world_size, link_gbps, latency_s) / steps
+                     if calls and steps else 0.0)
+    return out
+
+
+def projected_step_from_measured(step_s: float, stats: dict, steps: int, world_size: int,
+                                 fast_gbps: float, fast_latency_s: float, slow_gbps: float,
+                                 slow_latency_s: float, allreduce_seconds_per_wire_byte: float) -> float:
+    """The step of ``step_s`` measured on a link of ``fast_gbps`` (its hook's collectives in
+    ``stats`` over ``steps`` steps), re-priced on a link of ``slow_gbps``.
+
+    ``allreduce_seconds_per_wire_byte``: what an allreduce alone took on the fast link per byte
+    one rank sent (its transport, CPU work included). Allreduce transport overlaps the slow wire;
+    the other kinds' fast-link time stays, their fast wire time replaced by the slow one.
+    """
+    fast = wire_seconds_by_kind(stats, steps, world_size, fast_gbps, fast_latency_s)
+    slow = wire_seconds_by_kind(stats, steps, world_size, slow_gbps, slow_latency_s)
+    transport = 0.0
+    for kind in OVERLAPPING_KINDS:
+        moved = wire_bytes(kind, stats.get(f"{kind}_bytes", 0), world_size) / steps if steps else 0.0
+        transport += max(moved * allreduce_seconds_per_wire_byte, fast[kind])
+    serial_fast = sum(v for k, v in fast.items() if k not in OVERLAPPING_KINDS)
+    serial_slow = sum(v for k, v in slow.items() if k not in OVERLAPPING_KINDS)
+    overlapping_slow = sum(slow[k] for k in OVERLAPPING_KINDS)
+    return step_s - transport + max(transport, overlapping_slow) - serial_fast + serial_slow

@@ -15,6 +15,9 @@ Call both after connecting to Ray and before starting Tune:
     check_storage_for_cluster(storage_path, nodes)
 
 `nodes` is what `ray.nodes()` returns (dicts with NodeID, NodeManagerAddress, Alive).
+
+And one thing the trials need across hosts: `torch_config(backend, nodes)`, Ray Train's
+TorchConfig whose workers bind gloo to their node's interface (see the section below).
 """
 
 from __future__ import annotations
@@ -130,3 +133,76 @@ def ray_storage_probe(directory: Path, nodes: Sequence[Node]) -> list[str]:
     finally:
         marker.unlink(missing_ok=True)
     return [str(n["NodeManagerAddress"]) for n, ok in zip(nodes, seen) if not ok]
+
+
+# ----------------------------------------------------------------------------- gloo across hosts
+# Gloo picks the address its process group listens on from the machine's hostname and falls
+# back to loopback; where the hostname resolves to 127.0.x.x (Debian/Ubuntu's default
+# /etc/hosts, most containers without a DNS name) every rank then advertises a loopback
+# address, and ranks on different hosts never connect: init_process_group waits out its
+# timeout (30 min by default) with "Gloo connectFullMesh failed ... Connection refused,
+# remote=[127.0.0.1]". Seen on the emulated multi-host cluster (tests/test_cluster_hosts.py).
+# On a multi-host cluster each trial worker therefore binds gloo to the interface that holds
+# its Ray node's address, unless GLOO_SOCKET_IFNAME is already set.
+
+SIOCGIFADDR = 0x8915
+
+
+def interface_with_address(address: str) -> str | None:
+    """The name of this host's network interface whose IPv4 address is ``address`` (None: none)."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name[:15].encode()))
+            except OSError:  # no IPv4 address on it
+                continue
+            if socket.inet_ntoa(packed[20:24]) == address:
+                return name
+    return None
+
+
+def bind_gloo_to_node_address() -> str | None:
+    """In a trial worker, before its process group exists: GLOO_SOCKET_IFNAME := the interface
+    of this Ray node's address (kept when already set); returns the interface used."""
+    import os
+
+    import ray
+
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    name = interface_with_address(ray.util.get_node_ip_address())
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    return name
+
+
+def torch_config(backend: str, nodes: Iterable[Node]):
+    """Ray Train's TorchConfig for a trial: on a cluster spanning several hosts with gloo, one
+    whose workers bind gloo to their node's address first (see above); else the plain one."""
+    from ray.train.torch import TorchConfig
+
+    if backend != "gloo" or len(cluster_hosts(nodes)) <= 1:
+        return TorchConfig(backend=backend)
+    return _gloo_on_node_address_cls()(backend=backend)
+
+
+def _gloo_on_node_address_cls():
+    """Built on first use: importing ray.train costs seconds, and the rules above need none of it.
+    (cloudpickle ships the class by value to the Train controller.)"""
+    from ray.train.torch.config import TorchConfig, _TorchBackend
+
+    class _Backend(_TorchBackend):
+        def on_start(self, worker_group, backend_config):
+            worker_group.execute(bind_gloo_to_node_address)
+            super().on_start(worker_group, backend_config)
+
+    class GlooOnNodeAddress(TorchConfig):
+        @property
+        def backend_cls(self):
+            return _Backend
+
+    return GlooOnNodeAddress

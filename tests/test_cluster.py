@@ -555,3 +555,25 @@ def test_ray_job_submit_cli_runs_a_sweep(loopback_cluster):
     assert "succeeded" in log.lower()
     [parent] = set(_parent_runs(c, "one_trial")) - before
     _assert_sweep_recorded(c, parent, ONE_TRIAL)
+
+
+def test_gloo_is_bound_to_the_node_interface_only_across_hosts(monkeypatch):
+    """Across hosts a trial's gloo binds to the interface of its node's address (a hostname
+    resolving to loopback otherwise strands every rank on 127.0.0.1; tests/test_cluster_hosts.py
+    trains through it); on one host Ray Train's own TorchConfig is used unchanged."""
+    from ray.train.torch import TorchConfig
+
+    assert type(cl.torch_config("gloo", [HEAD, SAME_HOST])) is TorchConfig
+    assert type(cl.torch_config("nccl", [HEAD, OTHER_HOST])) is TorchConfig
+    across = cl.torch_config("gloo", [HEAD, OTHER_HOST])
+    assert isinstance(across, TorchConfig) and across.backend == "gloo"
+    assert across.backend_cls.__name__ == "_Backend"
+    assert cl.interface_with_address("127.0.0.1") == "lo"
+    assert cl.interface_with_address("198.51.100.77") is None  # TEST-NET-2: on no interface here
+    import ray
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "127.0.0.1")
+    assert cl.bind_gloo_to_node_address() == "lo" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "ens5")  # the user's choice is kept
+    assert cl.bind_gloo_to_node_address() == "ens5"

@@ -157,3 +157,42 @@ def test_swept_params_of_the_compressors_reach_the_cost_model(tmp_path):
         assert got == pytest.approx(expect)
     assert projection.projected_step_ms("topk", records["topk"].hook_params, stats, 0.0, 8, 10.0) > \
         projection.projected_step_ms("topk", {}, stats, 0.0, 8, 10.0)
+
+
+def test_compute_of_a_trial_on_an_emulated_link_is_its_step_less_the_wire_time():
+    """On a shaped link the buckets' hooks wait at the same time, so the worker's
+    compute_ms_per_step (step - summed hook time) is 0; the projection takes the step less the
+    model's wire time at the link the trial measured instead (bench/network.py: summed hook time
+    1.3-1.9x the communication window there)."""
+    bucket = 4_273_157 * 4
+    metrics = {"compute_ms_per_step": 0.0, "step_time_ms_median": 320.0, "hook_calls_per_step": 2.0,
+               "raw_bytes_per_step": 2.0 * bucket, "payload_bytes_per_step": 2.0 * bucket,
+               "allreduce_calls_per_step": 2.0, "link_measured_gbps": 0.96, "link_measured_latency_ms": 0.04}
+    stats = {"calls": 2.0, "raw_bytes": 2.0 * bucket, "payload_bytes": 2.0 * bucket, "allreduce_calls": 2.0}
+    wire_ms = 1000 * hooks.cost.projected_comm_seconds("allreduce", stats, 1, 2, 0.96, latency_s=4e-5)
+    assert 270 < wire_ms < 300  # 34 MB through a ring of 2 at 0.96 Gbit/s
+    assert projection.trial_compute_ms("allreduce", {}, metrics, 2) == pytest.approx(320.0 - wire_ms)
+    # on loopback (no measured link) the worker's own figure stands
+    loopback = {k: v for k, v in metrics.items() if not k.startswith("link_")}
+    assert projection.trial_compute_ms("allreduce", {}, {**loopback, "compute_ms_per_step": 31.0}, 2) == 31.0
+    # a link slower than the step allows: never negative
+    assert projection.trial_compute_ms("allreduce", {}, {**metrics, "step_time_ms_median": 100.0}, 2) == 0.0
+
+
+def test_a_step_repriced_on_a_slower_link_overlaps_allreduce_transport_and_keeps_the_rest():
+    cost = hooks.cost
+    # 2 allreduces of 8.5 MB per step at W=2: 17 MB sent per rank per step
+    ar = {"allreduce_calls": 2, "allreduce_bytes": 17e6}
+    fast = cost.wire_seconds_by_kind(ar, 1, 2, 8.0, 0.0)
+    slow = cost.wire_seconds_by_kind(ar, 1, 2, 1.0, 0.0)
+    assert slow["allreduce"] == pytest.approx(17e6 / 125e6) and slow["allgather"] == 0.0
+    # the allreduce moved its bytes at 4 Gbit/s on the fast link (transport 34 ms, CPU-bound, more
+    # than the 17 ms of wire there): on 1 Gbit/s the 136 ms of wire hides it; the rest of the step stays
+    step = cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
+    assert step == pytest.approx(0.100 - 0.034 + 0.136)
+    # a link faster than that transport changes nothing
+    assert cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 100.0, 0.0, 8 / 4e9) == pytest.approx(0.100)
+    # an allgather's fast-link time stays: only its wire time changes
+    ag = {"allgather_calls": 1, "allgather_bytes": 4e6}
+    step = cost.projected_step_from_measured(0.050, ag, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
+    assert step == pytest.approx(0.050 - 4e6 / 1e9 + 4e6 / 125e6)

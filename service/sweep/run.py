@@ -169,10 +169,11 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     import ray
     import ray.train
     from ray import tune
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from service import ray_runtime
+    from service.cluster import torch_config as cluster_torch_config
     from service.progress import Publisher
 
     ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
@@ -209,7 +210,8 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
         },
         scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
                                                resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        # across hosts gloo must not bind to a loopback hostname (service/cluster.py)
+        torch_config=cluster_torch_config("nccl" if use_gpu else "gloo", ray.nodes()),
         run_config=ray.train.RunConfig(
             name=trial.run_name, storage_path=trials_storage,
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),

@@ -1,0 +1,120 @@
+"""Each collective a hook issues, timed alone on emulated shaped links, against hooks.cost.
+
+    .venv/bin/python bench/collectives_probe.py --world-sizes 2 4 --link 1
+
+W processes, each on its own emulated host (service/netem.py), time one gloo collective at a
+time (barrier on the ordinary network first, median of repeats, max over ranks) for the
+payloads mlp_digits' buckets give each hook, and print measured ms beside
+hooks.cost.collective_seconds at the link's measured goodput and latency.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from _common import free_port, load_average  # noqa: F401  (sys.path)
+
+import hooks  # noqa: E402
+from service import link_measure, netem  # noqa: E402
+
+BUCKET_ELEMS = 4_273_157  # mlp_digits' 8.5 M gradients in DDP's two buckets (mean bucket)
+
+
+def cases(w: int) -> list[tuple[str, str, int, str]]:
+    """(label, kind, payload bytes per rank, dtype)"""
+    from hooks.quantize import num_chunks
+
+    n = BUCKET_ELEMS
+    s = -(-num_chunks(n, 512) // w)
+    shard = 8 * s + s * 512
+    return [("allreduce fp32", "allreduce", 4 * n, "float32"),
+            ("allreduce fp16", "allreduce", 2 * n, "float16"),
+            ("allreduce bf16", "allreduce", 2 * n, "bfloat16"),
+            ("allgather uint8 n", "allgather", n, "uint8"),
+            ("allgather fp32 n", "allgather", 4 * n, "float32"),
+            ("all_to_all uint8 W*shard", "all_to_all", w * shard, "uint8"),
+            ("allgather uint8 shard", "allgather", shard, "uint8"),
+            ("allreduce fp32 small (PowerSGD P)", "allreduce", 4 * 3000, "float32")]
+
+
+def _rank(rank, w, port, net, links, repeats, queue):
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w)
+        group = netem.process_group_on_host(net.hosts[rank])
+        out = []
+        for link, label, kind, nbytes, dtype in [(link, *c) for link in links for c in cases(w)]:
+            if rank == 0 and link != net.link_gbps:
+                net.reshape(link)
+            dt = getattr(torch, dtype)
+            elem = torch.tensor([], dtype=dt).element_size()
+            x = torch.ones(nbytes // elem, dtype=dt)
+            times = []
+            for rep in range(repeats + 1):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if kind == "allreduce":
+                    dist.all_reduce(x, group=group)
+                elif kind == "allgather":
+                    outbuf = torch.empty(w * x.numel(), dtype=dt)
+                    dist.all_gather_into_tensor(outbuf, x, group=group)
+                else:
+                    outbuf = torch.empty_like(x)
+                    dist.all_to_all_single(outbuf, x, group=group)
+                t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                if rep:
+                    times.append(t.item())
+            out.append((link, label, kind, nbytes, statistics.median(times)))
+        dist.destroy_process_group()
+        queue.put((rank, out, None))
+    except BaseException:  # noqa: BLE001
+        import traceback
+
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def main(argv=None) -> int:
+    import multiprocessing as mp
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--link", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=5)
+    args = p.parse_args(argv)
+    measured = {link: link_measure.measure(link) for link in (None, args.link)}
+    for link, m in measured.items():
+        print(f"link {link} Gbit/s: measured {m.measured_gbps:.3f} Gbit/s, {m.measured_latency_ms:.3f} ms; "
+              f"load {load_average()}", flush=True)
+    ctx = mp.get_context("spawn")
+    for w in args.world_sizes:
+        with netem.Network(w, None) as net:
+            q, port = ctx.Queue(), free_port()
+            procs = [ctx.Process(target=_rank, args=(r, w, port, net, [None, args.link], args.repeats, q), daemon=True) for r in range(w)]
+            for pr in procs:
+                pr.start()
+            res = {}
+            for _ in procs:
+                r, out, err = q.get(timeout=1800)
+                if err:
+                    print(err, file=sys.stderr)
+                    return 1
+                res[r] = out
+            for pr in procs:
+                pr.join(30)
+        for link, label, kind, nbytes, sec in res[0]:
+            m = measured[link]
+            model = hooks.cost.collective_seconds(kind, nbytes, w, m.measured_gbps, m.measured_latency_ms / 1000)
+            print(f"W={w} link {str(link):4s} {label:34s} {nbytes / 1e6:8.3f} MB  measured {1000 * sec:8.1f} ms  model {1000 * model:8.1f} ms  "
+                  f"err {100 * (model - sec) / sec:+6.1f}%", flush=True)
+    print(f"load {load_average()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
