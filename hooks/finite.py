@@ -31,14 +31,15 @@ def nonfinite(tensors) -> torch.Tensor:
     1e38), so only then the exact min/max pass decides. On GPUs the min/max pass always runs:
     it needs no host sync there.
     """
-    tensors = [t.detach() for t in tensors if t is not None and t.numel()]
+    tensors = [t for t in tensors if t is not None and t.numel()]
     if not tensors:
         return torch.tensor(False)
-    if _native_ready(tensors):
+    if _native_ready(tensors):  # reads memory only: no autograd, no detach needed
         k = len(tensors)
         ptrs = (ctypes.c_void_p * k)(*[t.data_ptr() for t in tensors])
         lens = (ctypes.c_int64 * k)(*[t.numel() for t in tensors])
         return torch.tensor(bool(_native.library().hooks_any_nonfinite_f32(ptrs, lens, k)))
+    tensors = [t.detach() for t in tensors]
     if tensors[0].device.type == "cpu":
         sums = torch.stack([t.sum(dtype=torch.float32) if t.dtype in _LOW_PRECISION else t.sum()
                             for t in tensors])
