@@ -108,6 +108,7 @@ class NanMonitor:
         self.grads_reach_weights = grads_reach_weights
         self.module = getattr(model, "module", model)
         self.named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in self.named_params]
         self._name_of = {id(p): n for n, p in self.named_params}
         self.hook_state = hook_state
         self.hook_name = hook_name
@@ -132,10 +133,8 @@ class NanMonitor:
 
     def local_flags(self, loss: torch.Tensor) -> torch.Tensor:
         """This rank's row: [loss, model_grad, hook, params, loss value] (on device)."""
-        grads = [p.grad for _, p in self.named_params]
-        params = [p for _, p in self.named_params]
         loss = loss.detach().float().reshape(())
-        params_bad = nonfinite(params)
+        params_bad = nonfinite(self._params)
         # SGD and AdamW carry any non-finite gradient into its weight (p -= lr * f(g)), so
         # finite weights after the step mean finite gradients: on CPU, where reading the flag
         # is free, the gradients are read only when the weights went bad, to tell "hook"
@@ -143,7 +142,7 @@ class NanMonitor:
         if self.grads_reach_weights and params_bad.device.type == "cpu" and not bool(params_bad):
             grads_bad = torch.zeros((), dtype=torch.bool)
         else:
-            grads_bad = nonfinite(grads)
+            grads_bad = nonfinite([p.grad for p in self._params])
         row = torch.stack([
             loss.isfinite().logical_not().float(),
             torch.tensor(float(self._bucket_inputs_nonfinite()), device=loss.device),
