@@ -126,7 +126,7 @@ class _CallTimers:
         self.seconds: dict[str, float] = {}
         self._saved: list[tuple[type, str, Any]] = []
 
-    def wrap(self, cls: type, method: str, part: str) -> None:
+    def wrap(self, cls: Any, method: str, part: str) -> None:  # a class or a module
         original = getattr(cls, method)
         self._saved.append((cls, method, original))
         seconds = self.seconds
@@ -158,6 +158,7 @@ def _time_instrumentation_calls(worker) -> _CallTimers:
     timers = _CallTimers()
     timers.wrap(nan.NanMonitor, "submit", "nan_submit")
     timers.wrap(nan.NanMonitor, "resolve", "nan_resolve")
+    timers.wrap(nan, "nonfinite", "nan_weight_read")  # inside nan_submit: the read of the weights
     timers.wrap(worker.Reporter, "record", "logging")
     timers.wrap(worker.Reporter, "agreed", "logging")
     timers.wrap(tracking.MetricLogger, "flush", "logging_flush")

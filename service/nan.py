@@ -31,6 +31,7 @@ still describes step s, not the step that ran while its verdict was in flight.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -143,14 +144,18 @@ class NanMonitor:
             grads_bad = torch.zeros((), dtype=torch.bool)
         else:
             grads_bad = nonfinite([p.grad for p in self._params])
-        row = torch.stack([
+        inputs_bad = self._bucket_inputs_nonfinite()
+        if loss.device.type == "cpu":  # every flag reads for free on CPU: one small tensor, not five ops
+            value = float(loss)
+            return torch.tensor([float(not math.isfinite(value)), float(inputs_bad), float(bool(grads_bad)),
+                                 float(bool(params_bad)), value])
+        return torch.stack([
             loss.isfinite().logical_not().float(),
-            torch.tensor(float(self._bucket_inputs_nonfinite()), device=loss.device),
+            torch.tensor(float(inputs_bad), device=loss.device),
             grads_bad.float().to(loss.device),
             params_bad.float().to(loss.device),
             loss,
         ])
-        return row
 
     # -- the per-step agreement -------------------------------------------------------
 
