@@ -125,7 +125,7 @@ class _CallTimers:
         self.seconds: dict[str, float] = {}
         self._saved: list[tuple[type, str, Any]] = []
 
-    def wrap(self, cls: type, method: str, part: str) -> None:
+    def wrap(self, cls: Any, method: str, part: str) -> None:  # a class or a module
         original = getattr(cls, method)
         self._saved.append((cls, method, original))
         seconds = self.seconds
@@ -148,6 +148,16 @@ class _CallTimers:
         return {part: 1000 * s / max(steps, 1) for part, s in self.seconds.items()}
 
 
+class _Delegate:
+    """A module's stand-in whose attributes are the module's, so one of them can be timed alone."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
 def _time_instrumentation_calls(worker) -> _CallTimers:
     """Time the instrumentation's own calls in the loop: what it costs in itself, apart from
     what it does to the rest of the step (caches, threads, waiting for a peer)."""
@@ -157,6 +167,12 @@ def _time_instrumentation_calls(worker) -> _CallTimers:
     timers = _CallTimers()
     timers.wrap(nan.NanMonitor, "submit", "nan_submit")
     timers.wrap(nan.NanMonitor, "resolve", "nan_resolve")
+    timers.wrap(nan, "nonfinite", "nan_weight_read")  # inside nan_submit: the read of the weights
+    # inside nan_submit: launching the agreement's async all-reduce (service.nan's own `dist` only,
+    # so the hooks' collectives are not counted)
+    timers._saved.append((nan, "dist", nan.dist))
+    nan.dist = _Delegate(nan.dist)
+    timers.wrap(nan.dist, "all_reduce", "nan_agreement_launch")
     timers.wrap(worker.Reporter, "record", "logging")
     timers.wrap(worker.Reporter, "log", "logging")
     timers.wrap(tracking.MetricLogger, "flush", "logging_flush")

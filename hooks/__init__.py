@@ -11,7 +11,8 @@ See docs/hooks.md for each hook's algorithm, wire cost and error.
 from . import cost
 from .fidelity import with_fidelity
 from .quantize import kernel_backend
-from .registry import HookSpec, available, build, validate
+from .registry import available, build, validate
+from .spec import HookSpec, Param
 from .state import HookState, NonfiniteBucket
 
-__all__ = ["HookSpec", "HookState", "NonfiniteBucket", "available", "build", "kernel_backend", "validate", "with_fidelity", "cost"]
+__all__ = ["HookSpec", "Param", "HookState", "NonfiniteBucket", "available", "build", "kernel_backend", "validate", "with_fidelity", "cost"]

@@ -1,28 +1,25 @@
-"""The fused CPU kernels behind hooks.quantize: a small C file, compiled once, called through ctypes.
+"""The fused CPU kernels behind hooks.quantize and hooks.finite: a small C file, compiled once,
+called through ctypes.
 
-Why C through ctypes and not the alternatives:
+What they do: per chunk, one pass that keeps the chunk in L1 (min/max, then the uint8 codes);
+one fused dequantize(-and-accumulate) pass; an exact NaN/inf test over many arrays in one call;
+allreduce's divide by W that answers the NaN/inf test on the way. Why C through ctypes rather
+than eager torch (a memory pass per op), ``torch.utils.cpp_extension.load_inline`` (compiles
+against the torch headers in every fresh Ray worker image, needs ninja) or ``torch.compile``
+(compile latency in every Ray worker process), and what each costs: docs/hooks.md
+("Benchmark") and docs/performance.md ("Instrumentation").
 
-* eager PyTorch makes one full memory pass per op (aminmax, subtract, scale, cast to uint8, cast
-  back, scale-and-add: about 8 passes where a copy makes 2): measured at 11-13 % of a copy's
-  speed for a 25 MB bucket on one thread (bench/hooks_bench.py, docs/hooks.md), far from 50 %;
-* not measured here, weighed from how they work: ``torch.utils.cpp_extension.load_inline``
-  compiles against the torch headers (typically tens of seconds, in every fresh Ray worker
-  image) and needs ninja; ``torch.compile`` pays its compile latency in every Ray worker process
-  and would still need the per-chunk min/max before the codes (a reduction then a pointwise
-  kernel);
-* plain C99 compiled by the system ``cc`` in ~0.2 s of CPU (gcc 12, measured), with portable flags only
-  (``-O3``: SSE2 on x86-64, no ``-march=native``, since the image and CI machines differ), does
-  one pass per chunk that keeps the chunk in L1 (min/max, then codes) and one fused
-  dequantize(-and-accumulate) pass.
-
-The library is cached under ``$HOOKS_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/commhooks-kernels``
-(default ``~/.cache/commhooks-kernels``), named by a hash of the source, flags and compiler, and
+Plain C99 with portable flags only (``-O3``: SSE2 on x86-64, no ``-march=native``, since the
+image and CI machines differ), compiled by the system ``cc``. The library is cached under
+``$HOOKS_KERNEL_CACHE`` or ``$XDG_CACHE_HOME/commhooks-kernels`` (default
+``~/.cache/commhooks-kernels``), named by a hash of the source, flags and compiler, and
 published with an atomic rename so concurrent Ray workers never load a half-written file.
 ``ctypes.CDLL`` calls release the GIL. ``HOOKS_NATIVE_KERNELS=0`` turns the native path off.
 
 The kernels compute the per-chunk scalars and the codes with the same float32 operations, in
 the same order, as the torch path in hooks.quantize (``-ffp-contract=off``: no fused
-multiply-adds), so both give bit-identical codes and meta (tests/test_quantize_kernels.py).
+multiply-adds), so both give bit-identical codes and meta (tests/test_quantize_kernels.py);
+the divide is IEEE division, as torch's ``div_``.
 """
 from __future__ import annotations
 
@@ -81,6 +78,54 @@ static void chunk_minmax(const float *x, int64_t n, float *lo_out, float *hi_out
     }
     if (nan || lo != lo || hi != hi) { lo = NAN; hi = NAN; }
     *lo_out = lo; *hi_out = hi;
+}
+
+/* NaN/inf tests: x - x is +0 for every finite x and NaN for NaN and +-inf, and NaN + anything
+   is NaN, so an accumulator of x - x stays 0 exactly when every element is finite. */
+static int any_nonfinite(const float *x, int64_t n) {
+    int64_t i = 0;
+    float acc = 0.0f;
+#ifdef __SSE2__
+    __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (; i + 16 <= n; i += 16) {
+        __m128 a = _mm_loadu_ps(x + i), b = _mm_loadu_ps(x + i + 4);
+        __m128 c = _mm_loadu_ps(x + i + 8), d = _mm_loadu_ps(x + i + 12);
+        a0 = _mm_add_ps(a0, _mm_sub_ps(a, a)); a1 = _mm_add_ps(a1, _mm_sub_ps(b, b));
+        a2 = _mm_add_ps(a2, _mm_sub_ps(c, c)); a3 = _mm_add_ps(a3, _mm_sub_ps(d, d));
+    }
+    __m128 t = _mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3));
+    if (_mm_movemask_ps(_mm_cmpunord_ps(t, t))) return 1;
+#endif
+    for (; i < n; i++) acc += x[i] - x[i];
+    return acc != acc;
+}
+
+/* Does any of the k float32 arrays xs[j][0..ns[j]) hold NaN or +-inf? */
+int hooks_any_nonfinite_f32(const float *const *xs, const int64_t *ns, int64_t k) {
+    for (int64_t j = 0; j < k; j++)
+        if (any_nonfinite(xs[j], ns[j])) return 1;
+    return 0;
+}
+
+/* x[i] = x[i] / w in place (IEEE division, as torch's div_), and whether any x[i] was NaN or
+   +-inf: for a finite w >= 1 the quotient is non-finite exactly when x[i] is. One pass. */
+int hooks_div_nonfinite_f32(float *x, int64_t n, float w) {
+    int64_t i = 0;
+    float acc = 0.0f;
+    int bad = 0;
+#ifdef __SSE2__
+    const __m128 vw = _mm_set1_ps(w);
+    __m128 a0 = _mm_setzero_ps(), a1 = a0;
+    for (; i + 8 <= n; i += 8) {
+        __m128 a = _mm_div_ps(_mm_loadu_ps(x + i), vw), b = _mm_div_ps(_mm_loadu_ps(x + i + 4), vw);
+        _mm_storeu_ps(x + i, a); _mm_storeu_ps(x + i + 4, b);
+        a0 = _mm_add_ps(a0, _mm_sub_ps(a, a)); a1 = _mm_add_ps(a1, _mm_sub_ps(b, b));
+    }
+    __m128 t = _mm_add_ps(a0, a1);
+    bad = _mm_movemask_ps(_mm_cmpunord_ps(t, t)) != 0;
+#endif
+    for (; i < n; i++) { float v = x[i] / w; x[i] = v; acc += v - v; }
+    return bad || acc != acc;
 }
 
 /* Outputs of buckets at least this long (floats; 8 MB) are written with streaming stores. */
@@ -261,6 +306,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.hooks_quantize_f32.restype = None
     lib.hooks_dequantize_f32.argtypes = [ptr, ptr, i64, i64, ptr, ctypes.c_int]
     lib.hooks_dequantize_f32.restype = None
+    lib.hooks_any_nonfinite_f32.argtypes = [ptr, ptr, i64]
+    lib.hooks_any_nonfinite_f32.restype = ctypes.c_int
+    lib.hooks_div_nonfinite_f32.argtypes = [ptr, i64, ctypes.c_float]
+    lib.hooks_div_nonfinite_f32.restype = ctypes.c_int
     return lib
 
 

@@ -7,6 +7,8 @@ the bucket over the ranks of ``state.group``, written back into the bucket's buf
 import torch
 import torch.distributed as dist
 
+from .finite import divide_flagging_nonfinite
+from .spec import HookSpec, error_feedback
 from .state import HookState
 
 
@@ -23,14 +25,15 @@ def allreduce(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future
 
     Exact (equal to torch's ``allreduce_hook`` bit for bit). Wire: 2(W-1)/W * 4N bytes per rank.
     """
-    t0 = state.begin(bucket)
+    t0 = state.begin(bucket, check_input=False)
     buf = bucket.buffer()
-    buf.div_(state.world_size())
+    # The divide reads every element anyway: on CPU float32 it also answers the input flag.
+    state.flag_input(bucket, divide_flagging_nonfinite(buf, state.world_size()))
     state.account("allreduce", buf.numel() * buf.element_size())
     fut = dist.all_reduce(buf, group=state.group, async_op=True).get_future()
     # DDP's Python hook path needs a future holding a tensor; the collective's own future holds
     # a list of tensors (DDP asserts on it), so unwrap it: the result is the bucket itself.
-    return state.finish(fut.then(_first), t0)
+    return state.finish(fut, t0, _first)
 
 
 def _first(fut: torch.futures.Future) -> torch.Tensor:
@@ -55,7 +58,7 @@ def allgather_then_aggregate(state: HookState, bucket: dist.GradBucket) -> torch
         torch.sum(gathered.view(w, -1), dim=0, out=buf)
         return buf.div_(w)
 
-    return state.finish(fut.then(aggregate), t0)
+    return state.finish(fut, t0, aggregate)
 
 
 def cast_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -83,7 +86,7 @@ def cast_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Fu
         # Decompress in place into the bucket (as torch does): DDP copies the result into the grads.
         return buf.copy_(compressed)
 
-    return state.finish(fut.then(decompress), t0)
+    return state.finish(fut, t0, decompress)
 
 
 def fp16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -94,3 +97,38 @@ def fp16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Fu
 def bf16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """bf16 cast compression (see :func:`cast_compress`)."""
     return cast_compress(state, bucket)
+
+
+def _exact_state(process_group=None) -> HookState:
+    return HookState(process_group)
+
+
+def _cast_state(dtype: torch.dtype):
+    def make_state(process_group=None, error_feedback: bool = False) -> CastState:
+        return CastState(dtype, process_group, error_feedback=error_feedback)
+
+    return make_state
+
+
+def _fp32_allreduce(n, world_size, element_size=4, **_):
+    return [("allreduce", n * element_size)]
+
+
+def _fp32_allgather(n, world_size, element_size=4, **_):
+    return [("allgather", n * element_size)]
+
+
+def _16bit_allreduce(n, world_size, element_size=4, **_):
+    return [("allreduce", 2 * n)]
+
+
+SPECS = [
+    HookSpec("allreduce", allreduce, _exact_state, _fp32_allreduce, {}, False,
+             "fp32 ring allreduce of the mean (exact; DDP's default)", "black", "o"),
+    HookSpec("allgather_then_aggregate", allgather_then_aggregate, _exact_state, _fp32_allgather, {}, False,
+             "allgather every rank's bucket, average locally (exact)", "tab:gray", "s"),
+    HookSpec("fp16_compress", fp16_compress, _cast_state(torch.float16), _16bit_allreduce, error_feedback(), True,
+             "allreduce in float16 (2 bytes/float)", "tab:orange", "^"),
+    HookSpec("bf16_compress", bf16_compress, _cast_state(torch.bfloat16), _16bit_allreduce, error_feedback(), True,
+             "allreduce in bfloat16 (2 bytes/float)", "tab:brown", "v"),
+]

@@ -57,40 +57,14 @@ def collective_seconds(kind: str, nbytes: float, world_size: int, link_gbps: flo
 def hook_collectives(name: str, n: int, world_size: int, element_size: int = 4, **params) -> list[tuple[str, int]]:
     """The collectives one call of hook ``name`` issues on a bucket of ``n`` elements: [(kind, payload bytes)].
 
+    From the hook's spec (``HookSpec.collectives``), with its parameter defaults filled in.
     PowerSGD depends on the bucket's matrix shapes: give ``compressed_fraction`` (payload bytes /
     raw bytes once compressing, e.g. from measured stats; default 1 = before start_iter).
     """
-    from .quantize import message_bytes, num_chunks  # local import: quantize imports torch only
+    from .registry import spec  # local import: the registry imports the hooks, which import this module
 
-    raw = n * element_size
-    if name == "allreduce":
-        return [("allreduce", raw)]
-    if name == "allgather_then_aggregate":
-        return [("allgather", raw)]
-    if name in ("fp16_compress", "bf16_compress"):
-        return [("allreduce", 2 * n)]
-    if name == "quantization_pertensor":
-        return [("allgather", message_bytes(n, n))]
-    if name == "quantization_perchannel":
-        return [("allgather", message_bytes(n, params.get("chunk_size", 512)))]
-    if name == "quantized_allreduce":
-        chunk = params.get("chunk_size", 512)
-        s = -(-num_chunks(n, chunk) // world_size)
-        shard = 8 * s + s * chunk
-        return [("all_to_all", world_size * shard), ("allgather", shard)]
-    if name == "powersgd":
-        return [("allreduce", int(raw * params.get("compressed_fraction", 1.0)))]
-    if name in ("topk", "randomk"):
-        from .sparsify import num_selected
-
-        k = num_selected(n, params.get("ratio", 0.01))
-        # topk: k int32 indices + k float32 values by allgather; randomk: shared indices, k values
-        return [("allgather", 8 * k)] if name == "topk" else [("allreduce", 4 * k)]
-    if name == "signsgd":
-        return [("allgather", -(-n // 8) + 4 * num_chunks(n, params.get("chunk_size", 512)))]
-    if name == "qsgd":
-        return [("allgather", n + 4 * num_chunks(n, params.get("chunk_size", 512)))]
-    raise ValueError(f"unknown hook {name!r}")
+    s = spec(name)
+    return s.collectives(n, world_size, element_size=element_size, **{**s.params, **params})
 
 
 def hook_wire_bytes(name: str, n: int, world_size: int, element_size: int = 4, **params) -> float:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
+from .spec import HookSpec, flag, non_negative_int, positive_int, real
 from .state import HookState, _param_layout
 
 
@@ -88,7 +89,7 @@ class PowerSGDHookState(HookState):
         buckets = {}
         for idx in set(ps.error_dict) | set(ps.p_memory_dict):
             buckets[idx] = {
-                "layout": _param_layout(self._bucket_params.get(idx, [])),
+                "layout": _param_layout(self.bucket_parameters(idx)),
                 "error": _cpu(ps.error_dict.get(idx)),
                 "p": _cpu(ps.p_memory_dict.get(idx)),
                 "q": _cpu(ps.q_memory_dict.get(idx)),
@@ -139,3 +140,28 @@ def powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures
         # Waiting here keeps every rank's order the same, at the cost of overlap with backward.
         fut.wait()
     return state.finish(fut, t0)
+
+
+def _collectives(n, world_size, element_size=4, compressed_fraction=1.0, **_):
+    """One allreduce of the compressed fraction of the bucket (``compressed_fraction``: payload
+    bytes / raw bytes once compressing, e.g. from measured stats; 1 = before start_iter): the
+    split into matrices depends on the bucket's shapes, which a size alone does not give."""
+    return [("allreduce", int(n * element_size * compressed_fraction))]
+
+
+def _check(params: dict) -> None:
+    if (params["error_feedback"] or params["warm_start"]) and params["start_iter"] < 2:
+        raise ValueError(
+            f"hook 'powersgd': parameter 'start_iter' must be >= 2 when error_feedback or warm_start is on "
+            f"(DDP rebuilds its buckets after the first iteration), got {params['start_iter']!r}"
+        )
+
+
+SPEC = HookSpec(
+    "powersgd", powersgd, PowerSGDHookState, _collectives,
+    {"rank": positive_int(1), "start_iter": non_negative_int(10), "error_feedback": flag(True),
+     "warm_start": flag(True),
+     "orthogonalization_epsilon": real(1e-8, lambda v: 0 <= v < 1, "a number in [0, 1)")},
+    True, "PowerSGD low-rank compression (torch's), after start_iter plain allreduces", "tab:purple", "*",
+    check=_check,
+)

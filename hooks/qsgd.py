@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import SeededState, allgather_message, float32_out, into_bucket, leading_floats
+from .spec import HookSpec, error_feedback, int_between, positive_int
+from .state import SeededState, allgather_message, as_float32, decode_gathered, start_call
 
 MAX_LEVELS = 127  # codes are int8: -levels .. levels
 _SEED_BASE = 0x95D_0000_0000
@@ -58,15 +59,10 @@ def decode(codes: torch.Tensor, norms: torch.Tensor, levels: int, chunk_size: in
 
 def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """QSGD: stochastic rounding to ``levels`` levels of each chunk's L2 norm, by allgather; see module doc."""
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    t0, buf, w, n, x = start_call(state, bucket)
     chunk, s = state.chunk_size, state.levels
     c = chunks.num_chunks(n, chunk)
-    x = state.add_residual(bucket, buf)
-    xf = x.reshape(-1)
-    xf = xf if xf.dtype == torch.float32 else xf.to(torch.float32)
+    xf = as_float32(x)
     g = torch.Generator(device=buf.device)
     g.manual_seed(_SEED_BASE + (state.draws << 20) + dist.get_rank(state.group))
     state.draws += 1
@@ -78,15 +74,29 @@ def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torc
         state.store_residual(bucket, torch.sub(xf, carried, out=carried).to(x.dtype))
     gathered, fut = allgather_message(state, message)
 
+    def mean(payloads, all_norms, out):
+        for r in range(w):
+            decode(payloads[r].view(torch.int8), all_norms[r], s, chunk, out=out, accumulate=r > 0)
+        out.div_(w)
+
     def average(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
-        rows = gathered.view(w, -1)
-        all_norms = leading_floats(rows, c)  # (W, C)
-        total = float32_out(buf)
-        flat = total.view(-1)
-        for r in range(w):
-            decode(rows[r, 4 * c :].view(torch.int8), all_norms[r], s, chunk, out=flat, accumulate=r > 0)
-        flat.div_(w)
-        return into_bucket(buf, total)
+        return decode_gathered(buf, gathered, w, c, mean)
 
-    return state.finish(fut.then(average), t0)
+    return state.finish(fut, t0, average)
+
+def _state(process_group=None, levels: int = MAX_LEVELS, chunk_size: int = 512, error_feedback: bool = False) -> QSGDState:
+    return QSGDState(levels, chunk_size, process_group, error_feedback=error_feedback)
+
+
+def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+    return [("allgather", n + 4 * chunks.num_chunks(n, chunk_size))]
+
+
+SPEC = HookSpec(
+    "qsgd", qsgd, _state, _collectives,
+    {"levels": int_between(MAX_LEVELS, 1, MAX_LEVELS, "codes are int8"), "chunk_size": positive_int(512),
+     **error_feedback()}, True,
+    "QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
+    "navy", "8",
+)

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 
 from . import quantize as q
-from .state import HookState, allgather_message, float32_out, into_bucket
+from .spec import HookSpec, error_feedback, positive_int
+from .state import HookState, allgather_message, float32_out, into_bucket, start_call
 
 
 class QuantizationState(HookState):
@@ -26,15 +27,16 @@ class QuantizationState(HookState):
 
 
 def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    # Without error feedback the quantized values are the input itself, and the per-chunk
+    # min/max already tells whether it held NaN/inf (q.nonfinite_chunks): no second read. With
+    # it they are input + residual (which may overflow), so the input is read on its own.
+    t0, buf, w, n, x = start_call(state, bucket, check_input=state.error_feedback)
     chunk = state.chunk_size or n
-    x = state.add_residual(bucket, buf)
     # Quantize straight into the message buffer (meta bytes, then codes): no pack copy.
     message, codes, meta = q.message_views(n, chunk, device=buf.device)
     q.quantize(x, chunk, codes=codes, meta=meta)
+    if not state.error_feedback:
+        state.flag_input(bucket, q.nonfinite_chunks(meta))
     if state.error_feedback:
         carried = q.dequantize(codes, meta, chunk)
         state.store_residual(bucket, torch.sub(x.to(torch.float32), carried, out=carried).to(x.dtype))
@@ -51,7 +53,7 @@ def _quantize_allgather(state: QuantizationState, bucket: dist.GradBucket) -> to
         total.div_(w)
         return into_bucket(buf, total)
 
-    return state.finish(fut.then(dequantize_and_average), t0)
+    return state.finish(fut, t0, dequantize_and_average)
 
 
 def quantization_pertensor(state: QuantizationState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -70,3 +72,28 @@ def quantization_perchannel(state: QuantizationState, bucket: dist.GradBucket) -
     ranks of (max - min) / 510 of the element's chunk: each chunk keeps its own resolution.
     """
     return _quantize_allgather(state, bucket)
+
+
+def _pertensor_state(process_group=None, error_feedback: bool = False) -> QuantizationState:
+    return QuantizationState(None, process_group, error_feedback=error_feedback)
+
+
+def _perchannel_state(process_group=None, chunk_size: int = 512, error_feedback: bool = False) -> QuantizationState:
+    return QuantizationState(chunk_size, process_group, error_feedback=error_feedback)
+
+
+def _pertensor_collectives(n, world_size, element_size=4, **_):
+    return [("allgather", q.message_bytes(n, n))]
+
+
+def _perchannel_collectives(n, world_size, element_size=4, chunk_size=512, **_):
+    return [("allgather", q.message_bytes(n, chunk_size))]
+
+
+SPECS = [
+    HookSpec("quantization_pertensor", quantization_pertensor, _pertensor_state, _pertensor_collectives,
+             error_feedback(), True, "uint8 min/max, one scale per bucket, by allgather", "tab:blue", "D"),
+    HookSpec("quantization_perchannel", quantization_perchannel, _perchannel_state, _perchannel_collectives,
+             {"chunk_size": positive_int(512), **error_feedback()}, True,
+             "uint8 min/max, one scale per chunk of chunk_size floats, by allgather", "tab:green", "p"),
+]

@@ -197,6 +197,13 @@ def dequantize(
     return out
 
 
+def nonfinite_chunks(meta: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor: did the quantized values hold NaN or +-inf? Exact: a chunk holds one
+    exactly when its ``(lo, step)`` is non-finite (the edge cases above; a finite chunk whose
+    range overflows still gets a finite step), so C pairs answer for N values."""
+    return meta.isfinite().all().logical_not()
+
+
 def message_views(n: int, chunk_size: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """An empty packed message (uint8, :func:`message_bytes` long) and its ``(codes, meta)``
     views, to quantize straight into. Layout: the C (lo, step) float32 pairs as bytes, then the

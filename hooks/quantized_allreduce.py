@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from . import quantize as q
 from .quantization import QuantizationState
-from .state import _param_layout, allgather_message, float32_out, into_bucket
+from .spec import HookSpec, error_feedback, positive_int
+from .state import _param_layout, allgather_message, float32_out, into_bucket, start_call
 
 
 class QuantizedAllreduceState(QuantizationState):
@@ -82,15 +83,14 @@ def _quantize_padded(x: torch.Tensor, chunk: int, padded: int) -> tuple[torch.Te
 
 def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather; see module doc."""
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    # The input flag comes from the per-chunk min/max without error feedback (as in hooks/quantization.py).
+    t0, buf, w, n, x = start_call(state, bucket, check_input=state.error_feedback)
     chunk = state.chunk_size
     s, padded = shard_layout(n, chunk, w)
     c = q.num_chunks(n, chunk)
-    x = state.add_residual(bucket, buf)
     codes, meta = _quantize_padded(x, chunk, padded)  # (W·S·c,), (W·S, 2)
+    if not state.error_feedback:
+        state.flag_input(bucket, q.nonfinite_chunks(meta[:c]))
     if state.error_feedback:
         carried = q.dequantize(codes[:n], meta[:c], chunk)
         state.store_residual(bucket, torch.sub(x.reshape(-1).to(torch.float32), carried, out=carried).to(x.dtype))
@@ -131,4 +131,22 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
             q.dequantize(g_codes[r][:m], g_meta[r][: q.num_chunks(m, chunk)], chunk, out=flat[start : start + m])
         return into_bucket(buf, mean)
 
-    return state.finish(fut.then(dequantize_shards), t0)
+    return state.finish(fut, t0, dequantize_shards)
+
+
+def _state(process_group=None, chunk_size: int = 512, error_feedback: bool = False) -> QuantizedAllreduceState:
+    return QuantizedAllreduceState(chunk_size, process_group, error_feedback=error_feedback)
+
+
+def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+    s, _padded = shard_layout(n, chunk_size, world_size)
+    shard = 8 * s + s * chunk_size
+    return [("all_to_all", world_size * shard), ("allgather", shard)]
+
+
+SPEC = HookSpec(
+    "quantized_allreduce", quantized_allreduce, _state, _collectives,
+    {"chunk_size": positive_int(512), **error_feedback()}, True,
+    "uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
+    "tab:red", "h",
+)

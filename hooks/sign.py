@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from . import chunks
-from .state import HookState, allgather_message, float32_out, into_bucket, leading_floats
+from .spec import HookSpec, error_feedback, flag, positive_int
+from .state import HookState, allgather_message, as_float32, decode_gathered, start_call
 
 # 8 bytes holding 0/1 each, read as one little-endian int64 v = sum_j b_j 2^(8j): v * _GATHER puts
 # b_j at bit 56 + j and every cross term b_j 2^(8j + 56 - 7i), i != j, either past bit 63 (j > i)
@@ -78,17 +79,11 @@ def _mean_abs(v: torch.Tensor, dim: int) -> torch.Tensor:
 
 def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """1-bit signs + one mean-|x| scale per chunk, by allgather; mean or majority vote; see module doc."""
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    t0, buf, w, n, x = start_call(state, bucket)
     chunk = state.chunk_size
     c = chunks.num_chunks(n, chunk)
-    nb = -(-n // 8)
-    x = state.add_residual(bucket, buf)
-    xf = x.reshape(-1)
-    xf = xf if xf.dtype == torch.float32 else xf.to(torch.float32)
-    message = torch.empty(4 * c + nb, dtype=torch.uint8, device=buf.device)  # scales, then bits
+    xf = as_float32(x)
+    message = torch.empty(4 * c + -(-n // 8), dtype=torch.uint8, device=buf.device)  # scales, then bits
     scales = message[: 4 * c].view(torch.float32)
     scales.copy_(chunks.reduce(xf, chunk, _mean_abs))
     pack_signs(xf, out=message[4 * c :])
@@ -97,21 +92,35 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
         state.store_residual(bucket, torch.sub(xf, carried, out=carried).to(x.dtype))
     gathered, fut = allgather_message(state, message)
 
+    def mean(bits, all_scales, out):
+        for r in range(w):
+            chunks.scale(unpack_signs(bits[r], n), all_scales[r], chunk, out=out, accumulate=r > 0)
+        out.div_(w)
+
+    def vote(bits, all_scales, out):
+        out.copy_(unpack_signs(bits[0], n))
+        for r in range(1, w):
+            out.add_(unpack_signs(bits[r], n))
+        chunks.scale(out.sign_(), all_scales.mean(0), chunk, out=out)
+
     def decode(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
-        g = gathered.view(w, -1)
-        all_scales = leading_floats(g, c)  # (W, C)
-        total = float32_out(buf)
-        flat = total.view(-1)
-        if state.majority_vote:
-            flat.copy_(unpack_signs(g[0, 4 * c :], n))
-            for r in range(1, w):
-                flat.add_(unpack_signs(g[r, 4 * c :], n))
-            chunks.scale(flat.sign_(), all_scales.mean(0), chunk, out=flat)
-        else:
-            for r in range(w):
-                chunks.scale(unpack_signs(g[r, 4 * c :], n), all_scales[r], chunk, out=flat, accumulate=r > 0)
-            flat.div_(w)
-        return into_bucket(buf, total)
+        return decode_gathered(buf, gathered, w, c, vote if state.majority_vote else mean)
 
-    return state.finish(fut.then(decode), t0)
+    return state.finish(fut, t0, decode)
+
+def _state(process_group=None, chunk_size: int = 512, majority_vote: bool = False,
+           error_feedback: bool = False) -> SignState:
+    return SignState(chunk_size, majority_vote, process_group, error_feedback=error_feedback)
+
+
+def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+    return [("allgather", -(-n // 8) + 4 * chunks.num_chunks(n, chunk_size))]
+
+
+SPEC = HookSpec(
+    "signsgd", signsgd, _state, _collectives,
+    {"chunk_size": positive_int(512), "majority_vote": flag(False), **error_feedback()}, True,
+    "1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
+    "tab:pink", "d",
+)

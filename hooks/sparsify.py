@@ -25,7 +25,8 @@ import math
 import torch
 import torch.distributed as dist
 
-from .state import HookState, SeededState
+from .spec import HookSpec, error_feedback, real
+from .state import HookState, SeededState, as_float32, float32_out, into_bucket, start_call
 
 # randomk's index draws: seed = _SEED_BASE + calls so far, the same on every rank.
 _SEED_BASE = 0x5EED_0000
@@ -46,18 +47,6 @@ class SparsifyState(SeededState):
         self.ratio = float(ratio)
 
 
-def _as_float32(x: torch.Tensor) -> torch.Tensor:
-    flat = x.reshape(-1)
-    return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
-
-
-def _result_buffer(buf: torch.Tensor) -> torch.Tensor:
-    """Where the float32 mean is assembled: the bucket itself when it is contiguous float32."""
-    if buf.dtype == torch.float32 and buf.is_contiguous():
-        return buf.view(-1)
-    return torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
-
-
 def _store_unsent(state: HookState, bucket, x: torch.Tensor, idx: torch.Tensor) -> None:
     residual = x.reshape(-1).clone()
     residual.index_fill_(0, idx, 0)
@@ -67,15 +56,11 @@ def _store_unsent(state: HookState, bucket, x: torch.Tensor, idx: torch.Tensor) 
 def topk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Per rank the k = ceil(ratio * N) largest |values|, (index, value) pairs by allgather,
     mean of the sparse contributions densified; see the module doc."""
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    t0, buf, w, n, x = start_call(state, bucket)
     if n >= 2**31:
         raise ValueError(f"topk: a bucket of {n} elements does not fit int32 indices")
     k = num_selected(n, state.ratio)
-    x = state.add_residual(bucket, buf)
-    xf = _as_float32(x)
+    xf = as_float32(x)
     idx = xf.abs().topk(k, sorted=False).indices
     # One int32 message: k indices, then the k float32 values bit for bit.
     message = torch.empty(2 * k, dtype=torch.int32, device=buf.device)
@@ -90,16 +75,16 @@ def topk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[
     def densify(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
         parts = gathered.view(w, 2, k)
-        total = _result_buffer(buf)
-        total.zero_()
+        total = float32_out(buf)
+        flat = total.view(-1).zero_()
         # Rank by rank: a rank's indices are distinct, so each index_add_ has no colliding adds
         # and the sum order is the same on every rank and device (atomics on GPUs included).
         for r in range(w):
-            total.index_add_(0, parts[r, 0].long(), parts[r, 1].view(torch.float32))
-        total.div_(w)
-        return buf if total.data_ptr() == buf.data_ptr() else buf.copy_(total.view_as(buf))
+            flat.index_add_(0, parts[r, 0].long(), parts[r, 1].view(torch.float32))
+        flat.div_(w)
+        return into_bucket(buf, total)
 
-    return state.finish(fut.then(densify), t0)
+    return state.finish(fut, t0, densify)
 
 
 def strata_indices(n: int, k: int, generator: torch.Generator, device=None) -> torch.Tensor:
@@ -115,13 +100,9 @@ def strata_indices(n: int, k: int, generator: torch.Generator, device=None) -> t
 def randomk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The same k random indices on every rank (seeded by the call count), allreduce of the k
     values, mean densified; see the module doc."""
-    t0 = state.begin(bucket)
-    buf = bucket.buffer()
-    w = state.world_size()
-    n = buf.numel()
+    t0, buf, w, n, x = start_call(state, bucket)
     k = num_selected(n, state.ratio)
-    x = state.add_residual(bucket, buf)
-    xf = _as_float32(x)
+    xf = as_float32(x)
     g = torch.Generator(device=buf.device)
     g.manual_seed(_SEED_BASE + state.draws)
     state.draws += 1
@@ -135,9 +116,35 @@ def randomk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Futu
 
     def densify(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allreduce failed
-        total = _result_buffer(buf)
-        total.zero_()
-        total.index_copy_(0, idx, values)
-        return buf if total.data_ptr() == buf.data_ptr() else buf.copy_(total.view_as(buf))
+        total = float32_out(buf)
+        total.view(-1).zero_().index_copy_(0, idx, values)
+        return into_bucket(buf, total)
 
-    return state.finish(fut.then(densify), t0)
+    return state.finish(fut, t0, densify)
+
+
+def _state(process_group=None, ratio: float = 0.01, error_feedback: bool = False) -> SparsifyState:
+    return SparsifyState(ratio, process_group, error_feedback=error_feedback)
+
+
+def _topk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
+    return [("allgather", 8 * num_selected(n, ratio))]  # k int32 indices + k float32 values
+
+
+def _randomk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
+    return [("allreduce", 4 * num_selected(n, ratio))]  # shared indices: only the k values travel
+
+
+def _ratio() -> dict:
+    return {"ratio": real(0.01, lambda v: 0 < v <= 1, "a number in (0, 1] (the fraction of values each rank sends)"),
+            **error_feedback()}
+
+
+SPECS = [
+    HookSpec("topk", topk, _state, _topk_collectives, _ratio(), True,
+             "each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
+             "tab:cyan", ">"),
+    HookSpec("randomk", randomk, _state, _randomk_collectives, _ratio(), True,
+             "the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
+             "tab:olive", "<"),
+]

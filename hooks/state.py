@@ -1,13 +1,27 @@
-"""The state object every hook carries: byte accounting, timing, NaN/inf flags, error feedback.
+"""The state object every hook carries, made of three parts: accounting, non-finite input flags,
+error-feedback residuals.
 
 A DDP comm hook is a plain function ``hook(state, bucket) -> Future[Tensor]`` (PyTorch's
 ddp_comm_hooks shape). Everything a hook needs to remember between calls lives in its state,
 an instance of :class:`HookState` (or a subclass). The hook calls, in order::
 
-    t0 = state.begin(bucket)               # counts the call, raw bytes, flags NaN/inf (see nonfinite)
+    t0 = state.begin(bucket)               # counts the call and raw bytes, flags NaN/inf in the input
     x = state.add_residual(bucket, buf)    # error feedback, only if enabled
     state.account("allreduce", nbytes)     # once per collective, with the bytes handed to it
-    return state.finish(fut, t0)           # records hook-entry -> future-completion seconds
+    return state.finish(fut, t0, done)     # runs done(fut) on completion, records hook-entry -> completion seconds
+
+A hook whose own work already tells whether its input was finite (allreduce's divide, the
+quantizers' per-chunk min/max) calls ``state.begin(bucket, check_input=False)`` and hands that
+answer to ``state.flag_input(bucket, bad)`` instead of paying a second read of the bucket.
+
+The parts, each usable and tested through HookState's methods:
+
+* :class:`Accounting`: calls, raw/payload/wire bytes, seconds, per-collective counts, sampled
+  fidelity; ``stats()``;
+* :class:`NonfiniteFlags`: per bucket, how many calls saw a NaN/inf input; ``pop()`` reads them
+  with one host sync;
+* :class:`Residuals`: error feedback's per-bucket residuals, moved across DDP's bucket rebuild
+  and keyed by parameter ordinal in checkpoints.
 
 Accounting follows the standard algorithm of each collective (see ``hooks.cost``):
 ring allreduce sends 2(W-1)/W * n bytes per rank, ring allgather (W-1) * n, all_to_all (W-1)/W * n.
@@ -16,12 +30,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional, Union
 
 import torch
 import torch.distributed as dist
 
 from . import cost
+from .finite import nonfinite
 
 # Collective kinds whose payload bytes and call counts are kept separately, so that the
 # cost model (hooks.cost) can re-price a measured run on another network.
@@ -35,191 +50,168 @@ class NonfiniteBucket(NamedTuple):
     parameters: list  # list[torch.Tensor]: the model parameters whose gradients share the bucket
 
 
-def nonfinite(tensors) -> torch.Tensor:
-    """A 0-dim bool tensor: does any of ``tensors`` hold NaN or inf? Exact.
-
-    On CPU, one sum per tensor first: a NaN/inf anywhere makes its sum non-finite, and a
-    sum is one read (0.15 ms for 467 k float32 values, against 0.34 ms for a min/max per
-    tensor, measured side by side). A non-finite sum can also be finite values that
-    overflowed when added (values near 1e38), so only then the exact min/max pass decides;
-    reading the sum's flag is free on CPU. On GPUs the min/max pass always runs: it needs
-    no host sync there. (``torch._foreach_norm(ts, inf)`` answers the same but takes a slow
-    path on CPU: 6.6 ms for those 467 k values.)
-    """
-    tensors = [t.detach() for t in tensors if t is not None and t.numel()]
-    if not tensors:
-        return torch.tensor(False)
-    if tensors[0].device.type == "cpu":
-        sums = torch.stack([t.sum(dtype=torch.float32) if t.dtype in _LOW_PRECISION else t.sum()
-                            for t in tensors])
-        if bool(sums.isfinite().all()):
-            return torch.tensor(False)
-    extremes = torch.stack([torch.stack(torch.aminmax(t)).float() for t in tensors])
-    return extremes.isfinite().all().logical_not()
-
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
 def _param_layout(params: list) -> tuple:
     """A process-independent description of a bucket's layout: the parameter shapes in order."""
     return tuple(tuple(p.shape) for p in params)
 
 
-class HookState:
-    """State shared by all calls of one hook on one rank.
+class Accounting:
+    """Cumulative statistics of one hook on one rank: calls, bytes, seconds, sampled fidelity."""
 
-    Holds the process group, the cumulative statistics (:meth:`stats`), the per-bucket NaN/inf
-    flags (:meth:`pop_nonfinite_buckets`) and, when ``error_feedback`` is on, the per-bucket
-    residuals (what this rank meant to contribute minus what its compressed contribution carried).
-    """
+    def __init__(self):
+        self._lock = threading.Lock()  # seconds and fidelity are added from the collective's completion thread
+        self._fidelity: Optional[list] = None  # [sum rel error, sum cosine, samples] once enabled
+        self.reset()
 
-    def __init__(self, process_group: dist.ProcessGroup | None = None, error_feedback: bool = False):
-        self.process_group = process_group
-        self.error_feedback = bool(error_feedback)
-        self._lock = threading.Lock()  # seconds are added from the collective's completion thread
-        self.reset_stats()
-        # bucket index -> 0-dim int64 tensor on the bucket's device: calls whose input was not finite.
-        self._nonfinite_counts: dict[int, torch.Tensor] = {}
-        self._bucket_params: dict[int, list] = {}
-        self._nonfinite_popped = 0
-        # error feedback: bucket index -> (parameters, flat residual); parameter ordinals (first-seen
-        # order, stable across processes) key the residuals in checkpoints; restored residuals wait
-        # in _restored (ordinal -> tensor) until their parameter's bucket arrives.
-        self._residuals: dict[int, tuple[list, torch.Tensor]] = {}
-        self._ordinals: dict[int, int] = {}
-        self._orphan_key = 0  # negative keys hold residuals of a superseded layout until moved
-        self._restored: dict[int, torch.Tensor] = {}
-        self._fidelity: list | None = None  # [sum rel error, sum cosine, samples] once enabled
-
-    # ---------------------------------------------------------------- group
-    @property
-    def group(self) -> dist.ProcessGroup:
-        return self.process_group if self.process_group is not None else dist.group.WORLD
-
-    def world_size(self) -> int:
-        return dist.get_world_size(self.group)
-
-    # ---------------------------------------------------------------- per call
-    def begin(self, bucket) -> float:
-        """Count the call and its raw bytes; flag a non-finite input without a host sync."""
-        t0 = time.perf_counter()
-        buf = bucket.buffer()
-        idx = bucket.index()
-        self._calls += 1
-        self._raw_bytes += buf.numel() * buf.element_size()
-        # One reduction over the bucket (exact, see nonfinite). The flag stays a tensor: on a
-        # GPU it is read once, in pop_nonfinite_buckets()/stats(), not here.
-        bad = nonfinite([buf])
-        count = self._nonfinite_counts.get(idx)
-        if count is None or count.device != buf.device:
-            self._nonfinite_counts[idx] = bad.to(torch.int64)
-        else:
-            count.add_(bad)
-        self._bucket_params[idx] = bucket.parameters()
-        return t0
-
-    def account(self, kind: str, nbytes: int) -> None:
-        """Record one collective of ``kind`` that this rank hands ``nbytes`` bytes to."""
-        w = self.world_size()
-        self._payload_bytes += nbytes
-        self._wire_bytes += cost.wire_bytes(kind, nbytes, w)
-        self._per_kind[kind][0] += 1
-        self._per_kind[kind][1] += nbytes
-
-    def finish(self, fut: torch.futures.Future, t0: float) -> torch.futures.Future[torch.Tensor]:
-        """Chain a step that records hook-entry -> completion seconds (no waiting here).
-
-        A ``then`` step rather than a done-callback: the callback may run after ``wait()``
-        returns, the ``then`` step always runs before the returned future completes.
-        """
-
-        def record_seconds(done: torch.futures.Future) -> torch.Tensor:
-            elapsed = time.perf_counter() - t0
-            with self._lock:
-                self._seconds += elapsed
-            return done.value()
-
-        return fut.then(record_seconds)
-
-    # ---------------------------------------------------------------- statistics
-    def stats(self) -> dict[str, float]:
-        """Cumulative statistics since build or the last :meth:`reset_stats`.
-
-        calls, raw_bytes (uncompressed bucket bytes), payload_bytes (bytes handed to collectives,
-        scales included), wire_bytes (bytes this rank sends under each collective's standard
-        algorithm), seconds (hook entry to future completion, summed), nonfinite_inputs (calls
-        whose input held NaN/inf, pending flags included), and per collective kind
-        ``{kind}_calls`` / ``{kind}_bytes``. One host sync (to read the pending NaN flags).
-        """
+    def reset(self) -> None:
+        self.calls = 0
+        self.raw_bytes = 0
+        self.payload_bytes = 0
+        self.wire_bytes = 0.0
         with self._lock:
-            seconds = self._seconds
+            self._seconds = 0.0
+            if self._fidelity is not None:
+                self._fidelity = [0.0, 0.0, 0]
+        self.per_kind = {kind: [0, 0] for kind in COLLECTIVES}
+
+    def call(self, raw_bytes: int) -> None:
+        self.calls += 1
+        self.raw_bytes += raw_bytes
+
+    def collective(self, kind: str, nbytes: int, world_size: int) -> None:
+        self.payload_bytes += nbytes
+        self.wire_bytes += cost.wire_bytes(kind, nbytes, world_size)
+        self.per_kind[kind][0] += 1
+        self.per_kind[kind][1] += nbytes
+
+    def add_seconds(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += seconds
+
+    def enable_fidelity(self) -> None:
+        with self._lock:
+            if self._fidelity is None:
+                self._fidelity = [0.0, 0.0, 0]
+
+    def record_fidelity(self, rel_error: torch.Tensor, cosine: torch.Tensor) -> None:
+        with self._lock:
+            rel_sum, cos_sum, samples = self._fidelity
+            self._fidelity = [rel_error.detach() + rel_sum, cosine.detach() + cos_sum, samples + 1]
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            seconds, fidelity = self._seconds, self._fidelity
         out: dict[str, float] = {
-            "calls": self._calls,
-            "raw_bytes": self._raw_bytes,
-            "payload_bytes": self._payload_bytes,
-            "wire_bytes": self._wire_bytes,
+            "calls": self.calls,
+            "raw_bytes": self.raw_bytes,
+            "payload_bytes": self.payload_bytes,
+            "wire_bytes": self.wire_bytes,
             "seconds": seconds,
-            "nonfinite_inputs": self._nonfinite_popped - self._nonfinite_at_reset + self._pending_nonfinite(),
         }
         for kind in COLLECTIVES:
-            out[f"{kind}_calls"] = self._per_kind[kind][0]
-            out[f"{kind}_bytes"] = self._per_kind[kind][1]
-        if self._fidelity is not None:
-            rel_sum, cos_sum, samples = self._fidelity
+            out[f"{kind}_calls"] = self.per_kind[kind][0]
+            out[f"{kind}_bytes"] = self.per_kind[kind][1]
+        if fidelity is not None:
+            rel_sum, cos_sum, samples = fidelity
             out["fidelity_samples"] = samples
             out["fidelity_rel_error"] = float(rel_sum) / samples if samples else float("nan")
             out["fidelity_cosine"] = float(cos_sum) / samples if samples else float("nan")
         return out
 
-    # ---------------------------------------------------------------- fidelity (hooks.with_fidelity)
-    def enable_fidelity(self) -> None:
-        if self._fidelity is None:
-            self._fidelity = [0.0, 0.0, 0]
-
-    def record_fidelity(self, rel_error: torch.Tensor, cosine: torch.Tensor) -> None:
-        """Add one sampled bucket's relative error and cosine (device tensors: no sync here)."""
+    def state_dict(self) -> dict[str, Any]:
         with self._lock:
-            rel_sum, cos_sum, samples = self._fidelity
-            self._fidelity = [rel_error.detach() + rel_sum, cosine.detach() + cos_sum, samples + 1]
+            seconds = self._seconds
+        return {"calls": self.calls, "raw_bytes": self.raw_bytes, "payload_bytes": self.payload_bytes,
+                "wire_bytes": self.wire_bytes, "seconds": seconds,
+                "per_kind": {k: list(v) for k, v in self.per_kind.items()}}
 
-    def reset_stats(self) -> None:
-        self._calls = 0
-        self._raw_bytes = 0
-        self._payload_bytes = 0
-        self._wire_bytes = 0.0
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.calls = s["calls"]
+        self.raw_bytes = s["raw_bytes"]
+        self.payload_bytes = s["payload_bytes"]
+        self.wire_bytes = s["wire_bytes"]
         with self._lock:
-            self._seconds = 0.0
-        self._per_kind = {kind: [0, 0] for kind in COLLECTIVES}
-        if getattr(self, "_fidelity", None) is not None:
-            self._fidelity = [0.0, 0.0, 0]
-        # nonfinite_inputs restarts from zero too: remember what had been counted so far.
-        popped = getattr(self, "_nonfinite_popped", 0)
-        pending = self._pending_nonfinite() if hasattr(self, "_nonfinite_counts") else 0
-        self._nonfinite_at_reset = popped + pending
+            self._seconds = s["seconds"]
+        self.per_kind = {k: list(v) for k, v in s["per_kind"].items()}
 
-    def _pending_nonfinite(self) -> int:
-        if not self._nonfinite_counts:
-            return 0
-        return int(_gather_counts(list(self._nonfinite_counts.values())).sum())
 
-    # ---------------------------------------------------------------- NaN provenance
-    def pop_nonfinite_buckets(self) -> list[NonfiniteBucket]:
-        """Buckets whose hook input held NaN/inf since the last pop (one host sync)."""
-        if not self._nonfinite_counts:
-            return []
-        indices = list(self._nonfinite_counts)
-        counts = _gather_counts([self._nonfinite_counts[i] for i in indices]).tolist()
+class NonfiniteFlags:
+    """Per bucket index, the number of calls whose input held NaN/inf, not yet popped.
+
+    A count is a Python int when the flag came as one (CPU: reading a flag costs nothing), else
+    a 0-dim int64 tensor on the bucket's device, read only in :meth:`pop` / :meth:`pending`
+    (on a GPU the hook never waits for it). One entry per bucket index, whatever the step count.
+    """
+
+    def __init__(self):
+        self.counts: dict[int, Union[int, torch.Tensor]] = {}
+        self.parameters: dict[int, list] = {}  # bucket index -> its parameters at the last call
+        self.popped = 0
+        self.at_reset = 0  # popped + pending at the last reset_stats (nonfinite_inputs counts from there)
+
+    def record(self, index: int, parameters: list, bad: Union[bool, torch.Tensor]) -> None:
+        self.parameters[index] = parameters
+        if isinstance(bad, torch.Tensor) and bad.device.type == "cpu":
+            bad = bool(bad)
+        count = self.counts.get(index, 0)
+        if isinstance(bad, bool):
+            if isinstance(count, torch.Tensor):
+                count.add_(int(bad))
+            else:
+                self.counts[index] = count + bad
+        elif isinstance(count, torch.Tensor) and count.device == bad.device:
+            count.add_(bad)
+        else:
+            self.counts[index] = bad.to(torch.int64) + (count if isinstance(count, int) else count.to(bad.device))
+
+    def _read(self, indices: list[int]) -> list[int]:
+        tensors = [i for i in indices if isinstance(self.counts[i], torch.Tensor)]
+        read = dict(zip(tensors, _gather_counts([self.counts[i] for i in tensors]).tolist())) if tensors else {}
+        return [read[i] if i in read else self.counts[i] for i in indices]
+
+    def pending(self) -> int:
+        return sum(self._read(list(self.counts)))
+
+    def since_reset(self) -> int:
+        return self.popped - self.at_reset + self.pending()
+
+    def reset(self) -> None:
+        self.at_reset = self.popped + self.pending()
+
+    def pop(self) -> list[NonfiniteBucket]:
+        indices = list(self.counts)
         found = []
-        for idx, n in zip(indices, counts):
+        for idx, n in zip(indices, self._read(indices)):
             if n:
-                self._nonfinite_popped += n
-                self._nonfinite_counts[idx].zero_()
-                found.append(NonfiniteBucket(idx, list(self._bucket_params.get(idx, []))))
+                self.popped += n
+                self.counts[idx] = 0
+                found.append(NonfiniteBucket(idx, list(self.parameters.get(idx, []))))
         return found
 
-    # ---------------------------------------------------------------- error feedback
-    def add_residual(self, bucket, x: torch.Tensor) -> torch.Tensor:
+    def state_dict(self) -> dict[str, int]:
+        return {"nonfinite_popped": self.popped + self.pending(), "nonfinite_at_reset": self.at_reset}
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.counts = {}
+        self.popped = s["nonfinite_popped"]
+        self.at_reset = s["nonfinite_at_reset"]
+
+
+class Residuals:
+    """Error feedback: per bucket index, (parameters, flat residual) of the last call.
+
+    Parameter ordinals (the order in which this state first saw each parameter, stable across
+    processes) key the residuals in checkpoints; restored residuals wait in ``restored``
+    (ordinal -> tensor) until their parameter's bucket arrives.
+    """
+
+    def __init__(self):
+        self.by_bucket: dict[int, tuple[list, torch.Tensor]] = {}
+        self.ordinals: dict[int, int] = {}  # id(parameter) -> ordinal
+        self._orphan_key = 0  # negative keys hold residuals of a superseded layout until moved
+        self.restored: dict[int, torch.Tensor] = {}
+
+    def add(self, bucket, x: torch.Tensor) -> torch.Tensor:
         """Add this bucket's residual from the previous step into ``x`` (in place); return ``x``.
 
         Residuals are kept per bucket (one add per call). DDP rebuilds its buckets after the first
@@ -228,25 +220,23 @@ class HookState:
         in which this state first saw it; a fresh DDP over the same model presents its initial
         buckets in the same order, so a restored residual lands on the same parameter.
         """
-        if not self.error_feedback:
-            return x
         idx = bucket.index()
         params = bucket.parameters()
-        entry = self._residuals.get(idx)
+        entry = self.by_bucket.get(idx)
         if entry is not None and _same_params(entry[0], params):
             x.add_(entry[1].to(x.dtype))
             return x
-        ordinals = [self._ordinals.setdefault(id(p), len(self._ordinals)) for p in params]
-        if self._residuals:
+        ordinals = [self.ordinals.setdefault(id(p), len(self.ordinals)) for p in params]
+        if self.by_bucket:
             self._redistribute(x, params)
-            left = self._residuals.pop(idx, None)
+            left = self.by_bucket.pop(idx, None)
             if left is not None:  # an old layout's leftovers under this index: keep them for later buckets
                 self._orphan_key -= 1
-                self._residuals[self._orphan_key] = left
-        if self._restored:
+                self.by_bucket[self._orphan_key] = left
+        if self.restored:
             off = 0
             for p, o in zip(params, ordinals):
-                r = self._restored.pop(o, None)
+                r = self.restored.pop(o, None)
                 if r is not None and r.numel() == p.numel():
                     x[off : off + p.numel()].add_(r.to(device=x.device, dtype=x.dtype).view(-1))
                 off += p.numel()
@@ -258,8 +248,8 @@ class HookState:
         for p in params:
             wanted[id(p)] = off
             off += p.numel()
-        for old_idx in list(self._residuals):
-            old_params, old_res = self._residuals[old_idx]
+        for old_idx in list(self.by_bucket):
+            old_params, old_res = self.by_bucket[old_idx]
             keep, parts, o = [], [], 0
             for p in old_params:
                 if id(p) in wanted:
@@ -272,60 +262,147 @@ class HookState:
             if len(keep) == len(old_params):
                 continue
             if keep:  # the moved slices now belong to this bucket's residual
-                self._residuals[old_idx] = (keep, torch.cat(parts))
+                self.by_bucket[old_idx] = (keep, torch.cat(parts))
             else:
-                del self._residuals[old_idx]
+                del self.by_bucket[old_idx]
+
+    def store(self, bucket, residual: torch.Tensor) -> None:
+        self.by_bucket[bucket.index()] = (bucket.parameters(), residual)
+
+    def by_ordinal(self) -> dict[int, torch.Tensor]:
+        """Every residual as CPU tensors keyed by parameter ordinal (the checkpoint's form)."""
+        out = {}
+        for params, res in self.by_bucket.values():
+            o = 0
+            for p in params:
+                out[self.ordinals[id(p)]] = res[o : o + p.numel()].detach().cpu().clone()
+                o += p.numel()
+        for ordinal, res in self.restored.items():
+            out.setdefault(ordinal, res.clone())
+        return out
+
+    def load(self, by_ordinal: dict) -> None:
+        self.by_bucket = {}
+        self.restored = {int(o): t.clone() for o, t in by_ordinal.items()}
+
+
+class HookState:
+    """State shared by all calls of one hook on one rank: the process group and three parts,
+    ``accounting`` (:meth:`stats`), ``flags`` (:meth:`pop_nonfinite_buckets`) and, when
+    ``error_feedback`` is on, ``residuals`` (what this rank meant to contribute minus what its
+    compressed contribution carried).
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None = None, error_feedback: bool = False):
+        self.process_group = process_group
+        self.error_feedback = bool(error_feedback)
+        self.accounting = Accounting()
+        self.flags = NonfiniteFlags()
+        self.residuals = Residuals()
+
+    # ---------------------------------------------------------------- group
+    @property
+    def group(self) -> dist.ProcessGroup:
+        return self.process_group if self.process_group is not None else dist.group.WORLD
+
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    # ---------------------------------------------------------------- per call
+    def begin(self, bucket, check_input: bool = True) -> float:
+        """Count the call and its raw bytes; flag a non-finite input without a host sync.
+
+        ``check_input=False``: the hook flags its input itself with :meth:`flag_input`, from
+        work it does anyway (it must, on every call)."""
+        t0 = time.perf_counter()
+        buf = bucket.buffer()
+        self.accounting.call(buf.numel() * buf.element_size())
+        if check_input:
+            # One exact read of the bucket (hooks.finite.nonfinite). On a GPU the flag stays a
+            # tensor, read once in pop_nonfinite_buckets()/stats(), not here.
+            self.flag_input(bucket, nonfinite([buf]))
+        return t0
+
+    def flag_input(self, bucket, bad: Union[bool, torch.Tensor]) -> None:
+        """Record whether this call's input held NaN/inf (a bool, or a 0-dim bool tensor)."""
+        self.flags.record(bucket.index(), bucket.parameters(), bad)
+
+    def bucket_parameters(self, index: int) -> list:
+        """The parameters of bucket ``index`` at its last call (empty before any)."""
+        return self.flags.parameters.get(index, [])
+
+    def account(self, kind: str, nbytes: int) -> None:
+        """Record one collective of ``kind`` that this rank hands ``nbytes`` bytes to."""
+        self.accounting.collective(kind, nbytes, self.world_size())
+
+    def finish(self, fut: torch.futures.Future, t0: float, then=None) -> torch.futures.Future[torch.Tensor]:
+        """Chain one step that runs ``then(fut)`` (the hook's completion work; default: the
+        future's value) and records hook-entry -> completion seconds (no waiting here).
+
+        A ``then`` step rather than a done-callback: the callback may run after ``wait()``
+        returns, the ``then`` step always runs before the returned future completes. One step
+        for both, not two: each step is a future and a trip through the GIL per bucket.
+        """
+
+        def complete(done: torch.futures.Future) -> torch.Tensor:
+            result = done.value() if then is None else then(done)
+            self.accounting.add_seconds(time.perf_counter() - t0)
+            return result
+
+        return fut.then(complete)
+
+    # ---------------------------------------------------------------- statistics
+    def stats(self) -> dict[str, float]:
+        """Cumulative statistics since build or the last :meth:`reset_stats`.
+
+        calls, raw_bytes (uncompressed bucket bytes), payload_bytes (bytes handed to collectives,
+        scales included), wire_bytes (bytes this rank sends under each collective's standard
+        algorithm), seconds (hook entry to future completion, summed), nonfinite_inputs (calls
+        whose input held NaN/inf, pending flags included), and per collective kind
+        ``{kind}_calls`` / ``{kind}_bytes``. One host sync (to read the pending NaN flags).
+        """
+        out = self.accounting.stats()
+        out["nonfinite_inputs"] = self.flags.since_reset()
+        return out
+
+    def reset_stats(self) -> None:
+        self.accounting.reset()
+        self.flags.reset()  # nonfinite_inputs restarts from zero too
+
+    def enable_fidelity(self) -> None:
+        self.accounting.enable_fidelity()
+
+    def record_fidelity(self, rel_error: torch.Tensor, cosine: torch.Tensor) -> None:
+        """Add one sampled bucket's relative error and cosine (device tensors: no sync here)."""
+        self.accounting.record_fidelity(rel_error, cosine)
+
+    # ---------------------------------------------------------------- NaN provenance
+    def pop_nonfinite_buckets(self) -> list[NonfiniteBucket]:
+        """Buckets whose hook input held NaN/inf since the last pop (one host sync)."""
+        return self.flags.pop()
+
+    # ---------------------------------------------------------------- error feedback
+    def add_residual(self, bucket, x: torch.Tensor) -> torch.Tensor:
+        """With error feedback, add this bucket's residual from the previous step into ``x`` (in
+        place; see :meth:`Residuals.add`); return ``x``."""
+        return self.residuals.add(bucket, x) if self.error_feedback else x
 
     def store_residual(self, bucket, residual: torch.Tensor) -> None:
         """Remember ``residual`` (input minus what the compressed contribution carried)."""
-        self._residuals[bucket.index()] = (bucket.parameters(), residual)
-
-    def _residuals_by_ordinal(self) -> dict[int, torch.Tensor]:
-        out = {}
-        for params, res in self._residuals.values():
-            o = 0
-            for p in params:
-                out[self._ordinals[id(p)]] = res[o : o + p.numel()].detach().cpu().clone()
-                o += p.numel()
-        for ordinal, res in self._restored.items():
-            out.setdefault(ordinal, res.clone())
-        return out
+        self.residuals.store(bucket, residual)
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume exactly: plain dicts of CPU tensors and numbers (picklable)."""
-        residuals = self._residuals_by_ordinal()
-        with self._lock:
-            seconds = self._seconds
-        return {
-            "residuals": residuals,
-            "stats": {
-                "calls": self._calls,
-                "raw_bytes": self._raw_bytes,
-                "payload_bytes": self._payload_bytes,
-                "wire_bytes": self._wire_bytes,
-                "seconds": seconds,
-                "per_kind": {k: list(v) for k, v in self._per_kind.items()},
-                "nonfinite_popped": self._nonfinite_popped + self._pending_nonfinite(),
-                "nonfinite_at_reset": self._nonfinite_at_reset,
-            },
-        }
+        return {"residuals": self.residuals.by_ordinal(),
+                "stats": {**self.accounting.state_dict(), **self.flags.state_dict()}}
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self._residuals = {}
-        self._restored = {int(o): t.clone() for o, t in d.get("residuals", {}).items()}
+        self.residuals.load(d.get("residuals", {}))
         s = d.get("stats")
         if s:
-            self._calls = s["calls"]
-            self._raw_bytes = s["raw_bytes"]
-            self._payload_bytes = s["payload_bytes"]
-            self._wire_bytes = s["wire_bytes"]
-            with self._lock:
-                self._seconds = s["seconds"]
-            self._per_kind = {k: list(v) for k, v in s["per_kind"].items()}
-            self._nonfinite_counts = {}
-            self._nonfinite_popped = s["nonfinite_popped"]
-            self._nonfinite_at_reset = s["nonfinite_at_reset"]
+            self.accounting.load_state_dict(s)
+            self.flags.load_state_dict(s)
 
 
 class SeededState(HookState):
@@ -344,6 +421,40 @@ class SeededState(HookState):
     def load_state_dict(self, d: dict[str, Any]) -> None:
         super().load_state_dict(d)
         self.draws = int(d.get("draws", 0))
+
+
+class Call(NamedTuple):
+    """What a hook starts from (:func:`start_call`)."""
+
+    t0: float  # hook entry (for finish)
+    buf: torch.Tensor  # the bucket's flat buffer
+    world_size: int
+    n: int  # elements in the bucket
+    x: torch.Tensor  # what this rank contributes: the bucket, plus its residual under error feedback
+
+
+def start_call(state: HookState, bucket, check_input: bool = True) -> Call:
+    """The opening every compressing hook shares: ``begin`` (count, flag the input unless the hook
+    will), then the bucket with the previous step's residual added under error feedback."""
+    t0 = state.begin(bucket, check_input)
+    buf = bucket.buffer()
+    return Call(t0, buf, state.world_size(), buf.numel(), state.add_residual(bucket, buf))
+
+
+def as_float32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` flat in float32 (itself when it already is)."""
+    flat = x.reshape(-1)
+    return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
+
+
+def decode_gathered(buf: torch.Tensor, gathered: torch.Tensor, world_size: int, scale_count: int, fill) -> torch.Tensor:
+    """The bucket holding the result decoded from W gathered messages, each ``scale_count``
+    float32 scales followed by a payload: ``fill(payloads (W, bytes), scales (W, C), out)``
+    writes the result into ``out`` (flat float32; the bucket itself when it can be)."""
+    rows = gathered.view(world_size, -1)
+    total = float32_out(buf)
+    fill(rows[:, 4 * scale_count :], leading_floats(rows, scale_count), total.view(-1))
+    return into_bucket(buf, total)
 
 
 def allgather_message(state: HookState, message: torch.Tensor) -> tuple[torch.Tensor, torch.futures.Future]:

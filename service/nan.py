@@ -12,8 +12,8 @@ the order a non-finite value flows through a step:
                    (compression-induced: fp16 overflow, a zero scale, ...);
 4. ``params``      the weights went non-finite in the optimizer step.
 
-Cost per step: one pass over the weights (a sum per tensor on CPU, a min/max on GPUs:
-NaN/inf propagate through both; ``hooks.state.nonfinite``), a second one over the gradients only
+Cost per step: one pass over the weights (one native pass over all of them for CPU float32,
+a min/max on GPUs: ``hooks.finite.nonfinite``), a second one over the gradients only
 when the weights went non-finite (``grads_reach_weights``), the hook's one host sync, and
 ONE all-reduce of a tiny ``[world_size, 5]`` tensor that carries every rank's four flags
 and its loss. So all ranks see the same verdict and stop together, and the mean
@@ -31,13 +31,15 @@ still describes step s, not the step that ran while its verdict was in flight.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
 
-from hooks.state import nonfinite  # the exact NaN/inf test the hooks flag their inputs with
+from hooks.finite import nonfinite  # the exact NaN/inf test the hooks flag their inputs with
+from hooks.state import HookState, NonfiniteBucket
 
 # Provenance order: the earliest place a non-finite value can appear in a step.
 SOURCES = ("loss", "model_grad", "hook", "params")
@@ -91,21 +93,23 @@ class NanMonitor:
     """Per-rank NaN checks with one (asynchronous) cross-rank agreement per step.
 
     ``model`` is the (DDP-wrapped or plain) module whose ``.grad`` the hook wrote back;
-    ``hook_state`` is the comm hook's state (``pop_nonfinite_buckets()`` or, failing
-    that, ``stats()["nonfinite_inputs"]``); ``process_group`` None = the default group.
+    ``hook_state`` is the comm hook's state (its ``pop_nonfinite_buckets()`` says which
+    buckets reached the hook non-finite; None: no hook to ask); ``process_group`` None = the
+    default group.
     ``grads_reach_weights``: the optimizer turns a non-finite gradient into a non-finite
     weight (true of SGD and AdamW, the service's optimizers), so the gradients need reading
     only when the weights went bad; False reads them every step (an optimizer that may skip
     a non-finite gradient, as a gradient scaler does).
     """
 
-    def __init__(self, model: torch.nn.Module, hook_state: Any = None, *, rank: int = 0,
+    def __init__(self, model: torch.nn.Module, hook_state: Optional[HookState] = None, *, rank: int = 0,
                  world_size: int = 1, device: torch.device | str = "cpu",
                  hook_name: Optional[str] = None, process_group=None,
                  grads_reach_weights: bool = True):
         self.grads_reach_weights = grads_reach_weights
         self.module = getattr(model, "module", model)
         self.named_params = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        self._params = [p for _, p in self.named_params]
         self._name_of = {id(p): n for n, p in self.named_params}
         self.hook_state = hook_state
         self.hook_name = hook_name
@@ -113,47 +117,25 @@ class NanMonitor:
         self.world_size = world_size
         self.device = torch.device(device)
         self.process_group = process_group
-        self._pending_buckets: list[tuple[Optional[int], list[str]]] = []
-        self._seen_nonfinite_inputs = self._nonfinite_inputs_count()
+        self._pending_buckets: list[tuple[int, list[str]]] = []
         self._pending: Optional[_Pending] = None
         self.report: Optional[NanReport] = None
 
     # -- local checks ------------------------------------------------------------
 
-    def _nonfinite_inputs_count(self) -> int:
-        stats = getattr(self.hook_state, "stats", None)
-        if stats is None:
-            return 0
-        return int(stats().get("nonfinite_inputs", 0))
-
     def _bucket_inputs_nonfinite(self) -> bool:
         """Did a bucket reach the hook holding NaN/inf since the last step?"""
-        pop = getattr(self.hook_state, "pop_nonfinite_buckets", None)
-        if pop is not None:
-            buckets = pop()
-            self._pending_buckets = [self._describe_bucket(b) for b in buckets]
-            return bool(buckets)
-        count = self._nonfinite_inputs_count()  # a hook without the per-bucket report
-        seen, self._seen_nonfinite_inputs = self._seen_nonfinite_inputs, count
-        self._pending_buckets = [(None, [])] if count > seen else []
-        return count > seen
+        buckets = self.hook_state.pop_nonfinite_buckets() if self.hook_state is not None else []
+        self._pending_buckets = [self._describe_bucket(b) for b in buckets]
+        return bool(buckets)
 
-    def _describe_bucket(self, bucket) -> tuple[Optional[int], list[str]]:
-        index = getattr(bucket, "bucket_index", None)
-        params = getattr(bucket, "parameters", None)
-        if index is None and isinstance(bucket, (tuple, list)) and len(bucket) == 2:
-            index, params = bucket
-        names = []
-        for p in params or []:
-            names.append(p if isinstance(p, str) else self._name_of.get(id(p), "?"))
-        return (int(index) if index is not None else None), names
+    def _describe_bucket(self, bucket: NonfiniteBucket) -> tuple[int, list[str]]:
+        return bucket.bucket_index, [self._name_of.get(id(p), "?") for p in bucket.parameters]
 
     def local_flags(self, loss: torch.Tensor) -> torch.Tensor:
         """This rank's row: [loss, model_grad, hook, params, loss value] (on device)."""
-        grads = [p.grad for _, p in self.named_params]
-        params = [p for _, p in self.named_params]
         loss = loss.detach().float().reshape(())
-        params_bad = nonfinite(params)
+        params_bad = nonfinite(self._params)
         # SGD and AdamW carry any non-finite gradient into its weight (p -= lr * f(g)), so
         # finite weights after the step mean finite gradients: on CPU, where reading the flag
         # is free, the gradients are read only when the weights went bad, to tell "hook"
@@ -161,15 +143,19 @@ class NanMonitor:
         if self.grads_reach_weights and params_bad.device.type == "cpu" and not bool(params_bad):
             grads_bad = torch.zeros((), dtype=torch.bool)
         else:
-            grads_bad = nonfinite(grads)
-        row = torch.stack([
+            grads_bad = nonfinite([p.grad for p in self._params])
+        inputs_bad = self._bucket_inputs_nonfinite()
+        if loss.device.type == "cpu":  # every flag reads for free on CPU: one small tensor, not five ops
+            value = float(loss)
+            return torch.tensor([float(not math.isfinite(value)), float(inputs_bad), float(bool(grads_bad)),
+                                 float(bool(params_bad)), value])
+        return torch.stack([
             loss.isfinite().logical_not().float(),
-            torch.tensor(float(self._bucket_inputs_nonfinite()), device=loss.device),
+            torch.tensor(float(inputs_bad), device=loss.device),
             grads_bad.float().to(loss.device),
             params_bad.float().to(loss.device),
             loss,
         ])
-        return row
 
     # -- the per-step agreement -------------------------------------------------------
 

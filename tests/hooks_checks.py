@@ -989,14 +989,14 @@ def check_feedback_across_no_sync(rank: int, w: int, iterations: int = 20) -> di
             residuals = state.state_dict()["residuals"]
             worst = 0.0
             for p in params_list:
-                res = residuals[state._ordinals[id(p)]].double()
+                res = residuals[state.residuals.ordinals[id(p)]].double()
                 expect = (_gather(sum_in[id(p)]) - _gather(res)).sum(0) / w
                 scale = float(_gather(sum_in[id(p)]).abs().max()) + 1e-12
                 diff = float((sum_out[id(p)] - expect).abs().max())
                 assert diff <= 1e-5 * scale, (name, as_view, tuple(p.shape), diff, scale)
                 worst = max(worst, diff / scale)
             # the identity has teeth: the residual left at the end is far from negligible
-            total_res = sum(float(residuals[state._ordinals[id(p)]].norm()) for p in params_list)
+            total_res = sum(float(residuals[state.residuals.ordinals[id(p)]].norm()) for p in params_list)
             total_in = sum(float(sum_in[id(p)].norm()) for p in params_list)
             assert total_res > 1e-3 * total_in, (name, total_res, total_in)
             out[f"{name}_as_view{as_view}"] = {"worst_rel_diff": worst, "residual_over_input": total_res / total_in}

@@ -278,7 +278,7 @@ def test_nonfinite_pending_state_is_bounded_by_the_bucket_count():
     bad = torch.full((4,), float("nan"))
     for _ in range(1000):
         state.begin(Bucket(bad, index=0))
-    assert len(state._nonfinite_counts) == 1
+    assert len(state.flags.counts) == 1
     assert state.stats()["nonfinite_inputs"] == 1000
     assert len(state.pop_nonfinite_buckets()) == 1
 

@@ -1,0 +1,96 @@
+"""A hook's descriptor (:class:`HookSpec`) and the parameter checks hook modules declare.
+
+Each hook module declares its ``HookSpec`` next to its hook function; hooks/registry.py only
+collects them. Everything the rest of the code knows about a hook comes from its spec: how to
+build it (``hook``, ``make_state``), its parameters (:class:`Param`: default and check),
+whether it is lossy, which collectives one call issues (for the accounting's cost model,
+hooks/cost.py), and how plots draw it.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class Param:
+    """One hook parameter: its default, the test a value must pass (``ok``), what ``ok``
+    accepts in words (``allowed``, for the error message), and the type the value is cast to."""
+
+    default: Any
+    ok: Callable[[Any], bool]
+    allowed: str
+    cast: Optional[Callable[[Any], Any]] = None
+
+    def checked(self, hook: str, name: str, value: Any) -> Any:
+        """``value`` cast to the parameter's type; ValueError naming hook and parameter otherwise."""
+        if not self.ok(value):
+            raise ValueError(f"hook {hook!r}: parameter {name!r} must be {self.allowed}, got {value!r}")
+        return self.cast(value) if self.cast is not None else value
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def positive_int(default: int) -> Param:
+    return Param(default, lambda v: _is_int(v) and v > 0, "a positive integer", int)
+
+
+def non_negative_int(default: int) -> Param:
+    return Param(default, lambda v: _is_int(v) and v >= 0, "a non-negative integer", int)
+
+
+def int_between(default: int, low: int, high: int, why: str) -> Param:
+    return Param(default, lambda v: _is_int(v) and low <= v <= high, f"an integer from {low} to {high} ({why})", int)
+
+
+def flag(default: bool) -> Param:
+    return Param(default, lambda v: isinstance(v, bool), "true or false")
+
+
+def real(default: float, ok: Callable[[float], bool], allowed: str) -> Param:
+    return Param(default, lambda v: _is_real(v) and ok(v), allowed, float)
+
+
+def error_feedback(default: bool = False) -> dict[str, Param]:
+    """The ``error_feedback`` parameter most lossy hooks take."""
+    return {"error_feedback": flag(default)}
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """Everything about one hook.
+
+    * ``hook``: the function ``(state, bucket) -> Future[Tensor]``;
+    * ``make_state(process_group, **params)``: its state (a ``HookState``), from validated params;
+    * ``parameters``: ``{name: Param}``; ``params`` is the ``{name: default}`` view of it;
+    * ``check(params)``: a check across parameters (raises ValueError), after each one's own;
+    * ``collectives(n, world_size, element_size=4, **params)``: ``[(kind, payload bytes)]`` one
+      call issues on a bucket of ``n`` elements (kinds as hooks.cost.wire_bytes knows them);
+    * ``lossy``, ``doc`` (one line);
+    * ``colour`` (a matplotlib colour) and ``marker`` (a matplotlib marker; not "X" or "P",
+      which mark where a trial went NaN or failed): every registered hook has its own pair, so
+      no two hooks draw alike in a report (line style is left to the chunk size).
+    """
+
+    name: str
+    hook: Callable
+    make_state: Callable[..., Any]
+    collectives: Callable[..., list]
+    parameters: dict[str, Param] = field(default_factory=dict)
+    lossy: bool = False
+    doc: str = ""
+    colour: str = "grey"
+    marker: str = "o"
+    check: Optional[Callable[[dict], None]] = None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """``{parameter: default}``."""
+        return {k: p.default for k, p in self.parameters.items()}
