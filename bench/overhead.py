@@ -2,6 +2,8 @@
 
     python bench/overhead.py                 # world sizes 1, 2, 4; 2 alternating rounds
     python bench/overhead.py --quick         # world size 1, 1 round, 3 steps (smoke test)
+    python bench/overhead.py --profiles ours warm --arms bare service service_marginal
+                                             # warm Ray workers against the service's settings
 
 The same training (``service.worker.run_training``: same workload, steps, hook, seed) is
 launched two ways, alternately, in one invocation:
@@ -17,6 +19,12 @@ and, in the same rounds, Ray's floor: an empty TorchTrainer fitted from the benc
 (``train_noop``), the same inside one Tune function trial as the service runs it
 (``tune_train_noop``: the floor of the mandated "Tune trial + TorchTrainer per trial", no
 MLflow anywhere), and one empty actor (``actor_start``).
+
+Each round runs every profile of Ray settings (``--profiles``: ``ours`` = service.ray_runtime
+as the sweep starts it; ``warm`` = that plus WARM_SYSTEM_CONFIG, prestarted idle workers that
+preload torch / ray.train / service.worker), in alternating order, on a fresh Ray instance each.
+``service_marginal`` is a ``--marginal-trials``-trial sweep: (its wall - the one-trial sweep's
+wall) / (N - 1) is what one more trial of a sweep costs, without the sweep's own start.
 
 overhead = launch wall - in-loop time (rank 0's ``run_training`` call, same clock), and the
 ratio service overhead / bare overhead is the figure of issue 7 (target <= 2). The service
@@ -47,16 +55,28 @@ RAY_DEFAULT_NICENESS = 15  # Ray's worker_niceness default
 # tune_train_noop: the empty TorchTrainer inside one Tune function trial with the service's
 # trial resources and settings, no MLflow: the floor of the architecture the spec mandates
 # ("Ray Tune sweeps the grid; each trial is a Ray Train TorchTrainer").
-ARMS = ("bare", "service", "train_noop", "train_noop_ray_defaults", "tune_train_noop", "actor_start")
+# service_marginal: an N-trial sweep (seeds 0..N-1), for the marginal trial beside the one-trial figure.
+ARMS = ("bare", "service", "service_marginal", "train_noop", "train_noop_ray_defaults", "tune_train_noop",
+        "actor_start")
+DEFAULT_ARMS = [a for a in ARMS if a != "service_marginal"]  # an N-trial sweep per round: asked for by name
+# Ray's warm-worker settings (Ray 2.60 system config; `ray start --system-config` on a cluster):
+# prestart idle Python workers, keep them (soft limit and idle-kill threshold raised, so they are
+# not killed after Ray's 1 s), and import the modules every trial process imports before they
+# take work (the worker's --worker-preload-modules, set by the raylet from this list).
+WARM_SYSTEM_CONFIG = {"enable_worker_prestart": True, "num_workers_soft_limit": 16,
+                      "idle_worker_killing_time_threshold_ms": 600_000,
+                      "preload_python_modules": ["torch", "ray.train", "ray.train.torch", "ray.tune",
+                                                 "service.worker"]}
+PROFILES = {"ours": {}, "warm": WARM_SYSTEM_CONFIG}
 
 
-def sweep_yaml(world_size: int, steps: int, storage: str) -> str:
+def sweep_yaml(world_size: int, steps: int, storage: str, trials: int = 1) -> str:
     return f"""
-name: bench-overhead
+name: bench-overhead-{trials}
 storage_path: {storage}
 workload: {{name: mlp_digits, steps: {steps}, global_batch_size: 64, lr: 0.05, optimizer: sgd,
            eval_every: {max(steps, 1)}, warmup_steps: 1}}
-search: {{hooks: [allreduce], world_size: [{world_size}], seed: [0]}}
+search: {{hooks: [allreduce], world_size: [{world_size}], seed: {list(range(trials))}}}
 resources: {{cpus_per_worker: 0.5, max_concurrent_trials: 1}}
 tracking: {{flush_seconds: 2.0}}
 """
@@ -171,6 +191,23 @@ def run_service(cfg, config_path: Path, uri: str, marks_dir: Path) -> dict:
                 "trainer_shutdown": child_end - m["exit"],             # fit() return, run closed
                 "trial_end_to_sweep_end": ended - child_end,           # Tune teardown, table from MLflow
             }}
+
+
+def run_service_many(cfg, config_path: Path) -> dict:
+    """run_sweep on an N-trial config (same trial, seeds 0..N-1), one after another: its wall and
+    CPU, for the marginal trial (this minus the one-trial sweep, over N - 1)."""
+    from service import sweep
+
+    meter, started = TreeCpu().start(), time.time()
+    with contextlib.redirect_stdout(io.StringIO()):
+        outcome = sweep.run_sweep(cfg, config_path, out=io.StringIO(), train_loop=timed_train_loop,
+                                  init_ray=lambda *a: None)
+    wall, cpu = time.time() - started, meter.stop()
+    bad = [r for r in outcome.rows if r["status"] != "ok"]
+    if bad:
+        raise RuntimeError(f"a trial of the {len(outcome.rows)}-trial sweep did not finish ok: {bad[0]['status']}")
+    return {"wall_s": wall, "cpu_s": cpu, "trials": len(outcome.rows), "in_loop_s": 0.0, "overhead_s": wall,
+            "overhead_cpu_s": cpu}
 
 
 # --------------------------------------------------------------------------- Ray's own floor
@@ -321,6 +358,59 @@ def import_costs(repeats: int) -> dict[str, float]:
 # --------------------------------------------------------------------------- main
 
 
+def run_arm(kind: str, ws: int, configs: dict, workdir: Path, uri: str, marks_dir: Path) -> dict:
+    cfg, path, trial = configs[ws]
+    if kind == "bare":
+        return run_bare(cfg, trial, workdir)
+    if kind == "service":
+        return run_service(cfg, path, uri, marks_dir)
+    if kind == "service_marginal":
+        many_cfg, many_path, _ = configs[("many", ws)]
+        return run_service_many(many_cfg, many_path)
+    if kind == "train_noop":
+        return run_train_noop(ws, workdir / "noop")
+    if kind == "train_noop_ray_defaults":
+        return run_train_noop(ws, workdir / "noop", ray_defaults=True)
+    if kind == "tune_train_noop":
+        return run_tune_train_noop(ws, workdir / "tune-noop")
+    return run_actor_start()
+
+
+def summarise(samples: dict[str, list], marginal_trials: int) -> dict:
+    """Medians of one (profile, world size): the figures of the tables below."""
+    def med(arm, key):
+        return median(x[key] for x in samples[arm])
+
+    bare, service = samples["bare"], samples["service"]
+    b_over, s_over = med("bare", "overhead_s"), med("service", "overhead_s")
+    b_cpu, s_cpu = med("bare", "overhead_cpu_s"), med("service", "overhead_cpu_s")
+    in_loop = median(x["in_loop_s"] for x in bare + service)
+    out = {"train_noop_wall_s": med("train_noop", "wall_s"),
+           "train_noop_ray_defaults_wall_s": med("train_noop_ray_defaults", "wall_s"),
+           "train_noop_ray_defaults_cpu_s": med("train_noop_ray_defaults", "cpu_s"),
+           "actor_start_s": med("actor_start", "wall_s"), "train_noop_cpu_s": med("train_noop", "cpu_s"),
+           "tune_train_noop_wall_s": med("tune_train_noop", "wall_s"),
+           "tune_train_noop_cpu_s": med("tune_train_noop", "cpu_s"),
+           "actor_start_cpu_s": med("actor_start", "cpu_s"),
+           "bare_overhead_cpu_s": b_cpu, "service_overhead_cpu_s": s_cpu, "overhead_cpu_ratio": s_cpu / b_cpu,
+           "bare_wall_s": med("bare", "wall_s"), "service_wall_s": med("service", "wall_s"),
+           "bare_overhead_s": b_over, "service_overhead_s": s_over, "in_loop_s": in_loop,
+           "overhead_ratio": s_over / b_over,
+           "service_phases_s": {k: round(median(x["phases_s"][k] for x in service), 3) for k in service[0]["phases_s"]}}
+    out["tune_train_noop_ratio"] = out["tune_train_noop_wall_s"] / b_over
+    out["service_over_tune_train_noop_s"] = s_over - out["tune_train_noop_wall_s"]
+    # one more trial of a sweep: (N-trial sweep - 1-trial sweep) / (N - 1), paired per round
+    pairs = [(m["wall_s"] - one["wall_s"]) / (marginal_trials - 1)
+             for m, one in zip(samples["service_marginal"], service)]
+    cpu_pairs = [(m["cpu_s"] - one["cpu_s"]) / (marginal_trials - 1)
+                 for m, one in zip(samples["service_marginal"], service)]
+    out["marginal_trial_wall_s"] = median(pairs)
+    out["marginal_trial_overhead_s"] = median(pairs) - in_loop
+    out["marginal_trial_ratio"] = out["marginal_trial_overhead_s"] / b_over
+    out["marginal_trial_cpu_s"] = median(cpu_pairs)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
@@ -329,19 +419,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-defaults", action="store_true",
                         help="run the service trials with service.ray_runtime's variables and worker niceness "
                              "at Ray's defaults (the settings before issue 7) to compare against a default run")
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=DEFAULT_ARMS,
                         help="run only these arms (bare and service always run: they are the comparison); "
                              "e.g. --arms bare service to compare two versions of the service in alternating "
-                             "invocations. The other arms' figures are then NaN")
+                             "invocations. The other arms' figures are then NaN. service_marginal (an N-trial "
+                             "sweep per round) runs only when named")
+    parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=["ours"],
+                        help="Ray settings to compare, each on its own fresh Ray instance per round, in "
+                             "alternating order: ours (service.ray_runtime), warm (plus WARM_SYSTEM_CONFIG)")
+    parser.add_argument("--marginal-trials", type=int, default=3,
+                        help="trials of the service_marginal sweep (>= 2; default 3)")
     parser.add_argument("--quick", action="store_true", help="world size 1, one round, 3 steps")
     parser.add_argument("--out", help="JSON path (default bench/results/overhead.json)")
     args = parser.parse_args(argv)
     if args.quick:
         args.world_sizes, args.rounds, args.steps = [1], 1, 3
+    if args.marginal_trials < 2:
+        parser.error("--marginal-trials must be at least 2")
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.pop("RAY_ADDRESS", None)
     load_before = load_average()
+    print(f"load average before: {load_before}", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
     marks_dir = workdir / "marks"
     marks_dir.mkdir()
@@ -354,103 +453,91 @@ def main(argv: list[str] | None = None) -> int:
     from service import ray_runtime
     from service.config import load_config
 
-    configs = {}
+    configs: dict = {}
     for ws in args.world_sizes:
-        path = workdir / f"overhead-w{ws}.yaml"
-        path.write_text(sweep_yaml(ws, args.steps, str(workdir / "ray")))
-        cfg, path = load_config(path)
-        configs[ws] = (cfg, path, cfg.trials()[0])
+        for key, trials in ((ws, 1), (("many", ws), args.marginal_trials)):
+            path = workdir / f"overhead-w{ws}-{trials}.yaml"
+            path.write_text(sweep_yaml(ws, args.steps, str(workdir / "ray"), trials))
+            cfg, path = load_config(path)
+            configs[key] = (cfg, path, cfg.trials()[0])
 
     set_train_env(args.ray_defaults)  # inherited by the Ray instance, hence by the service's trials
     imports = import_costs(1 if args.quick else 3)
-    t0 = time.time()
-    ray_runtime.init_local(num_cpus=max(1, int(max(args.world_sizes) * 0.5 + 1)),
-                           worker_niceness=RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS)
-    ray_init_s = time.time() - t0
 
     arms = [arm for arm in ARMS if arm in {"bare", "service", *args.arms}]
-    samples: dict[int, dict[str, list]] = {ws: {arm: [] for arm in ARMS} for ws in args.world_sizes}
-    try:
-        for r in range(args.rounds):
-            for ws in args.world_sizes:
-                cfg, path, trial = configs[ws]
-                order = arms if r % 2 == 0 else arms[::-1]
-                for kind in order:
-                    if kind == "bare":
-                        result = run_bare(cfg, trial, workdir)
-                    elif kind == "service":
-                        result = run_service(cfg, path, uri, marks_dir)
-                    elif kind == "train_noop":
-                        result = run_train_noop(ws, workdir / "noop")
-                    elif kind == "train_noop_ray_defaults":
-                        result = run_train_noop(ws, workdir / "noop", ray_defaults=True)
-                    elif kind == "tune_train_noop":
-                        result = run_tune_train_noop(ws, workdir / "tune-noop")
-                    else:
-                        result = run_actor_start()
-                    result["load_1m"] = load_average()[:1]
-                    samples[ws][kind].append(result)
-                    print(f"round {r + 1} w{ws} {kind:23s} wall {result['wall_s']:6.2f} s  in-loop "
-                          f"{result['in_loop_s']:5.2f} s  overhead {result['overhead_s']:6.2f} s  "
-                          f"(cpu {result['overhead_cpu_s']:6.2f} s)", flush=True)
-    finally:
-        ray.shutdown()
+    samples = {p: {ws: {arm: [] for arm in ARMS} for ws in args.world_sizes} for p in args.profiles}
+    ray_init_s: dict[str, list[float]] = {p: [] for p in args.profiles}
+    num_cpus = max(1, int(max(args.world_sizes) * 0.5 + 1))
+    for r in range(args.rounds):
+        for profile in (args.profiles if r % 2 == 0 else args.profiles[::-1]):
+            t0 = time.time()
+            ray_runtime.init_local(num_cpus=num_cpus, system_config=PROFILES[profile],
+                                   worker_niceness=RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS)
+            ray_init_s[profile].append(time.time() - t0)
+            if PROFILES[profile]:
+                time.sleep(10)  # let the prestarted workers come up and import, as in a sweep's first seconds
+            try:
+                for ws in args.world_sizes:
+                    for kind in (arms if r % 2 == 0 else arms[::-1]):
+                        result = run_arm(kind, ws, configs, workdir, uri, marks_dir)
+                        result["load_1m"] = load_average()[:1]
+                        samples[profile][ws][kind].append(result)
+                        print(f"round {r + 1} {profile:4s} w{ws} {kind:23s} wall {result['wall_s']:6.2f} s  in-loop "
+                              f"{result['in_loop_s']:5.2f} s  overhead {result['overhead_s']:6.2f} s  "
+                              f"(cpu {result['overhead_cpu_s']:6.2f} s)  load {result['load_1m']}", flush=True)
+            finally:
+                ray.shutdown()
 
-    rows, cpu_rows, summary = [], [], {}
-    for ws in args.world_sizes:
-        bare, service = samples[ws]["bare"], samples[ws]["service"]
-        b_over, s_over = median(x["overhead_s"] for x in bare), median(x["overhead_s"] for x in service)
-        phases = {k: round(median(x["phases_s"][k] for x in service), 3) for k in service[0]["phases_s"]}
-        b_cpu, s_cpu = median(x["overhead_cpu_s"] for x in bare), median(x["overhead_cpu_s"] for x in service)
-        summary[ws] = {"train_noop_wall_s": median(x["wall_s"] for x in samples[ws]["train_noop"]),
-                       "train_noop_ray_defaults_wall_s": median(x["wall_s"] for x in samples[ws]["train_noop_ray_defaults"]),
-                       "train_noop_ray_defaults_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop_ray_defaults"]),
-                       "actor_start_s": median(x["wall_s"] for x in samples[ws]["actor_start"]),
-                       "train_noop_cpu_s": median(x["cpu_s"] for x in samples[ws]["train_noop"]),
-                       "tune_train_noop_wall_s": median(x["wall_s"] for x in samples[ws]["tune_train_noop"]),
-                       "tune_train_noop_cpu_s": median(x["cpu_s"] for x in samples[ws]["tune_train_noop"]),
-                       "actor_start_cpu_s": median(x["cpu_s"] for x in samples[ws]["actor_start"]),
-                       "bare_overhead_cpu_s": b_cpu, "service_overhead_cpu_s": s_cpu,
-                       "overhead_cpu_ratio": s_cpu / b_cpu,
-                       "bare_wall_s": median(x["wall_s"] for x in bare),
-                       "service_wall_s": median(x["wall_s"] for x in service),
-                       "bare_overhead_s": b_over, "service_overhead_s": s_over,
-                       "in_loop_s": median(x["in_loop_s"] for x in bare + service),
-                       "overhead_ratio": s_over / b_over, "service_phases_s": phases}
-        tune_noop = summary[ws]["tune_train_noop_wall_s"]
-        # the mandated architecture's floor against the bare launch, and what the service adds to it
-        summary[ws]["tune_train_noop_ratio"] = tune_noop / b_over
-        summary[ws]["service_over_tune_train_noop_s"] = s_over - tune_noop
-        rows.append([ws, summary[ws]["in_loop_s"], b_over, s_over, s_over / b_over,
-                     summary[ws]["train_noop_wall_s"], tune_noop, tune_noop / b_over, s_over - tune_noop,
-                     summary[ws]["actor_start_s"]])
-        cpu_rows.append([ws, b_cpu, s_cpu, s_cpu / b_cpu, summary[ws]["train_noop_cpu_s"],
-                         summary[ws]["train_noop_ray_defaults_cpu_s"], summary[ws]["tune_train_noop_cpu_s"],
-                         summary[ws]["tune_train_noop_cpu_s"] / b_cpu, summary[ws]["actor_start_cpu_s"]])
-    print("\nwall time (median):")
-    print(table(["world", "in-loop s", "bare overhead s", "service overhead s", "ratio",
-                 "TorchTrainer no-op s", "Tune trial + TorchTrainer no-op s", "its ratio", "service - that s",
-                 "1 actor start s"], rows))
-    print("\nCPU time of the whole process tree beyond the loop's own (median; holds still under load):")
-    print(table(["world", "bare overhead cpu-s", "service overhead cpu-s", "ratio", "TorchTrainer no-op cpu-s",
-                 "same, Ray defaults", "Tune trial + TorchTrainer no-op cpu-s", "its ratio",
-                 "1 actor start cpu-s"], cpu_rows))
-    print(f"\nray.init (once per sweep, not in the figures above): {ray_init_s:.1f} s")
+    by_profile = {p: {ws: summarise(samples[p][ws], args.marginal_trials) for ws in args.world_sizes}
+                  for p in args.profiles}
+    for profile in args.profiles:
+        summary = by_profile[profile]
+        rows, cpu_rows = [], []
+        for ws in args.world_sizes:
+            x = summary[ws]
+            rows.append([ws, x["in_loop_s"], x["bare_overhead_s"], x["service_overhead_s"], x["overhead_ratio"],
+                         x["marginal_trial_overhead_s"], x["marginal_trial_ratio"], x["train_noop_wall_s"],
+                         x["tune_train_noop_wall_s"], x["tune_train_noop_ratio"], x["service_over_tune_train_noop_s"],
+                         x["actor_start_s"]])
+            cpu_rows.append([ws, x["bare_overhead_cpu_s"], x["service_overhead_cpu_s"], x["overhead_cpu_ratio"],
+                             x["marginal_trial_cpu_s"], x["train_noop_cpu_s"], x["train_noop_ray_defaults_cpu_s"],
+                             x["tune_train_noop_cpu_s"], x["tune_train_noop_cpu_s"] / x["bare_overhead_cpu_s"],
+                             x["actor_start_cpu_s"]])
+        print(f"\n[{profile}] wall time (median):")
+        print(table(["world", "in-loop s", "bare overhead s", "service overhead s", "ratio",
+                     "marginal trial overhead s", "its ratio", "TorchTrainer no-op s",
+                     "Tune trial + TorchTrainer no-op s", "its ratio", "service - that s", "1 actor start s"], rows))
+        print(f"\n[{profile}] CPU time of the whole process tree beyond the loop's own (median; holds still under load):")
+        print(table(["world", "bare overhead cpu-s", "service overhead cpu-s", "ratio", "marginal trial cpu-s",
+                     "TorchTrainer no-op cpu-s", "same, Ray defaults", "Tune trial + TorchTrainer no-op cpu-s",
+                     "its ratio", "1 actor start cpu-s"], cpu_rows))
+        print(f"\n[{profile}] where a service trial's time goes (median s):")
+        phase_names = list(summary[args.world_sizes[0]]["service_phases_s"])
+        print(table(["phase"] + [f"w{ws}" for ws in args.world_sizes],
+                    [[p] + [summary[ws]["service_phases_s"][p] for ws in args.world_sizes] for p in phase_names]))
+    print("\nray.init (once per sweep, not in the figures above): "
+          + ", ".join(f"{p} {median(v):.1f} s" for p, v in ray_init_s.items()))
     print("\nCPU seconds to start a Python process and import (median):")
     print(table(["imports", "cpu s"], [[k, v] for k, v in imports.items()]))
-    print("\nwhere a service trial's time goes (median s):")
-    phase_names = list(summary[args.world_sizes[0]]["service_phases_s"])
-    print(table(["phase"] + [f"w{ws}" for ws in args.world_sizes],
-                [[p] + [summary[ws]["service_phases_s"][p] for ws in args.world_sizes] for p in phase_names]))
+    load_after = load_average()
+    print(f"\nload average before {load_before}, after {load_after}")
+    first = args.profiles[0]
     path = write_json("overhead", {
         "settings": {"world_sizes": args.world_sizes, "rounds": args.rounds, "steps": args.steps, "arms": arms,
+                     "profiles": {p: PROFILES[p] for p in args.profiles}, "marginal_trials": args.marginal_trials,
                      "workload": "mlp_digits", "hook": "allreduce",
                      "ray_defaults": args.ray_defaults,
-                     "worker_niceness": [x.get("worker_niceness") for ws in samples for x in samples[ws]["actor_start"]],
+                     "worker_niceness": [x.get("worker_niceness") for p in samples for ws in samples[p]
+                                         for x in samples[p][ws]["actor_start"]],
                      "train_env": {k: os.environ.get(k) for k in ray_runtime.TRAIN_ENV}},
-        "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
-        "ray_init_s": ray_init_s, "import_cpu_s": imports, "summary": {str(k): v for k, v in summary.items()},
-        "samples": {str(k): v for k, v in samples.items()},
+        "machine": machine(), "load_average_before": load_before, "load_average_after": load_after,
+        "ray_init_s": median(ray_init_s[first]), "ray_init_s_by_profile": {p: median(v) for p, v in ray_init_s.items()},
+        "import_cpu_s": imports,
+        # the first profile's figures (ours by default), and every profile's
+        "summary": {str(k): v for k, v in by_profile[first].items()},
+        "summary_by_profile": {p: {str(k): v for k, v in by_profile[p].items()} for p in args.profiles},
+        "samples": {str(k): v for k, v in samples[first].items()},
+        "samples_by_profile": {p: {str(k): v for k, v in samples[p].items()} for p in args.profiles},
     }, args.out)
     print(f"\nwrote {path}")
     return 0

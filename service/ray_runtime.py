@@ -1,6 +1,7 @@
 """How this service starts and tunes Ray: the environment variables and ray.init arguments
-that decide what a trial costs beyond its training, each with what it saves (measured side by
-side with ``python bench/overhead.py``; figures and method in docs/performance.md).
+that decide what a trial costs beyond its training (each one's measured effect, and the Ray
+settings measured and not kept, are in docs/performance.md, section 1; ``bench/overhead.py``
+measures them).
 
     from service import ray_runtime
     ray_runtime.apply_env()                  # in the driver and in each Tune trial, before TorchTrainer
@@ -16,10 +17,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-# name -> (our value, Ray's default). Why each one, measured (bench/overhead.py):
+# name -> (our value, Ray's default).
 TRAIN_ENV: dict[str, tuple[str, str]] = {
     # The Train controller polls its workers at this interval, and every ray.train.report is
-    # a barrier through it: Ray's default of 2 s made each report cost ~1.5 s here, 0.2 s ~0.15 s.
+    # a barrier through it: a report waits up to one interval.
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": ("0.2", "2.0"),
     # Train's controller and worker metrics callbacks (Prometheus gauges updated from every
     # worker and the controller loop): nothing here reads them; off saves their CPU per trial.
@@ -44,30 +45,31 @@ def apply_env(ray_defaults: bool = False) -> None:
 
 
 # Ray starts every worker process (Tune trial, Train controller, Train workers) at nice 15 so
-# its own daemons stay responsive. On a machine shared with other work that makes a trial
-# crawl: measured under load average ~70 on 2 cores, a Tune trial process got ~9 CPU-s in
-# 5 minutes while nice-0 processes (a bare torch launch of the same loop) kept running. A
-# sweep is the user's foreground work: run its workers at the user's priority (Ray Jobs does
-# the same for the drivers it starts). On an idle machine this changes nothing.
+# its own daemons stay responsive. On a machine shared with other work that starves a trial
+# behind everything else. A sweep is the user's foreground work: run its workers at the
+# user's priority (Ray Jobs does the same for the drivers it starts). On an idle machine this
+# changes nothing.
 WORKER_NICENESS = 0
 
 
-def local_init_kwargs(num_cpus: int, num_gpus: int | None = None,
-                      worker_niceness: int = WORKER_NICENESS) -> dict[str, Any]:
+def local_init_kwargs(num_cpus: int, num_gpus: int | None = None, worker_niceness: int = WORKER_NICENESS,
+                      system_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """ray.init arguments for a local instance started by the sweep (or a bench): no
     dashboard, worker output kept in Ray's log files (the terminal shows the sweep's lines),
-    workers at the user's priority."""
+    workers at the user's priority. ``system_config``: more Ray system settings (benches
+    compare settings with it, e.g. bench/overhead.py's warm-worker profile)."""
     return dict(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                 log_to_driver=False, configure_logging=False,
-                _system_config={"worker_niceness": worker_niceness})
+                _system_config={"worker_niceness": worker_niceness, **(system_config or {})})
 
 
-# ray.init waits a hard-coded 30 s for its raylet to register; on a loaded machine (measured:
-# load average 25-45 on 2 cores) that wait runs out although the node comes up a bit later.
+# ray.init waits a hard-coded 30 s for its raylet to register; on a loaded machine that wait
+# can run out although the node comes up a bit later.
 INIT_ATTEMPTS = 3
 
 
-def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int = WORKER_NICENESS) -> None:
+def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int = WORKER_NICENESS,
+               system_config: dict[str, Any] | None = None) -> None:
     """Start a local Ray instance with TRAIN_ENV applied (inherited by every Ray process),
     retrying the start-up timeout of a loaded machine."""
     import ray
@@ -76,13 +78,13 @@ def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int 
     for attempt in range(1, INIT_ATTEMPTS + 1):
         before = _child_pids()
         try:
-            ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness))
+            ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness, system_config))
             return
         except Exception as exc:  # ray raises a bare Exception for this timeout
             ray.shutdown()
             # The timed-out node (GCS, raylet, monitors) was started as our children and is not
-            # ours to reach through ray.shutdown(): left alive, each retry added a whole Ray
-            # instance to an already loaded machine (seen: 12 instances, load average 160).
+            # ours to reach through ray.shutdown(): left alive, each retry would add a whole Ray
+            # instance to an already loaded machine.
             _kill(_child_pids() - before)
             if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
                 raise

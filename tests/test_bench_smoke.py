@@ -90,6 +90,9 @@ def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
     assert sum(service["phases_s"].values()) == pytest.approx(service["wall_s"], rel=0.02)
     bare = data["samples"]["1"]["bare"][0]
     assert bare["wall_s"] > bare["in_loop_s"] > 0
+    # one profile of Ray settings by default (the service's), its figures also under its name
+    assert data["settings"]["profiles"] == {"ours": {}}
+    assert data["summary_by_profile"]["ours"]["1"]["overhead_ratio"] == pytest.approx(summary["overhead_ratio"])
 
 
 @pytest.mark.ray
