@@ -24,10 +24,10 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from service.text import count, one_line
 
@@ -206,7 +206,7 @@ class HookEntry(BaseModel):
         if self.name not in available:
             raise FieldProblem("name", f"unknown hook {self.name!r}{_did_you_mean(self.name, available)}; "
                                        f"allowed: {', '.join(available)}")
-        known = dict(getattr(available[self.name], "params", {}) or {})
+        known = available[self.name].params
         n_combos = math.prod(len(v) for v in self.params.values())
         if n_combos > MAX_TRIALS:  # before building them: lists multiply
             raise FieldProblem(next(iter(self.params)), f"the parameter lists make {n_combos} combinations; "
@@ -248,28 +248,26 @@ class SearchConfig(BaseModel):
     world_size: list[int] = Field(min_length=1)
     seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
 
-    @field_validator("world_size", "seed", mode="before")
-    @classmethod
-    def _scalar_allowed(cls, value: Any) -> Any:
-        return _scalar_to_list(value)
+    _scalar_allowed = field_validator("world_size", "seed", mode="before")(_scalar_to_list)
 
-    @field_validator("world_size")
+    @field_validator("world_size", "seed")
     @classmethod
-    def _world_sizes(cls, sizes: list[int]) -> list[int]:
-        for i, size in enumerate(sizes):
-            if not 1 <= size <= MAX_WORLD_SIZE:
-                raise FieldProblem(f"[{i}]", f"{size} is not allowed; a world size is 1 to {MAX_WORLD_SIZE}")
-        _no_repeats(sizes)
-        return sizes
+    def _in_range(cls, values: list[int], info: ValidationInfo) -> list[int]:
+        low, high, what = _AXIS_RANGES[info.field_name]
+        _check_axis(values, lambda v: low <= v <= high, f"{what} is {low} to {high}")
+        _no_repeats(values)
+        return values
 
-    @field_validator("seed")
-    @classmethod
-    def _seeds(cls, seeds: list[int]) -> list[int]:
-        for i, seed in enumerate(seeds):
-            if not 0 <= seed <= MAX_SEED:
-                raise FieldProblem(f"[{i}]", f"{seed} is not allowed; a seed is 0 to {MAX_SEED}")
-        _no_repeats(seeds)
-        return seeds
+
+_AXIS_RANGES = {"world_size": (1, MAX_WORLD_SIZE, "a world size"), "seed": (0, MAX_SEED, "a seed")}
+
+
+def _check_axis(values: list, ok: Callable[[Any], bool], allowed: str) -> None:
+    """Each value of a sweep axis passes ``ok``; else a FieldProblem at the first that does not."""
+    for i, v in enumerate(values):
+        if not ok(v):
+            raise FieldProblem(f"[{i}]", f"{v:g} is not allowed; {allowed}" if isinstance(v, float)
+                               else f"{v} is not allowed; {allowed}")
 
 
 def _no_repeats(values: list[int]) -> None:
@@ -352,18 +350,13 @@ class NetworkConfig(BaseModel):
     latency_ms: float = Field(0.0, ge=0, le=MAX_LATENCY_MS,
                               description="delay added to each host's egress (tc netem), ms; 0 = the veth path's own")
 
-    @field_validator("link_gbps", mode="before")
-    @classmethod
-    def _scalar_allowed(cls, value: Any) -> Any:
-        return _scalar_to_list(value)
+    _scalar_allowed = field_validator("link_gbps", mode="before")(_scalar_to_list)
 
     @field_validator("link_gbps")
     @classmethod
     def _rates(cls, rates: list[float]) -> list[float]:
-        for i, rate in enumerate(rates):
-            if not 0 < rate <= MAX_LINK_GBPS:
-                raise FieldProblem(f"[{i}]", f"{rate:g} is not allowed; a link rate is above 0 and at most "
-                                             f"{MAX_LINK_GBPS:g} Gbit/s")
+        _check_axis(rates, lambda rate: 0 < rate <= MAX_LINK_GBPS,
+                    f"a link rate is above 0 and at most {MAX_LINK_GBPS:g} Gbit/s")
         if len(set(rates)) != len(rates):
             raise FieldProblem("", f"{_short(rates)} lists a rate twice; each value runs once")
         return rates
@@ -434,7 +427,7 @@ def _hook_defaults(name: str) -> dict[str, Any]:
     import hooks
 
     spec = hooks.available().get(name)
-    return dict(getattr(spec, "params", {}) or {})
+    return spec.params if spec is not None else {}
 
 
 class SweepConfig(BaseModel):

@@ -1,7 +1,7 @@
 """Projected throughput at scale: each hook configuration priced on networks we do not have.
 
 For every configuration of a sweep, the per-step accounting its trials logged (hook calls, raw
-and payload bytes per step: ``service.worker.StepMeter.projection``) goes through
+and payload bytes per step: ``service.step_projection.projection``) goes through
 ``hooks.cost``'s alpha-beta model at W = 8, 64, 512 ranks on 10 and 100 Gbit/s links:
 
     projected step (s) = compute (s) + hooks.cost.projected_comm_seconds(hook, accounting, 1 step, W, link)

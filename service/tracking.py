@@ -41,6 +41,7 @@ from mlflow.entities import Metric, Param, RunStatus, RunTag, ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from service import uris
 from service.text import one_line
 
 PARENT_TAG = "mlflow.parentRunId"
@@ -71,14 +72,10 @@ def resolve_tracking_uri() -> str:
 
 def absolute_uri(uri: str) -> str:
     """``uri`` with a relative SQLite or file path made absolute (others unchanged)."""
-    if uri.startswith("sqlite:///"):
-        path = uri[len("sqlite:///"):]
-        if path and not os.path.isabs(path) and path != ":memory:":
-            return f"sqlite:///{os.path.abspath(path)}"
-        return uri
-    if uri.startswith("file:"):
-        return uri
-    if "://" not in uri:  # a bare path means a file store
+    store = uris.tracking_store(uri)
+    if store.kind == "sqlite" and store.path and store.path != ":memory:" and not os.path.isabs(store.path):
+        return f"sqlite:///{os.path.abspath(store.path)}"
+    if store.kind == "file" and not uri.startswith("file:"):  # a bare path means a file store
         return "file://" + os.path.abspath(uri)
     return uri
 
@@ -90,8 +87,9 @@ def client(tracking_uri: str | None = None) -> MlflowClient:
 def _artifact_location(tracking_uri: str, experiment_name: str) -> str | None:
     """Artifacts next to a SQLite database (not in whatever the cwd is); None lets the
     store (a server, a file store) choose."""
-    if tracking_uri.startswith("sqlite:///"):
-        db_dir = os.path.dirname(tracking_uri[len("sqlite:///"):]) or os.getcwd()
+    store = uris.tracking_store(tracking_uri)
+    if store.kind == "sqlite" and store.path is not None:
+        db_dir = os.path.dirname(store.path) or os.getcwd()
         return "file://" + os.path.join(db_dir, "mlruns", _safe_name(experiment_name))
     return None
 
@@ -130,20 +128,16 @@ def get_or_create_experiment(name: str, tracking_uri: str | None = None) -> str:
         return exp.experiment_id
 
 
-def is_server(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
 def ui_command(tracking_uri: str) -> str | None:
     """The command that serves a local store's UI at LOCAL_UI (None for a tracking server)."""
-    if is_server(tracking_uri):
+    if uris.is_server(tracking_uri):
         return None
     return f"mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 --port 5000"
 
 
 def ui_url(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> str:
     """The MLflow UI page of an experiment's runs (or of one run), in the model-training view."""
-    base = tracking_uri.rstrip("/") if is_server(tracking_uri) else LOCAL_UI
+    base = tracking_uri.rstrip("/") if uris.is_server(tracking_uri) else LOCAL_UI
     page = f"/#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "")
     return f"{base}{page}?{UI_VIEW_QUERY}"
 
@@ -197,7 +191,7 @@ def trial_params(trial, cfg) -> dict[str, Any]:
     """The params of a trial's run: the hook, every hook parameter by its own name, the
     grid coordinates, the workload settings, the backend and the library versions."""
     wl = cfg.workload
-    use_gpu = bool(getattr(getattr(cfg, "resources", None), "use_gpu", False))
+    use_gpu = cfg.resources.use_gpu
     params: dict[str, Any] = {"hook": trial.hook}
     params.update(dict(trial.hook_params or {}))
     params.update({
@@ -213,7 +207,7 @@ def trial_params(trial, cfg) -> dict[str, Any]:
         "torch_version": _version("torch"),
         "ray_version": _version("ray"),
     })
-    if getattr(trial, "link_gbps", None) is not None:  # an emulated link (config network:)
+    if trial.link_gbps is not None:  # an emulated link (config network:)
         params.update(link_gbps=trial.link_gbps, latency_ms=cfg.network.latency_ms)
     return params
 
@@ -523,8 +517,8 @@ class SweepReader:
 
     def __init__(self, tracking_uri: str | None = None):
         uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or ""
-        db_path = (uri[len("sqlite:///"):] if uri.startswith("sqlite:///")
-                   else "mlflow.db" if not uri else None)
+        store = uris.tracking_store(uri)
+        db_path = store.path if store.kind == "sqlite" else "mlflow.db" if not uri else None
         if db_path and db_path != ":memory:" and not Path(db_path).is_file():
             # MLflow would create an empty store there: a typo must not leave one behind.
             raise StoreError(f"no MLflow store at {os.path.abspath(db_path)} (set "

@@ -45,6 +45,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
+from hooks.state import HookState
 from service import preflight
 from service.nan import NanMonitor
 from service import step_projection
@@ -427,8 +428,8 @@ def _iqr(values: list[float]) -> float:
 
 
 def _stats(hook_state) -> dict[str, float]:
-    stats = getattr(hook_state, "stats", None)
-    return dict(stats()) if stats else {}
+    # a HookState counts; a state of torch's own hooks (bench/instrumentation.py's plain arm) does not
+    return hook_state.stats() if isinstance(hook_state, HookState) else {}
 
 
 class Reporter:
@@ -556,8 +557,8 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     DDP, so only rank 0's is kept; ``hook_state`` is per rank (PowerSGD's error-feedback
     memory is each rank's own residual).
     """
-    hook_sd = getattr(hook_state, "state_dict", None)
-    state: dict[str, Any] = {"hook_state": hook_sd() if hook_sd else None, "rank": rank}
+    own = isinstance(hook_state, HookState)
+    state: dict[str, Any] = {"hook_state": hook_state.state_dict() if own else None, "rank": rank}
     if rank == 0:
         state["trainer"] = {
             "model": model.module.state_dict(),
@@ -583,9 +584,8 @@ def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: W
     trainer = checkpoint["trainer"]
     model.module.load_state_dict(trainer["model"])
     optimizer.load_state_dict(trainer["optimizer"])
-    load = getattr(hook_state, "load_state_dict", None)
-    if load and checkpoint.get("hook_state") is not None:
-        load(checkpoint["hook_state"])  # also brings the hook's counters back to the checkpoint's
+    if isinstance(hook_state, HookState) and checkpoint.get("hook_state") is not None:
+        hook_state.load_state_dict(checkpoint["hook_state"])  # also brings the hook's counters back to the checkpoint's
     return int(trainer["step"])
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import jinja2
 
+from service import uris
 from service.report import recommend
 from service.report.data import SummaryRow, Sweep, link_order
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
@@ -200,5 +201,5 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         baseline=BASELINE_HOOK, header=header, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
-        local_store=sweep.tracking_uri.startswith("sqlite:"),
+        local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")
