@@ -25,6 +25,9 @@ _MODULE_SPECS: list[HookSpec] = [
 
 _SPECS: dict[str, HookSpec] = {s.name: s for s in _MODULE_SPECS}
 
+# What every other hook is compared against: DDP's own default, exact.
+BASELINE = "allreduce"
+
 
 def available() -> dict[str, HookSpec]:
     """All hooks: ``{name: HookSpec}`` (``spec.params`` is ``{param: default}``)."""

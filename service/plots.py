@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
+import hooks  # noqa: E402
 from service.text import byte_unit  # noqa: E402
 
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
@@ -25,8 +26,6 @@ _UNREGISTERED = ("grey", "o")
 
 def hook_style(hook: str) -> tuple[str, str]:
     """(colour, marker) of ``hook``: its registry entry's, the same in every sweep."""
-    import hooks
-
     spec = hooks.available().get(hook)
     return (spec.colour, spec.marker) if spec is not None else _UNREGISTERED
 
@@ -63,7 +62,7 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-BASELINE = "allreduce"
+BASELINE = hooks.BASELINE
 
 
 def _baseline_curve(curves_at_w: list):

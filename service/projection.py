@@ -34,7 +34,7 @@ from service.text import format_bytes
 
 WORLD_SIZES = (8, 64, 512)
 LINKS_GBPS = (10, 100)
-BASELINE_HOOK = "allreduce"
+BASELINE_HOOK = hooks.BASELINE
 IMAGE = "projected_throughput.png"
 ACCOUNTING_KEYS = ("hook_calls_per_step", "raw_bytes_per_step", "payload_bytes_per_step",
                    "allreduce_calls_per_step", "compute_ms_per_step")

@@ -33,7 +33,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-BASELINE_HOOK = "allreduce"
+import hooks
+
+BASELINE_HOOK = hooks.BASELINE
 SIXTEEN_BIT_HOOKS = ("bf16_compress", "fp16_compress")
 DEFAULT_TOLERANCE = 0.01
 LOOPBACK = "loopback"
