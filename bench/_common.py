@@ -126,6 +126,30 @@ class TreeCpu:
         return children + (_t.process_time() - self._root_cpu0 - self._sampler_cpu)
 
 
+def time_collective(kind: str, x, group, world_size: int, repeats: int) -> float:
+    """Median seconds (max over ranks) of one ``kind`` collective (allreduce, allgather or
+    all_to_all) of ``x`` on ``group``, timed alone between barriers; one untimed warm-up call.
+    The timing's own max-reduction goes over the default group."""
+    import torch
+    import torch.distributed as dist
+
+    times = []
+    for rep in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        if kind == "allreduce":
+            dist.all_reduce(x, group=group)
+        elif kind == "allgather":
+            dist.all_gather_into_tensor(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
+        else:
+            dist.all_to_all_single(torch.empty_like(x), x, group=group)
+        t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if rep:
+            times.append(t.item())
+    return statistics.median(times)
+
+
 def write_json(name: str, payload: dict[str, Any], out: str | None = None) -> Path:
     """Write ``payload`` (plus when and how loaded the machine was) to bench/results/NAME.json
     or to ``out``; returns the path."""

@@ -10,11 +10,9 @@ hooks.cost.collective_seconds at the link's measured goodput and latency.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
-from _common import free_port, load_average  # noqa: F401  (sys.path)
+from _common import free_port, load_average, time_collective  # noqa: F401  (sys.path)
 
 import hooks  # noqa: E402
 from service import link_measure, netem  # noqa: E402
@@ -54,23 +52,7 @@ def _rank(rank, w, port, net, links, repeats, queue):
             dt = getattr(torch, dtype)
             elem = torch.tensor([], dtype=dt).element_size()
             x = torch.ones(nbytes // elem, dtype=dt)
-            times = []
-            for rep in range(repeats + 1):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if kind == "allreduce":
-                    dist.all_reduce(x, group=group)
-                elif kind == "allgather":
-                    outbuf = torch.empty(w * x.numel(), dtype=dt)
-                    dist.all_gather_into_tensor(outbuf, x, group=group)
-                else:
-                    outbuf = torch.empty_like(x)
-                    dist.all_to_all_single(outbuf, x, group=group)
-                t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                if rep:
-                    times.append(t.item())
-            out.append((link, label, kind, nbytes, statistics.median(times)))
+            out.append((link, label, kind, nbytes, time_collective(kind, x, group, w, repeats)))
         dist.destroy_process_group()
         queue.put((rank, out, None))
     except BaseException:  # noqa: BLE001

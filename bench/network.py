@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-from _common import ROOT, load_average, machine, table, write_json  # noqa: F401  (ROOT: sys.path)
+from _common import ROOT, load_average, machine, table, time_collective, write_json  # noqa: F401  (ROOT: sys.path)
 
 import hooks  # noqa: E402
 from service import link_measure, netem  # noqa: E402
@@ -81,23 +81,10 @@ def _transport_probe(group, world_size: int, repeats: int = 3) -> dict[str, floa
     unshaped veth): one bucket-sized allreduce (fp32) and allgather (uint8) timed alone, max
     over ranks, median of repeats. What moving bytes costs this machine's CPUs at this W."""
     import torch
-    import torch.distributed as dist
 
     out = {}
     for kind, x in (("allreduce", torch.ones(BUCKET_ELEMS)), ("allgather", torch.ones(BUCKET_ELEMS, dtype=torch.uint8))):
-        times = []
-        for rep in range(repeats + 1):
-            dist.barrier()
-            t0 = time.perf_counter()
-            if kind == "allreduce":
-                dist.all_reduce(x, group=group)
-            else:
-                dist.all_gather_into_tensor(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
-            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)  # default group: loopback
-            if rep:
-                times.append(t.item())
-        out[kind] = statistics.median(times) / hooks.cost.wire_bytes(kind, x.numel() * x.element_size(), world_size)
+        out[kind] = time_collective(kind, x, group, world_size, repeats) / hooks.cost.wire_bytes(kind, x.numel() * x.element_size(), world_size)
     return out
 
 
@@ -278,7 +265,8 @@ def _print_saved(path: str) -> int:
     measured = {None if k == "None" else float(k): link_measure.LinkMeasurement(**v) for k, v in saved["links"].items()}
     rows = [row for w, raw in saved["raw"].items() for row in summarise(raw, int(w), measured)]
     _print_table(rows, sorted({r["link_gbps"] for r in rows}))
-    print(f"(saved run: load average before {saved['load_before']}, after {saved['load_after']})")
+    before, after = (saved.get(f"load_average_{when}", saved.get(f"load_{when}")) for when in ("before", "after"))
+    print(f"(saved run: load average before {before}, after {after})")  # load_*: runs before 2026-12-01 15:10
     return 0
 
 
@@ -314,7 +302,7 @@ def main(argv=None) -> int:
     measured = {None: link_measure.measure(None)}  # the veth links unshaped: what the bare arm ran on
     print(f"unshaped: measured {measured[None].measured_gbps:.3f} Gbit/s, "
           f"{measured[None].measured_latency_ms:.3f} ms one way", flush=True)
-    for link in links:
+    for link in args.links:
         measured[link] = link_measure.measure(link)
         print(f"link {link:g} Gbit/s: measured {measured[link].measured_gbps:.3f} Gbit/s, "
               f"{measured[link].measured_latency_ms:.3f} ms one way (load {load_average()})", flush=True)
@@ -327,7 +315,8 @@ def main(argv=None) -> int:
     load_after = load_average()
     _print_table(rows, args.links)
     print(f"load average before {load_before}, after {load_after}; {time.time() - started:.0f} s")
-    path = write_json("network", {"machine": machine(), "load_before": load_before, "load_after": load_after,
+    path = write_json("network", {"machine": machine(), "load_average_before": load_before,
+                                  "load_average_after": load_after, "settings": vars(args),
                                   "links": {str(k): vars(v) for k, v in measured.items()}, "rows": rows,
                                   "raw": raw_all}, args.out)
     print(f"wrote {path}")
