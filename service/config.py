@@ -92,6 +92,9 @@ class FieldProblem(ValueError):
         self.message = message
         super().__init__(message)
 
+    def __reduce__(self):  # pickled (e.g. by Ray): rebuilt from both arguments, not args
+        return type(self), (self.field, self.message)
+
 
 # --------------------------------------------------------------------------------------------
 # The schema. Strict types: YAML already yields ints, floats, bools and strings, so "300" for a

@@ -32,7 +32,11 @@ class WorkloadError(ValueError):
     """A workload that cannot be trained as given: one line, ``workload 'NAME': problem``."""
 
     def __init__(self, name: str, problem: str):
+        self.name, self.problem = name, problem
         super().__init__(f"workload {name!r}: {one_line(problem)}")
+
+    def __reduce__(self):  # Ray pickles it to the driver: rebuilt from both arguments, not args
+        return type(self), (self.name, self.problem)
 
 
 # ----------------------------------------------------------------------------- items
