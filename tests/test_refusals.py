@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pickle
 import pkgutil
+import re
+from pathlib import Path
 
 import pytest
 
 import service
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _service_exception_classes() -> list[type[BaseException]]:
@@ -67,3 +72,70 @@ def test_a_workload_error_keeps_its_one_line_through_pickle():
 
     err = pickle.loads(pickle.dumps(WorkloadError("x", "bad\nthing")))
     assert str(err) == "workload 'x': bad thing"
+
+
+# ----------------------------------------------------------------------------- through a real sweep
+
+REFUSALS_CONFIG = """
+name: refusals
+workload: {{name: "tests.dict_workload:refusal_by_seed", steps: 4, global_batch_size: 32, lr: 0.05,
+           eval_every: 4, warmup_steps: 1}}
+search: {{hooks: [allreduce], world_size: [2], seed: {seeds}}}
+resources: {{cpus_per_worker: 0.5, max_concurrent_trials: 2}}
+tracking: {{flush_seconds: 1.0}}
+"""
+W = "workload 'tests.dict_workload:refusal_by_seed': "
+# seed -> the refusal docs/workloads.md documents for it (tests.dict_workload.REFUSALS[seed])
+DOCUMENTED = {
+    0: W + "not deterministic for seed: rank 1's initial weights differ from rank 0's (4 tensors, first "
+           "0.weight); build the model from torch's RNG only (the seed is set for you; seed numpy/random yourself)",
+    1: W + "not deterministic for seed: rank 1's training or eval data differ from rank 0's; split and "
+           "shuffle the data from the seed only",
+    2: W + "inconsistent batches: train_set[0] is a dict with keys label, pixels but train_set[750] is a "
+           "dict with keys image, label",
+    3: W + "loss_fn takes (x, y) items but train_set[0] is a dict with keys label, pixels; give "
+           "batch_loss(model, batch) for other batches",
+    4: W + "batch_loss returned a tensor of shape (2,); expected a scalar (0-dim) tensor: reduce it, e.g. "
+           "with .mean()",
+    5: W + "batch_loss failed on a batch of 2 training samples: KeyError: 'labels'",
+}
+
+
+@pytest.fixture(scope="module")
+def refusals_sweep(tmp_path_factory):
+    """One real sweep (local Ray, SQLite MLflow), one trial per documented refusal."""
+    from tests.test_sweep_e2e import run_sweep_cli
+
+    tmp = tmp_path_factory.mktemp("refusals")
+    config = tmp / "refusals.yaml"
+    config.write_text(REFUSALS_CONFIG.format(seeds=sorted(DOCUMENTED)))
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return run_sweep_cli(config, tmp, uri), uri
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(1500)
+def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(refusals_sweep):
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_sweep_e2e import child_runs_by_name
+
+    proc, uri = refusals_sweep
+    out = proc.stdout
+    assert proc.returncode == 1, f"{out}\n{proc.stderr}"  # every trial failed, the sweep did not
+    assert "Traceback" not in out + proc.stderr and "WorkerHealthCheckFailedError" not in out
+    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "refusals")
+    for seed, line in DOCUMENTED.items():
+        name = f"allreduce-w2-s{seed}"
+        shown = next(ln for ln in out.splitlines() if ln.startswith(f"  {name}: "))
+        # the failing ranks (each refuses alike), each with the documented line and nothing else
+        one = rf"rank \d: WorkloadError: {re.escape(line)}"
+        assert re.fullmatch(rf"  {re.escape(name)}: {one}(; {one})*", shown), shown
+        run = runs[name]
+        assert run.info.status == "FAILED" and run.data.tags["status"] == "failed"
+        assert run.data.tags["error"].splitlines()[0] == shown.split(": ", 1)[1].strip()
+    # the docs list exactly these lines (with the example workload's name)
+    docs = (ROOT / "docs" / "workloads.md").read_text()
+    for line in DOCUMENTED.values():
+        assert line.replace("tests.dict_workload:refusal_by_seed", "mypkg.wl:build") in docs, line
