@@ -43,6 +43,10 @@ MAX_SEED = 2**32 - 1
 MAX_LR = 10.0
 MAX_TRIALS = 10_000
 MAX_FILE_BYTES = 1_000_000
+# DDP's gradient buckets: 25 MiB is DDP's own default (torch.nn.parallel.distributed); a cap
+# above 1 GiB is one bucket for any model this service trains, written with a typo.
+DDP_BUCKET_CAP_MB = 25.0
+MAX_BUCKET_CAP_MB = 1024.0
 # A config is a few dozen values; YAML aliases can expand a small file into billions of nodes.
 MAX_YAML_NODES = 100_000
 
@@ -121,6 +125,11 @@ class WorkloadConfig(BaseModel):
     grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")
     lr_schedule: Literal["constant", "cosine"] = "constant"
     lr_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear LR warm-up steps (not warmup_steps)")
+    # DDP's own arguments for the model (the search axes bucket_cap_mb etc. are DDP's too, but
+    # compared; these are the model's needs).
+    find_unused_parameters: Union[Literal["auto"], bool] = Field(
+        "auto", description="auto: on exactly when the start-of-trial probe finds a parameter with no gradient")
+    broadcast_buffers: bool = Field(True, description="DDP broadcasts rank 0's buffers (BatchNorm stats) every forward")
 
     @model_validator(mode="before")
     @classmethod
@@ -134,6 +143,13 @@ class WorkloadConfig(BaseModel):
         from service.workloads import training_defaults  # imported late: it pulls in torch
 
         return {**training_defaults(name, optimizer), **raw}
+
+    @field_validator("find_unused_parameters", mode="before")
+    @classmethod
+    def _auto_or_bool(cls, value: Any) -> Any:
+        if value != "auto" and not isinstance(value, bool):
+            raise ValueError(f"{_short(value)} is not allowed; allowed: auto, true or false")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -250,8 +266,37 @@ class SearchConfig(BaseModel):
     hooks: list[HookEntry] = Field(min_length=1)
     world_size: list[int] = Field(min_length=1)
     seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # DDP's knobs (issue 27): how the gradient is cut into buckets, each a hook call
+    bucket_cap_mb: list[float] = Field(default_factory=lambda: [DDP_BUCKET_CAP_MB], min_length=1,
+                                       description="DDP's bucket size cap, MiB (25: DDP's default)")
+    gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
 
-    _scalar_allowed = field_validator("world_size", "seed", mode="before")(_scalar_to_list)
+    _scalar_allowed = field_validator("world_size", "seed", "bucket_cap_mb", "gradient_as_bucket_view",
+                                      "static_graph", mode="before")(_scalar_to_list)
+
+    @field_validator("bucket_cap_mb")
+    @classmethod
+    def _bucket_caps(cls, caps: list[float]) -> list[float]:
+        _check_axis(caps, lambda cap: 0 < cap <= MAX_BUCKET_CAP_MB,
+                    f"a bucket cap is above 0 and at most {MAX_BUCKET_CAP_MB:g} MiB (DDP's default: "
+                    f"{DDP_BUCKET_CAP_MB:g})")
+        if len(set(caps)) != len(caps):
+            raise FieldProblem("", f"{_short(caps)} lists a cap twice; each value runs once")
+        return caps
+
+    @field_validator("gradient_as_bucket_view", "static_graph")
+    @classmethod
+    def _flags(cls, values: list[bool]) -> list[bool]:
+        if len(set(values)) != len(values):
+            raise FieldProblem("", f"{_short(values)} lists a value twice; each value runs once")
+        return values
+
+    def ddp_knobs(self) -> list[dict[str, Any]]:
+        """Every combination of the DDP axes, in the order the config lists them."""
+        return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
+                for cap in self.bucket_cap_mb for view in self.gradient_as_bucket_view
+                for static in self.static_graph]
 
     @field_validator("world_size", "seed")
     @classmethod
@@ -375,13 +420,18 @@ class TrialSpec(BaseModel):
     world_size: int = Field(ge=1)
     seed: int = Field(ge=0)
     link_gbps: float | None = None  # the emulated link (config network:), None: the ordinary network
+    # DDP's knobs (search axes): their defaults are DDP's own
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
 
     @property
     def run_name(self) -> str:
         """`{hook}-c{chunk_size}-w{world_size}-s{seed}`, the -c part only for hooks with a chunk size.
 
         Other parameters appear only when they differ from the hook's default (e.g. a swept
-        PowerSGD rank: `powersgd-rank4-w2-s0`), so the names in a grid stay distinct.
+        PowerSGD rank: `powersgd-rank4-w2-s0`), so the names in a grid stay distinct; so do
+        DDP's knobs (`-b1` for bucket_cap_mb 1, `-view`, `-static`).
         """
         parts = [self.hook]
         if "chunk_size" in self.hook_params:
@@ -393,6 +443,7 @@ class TrialSpec(BaseModel):
                 parts.append(key if value else f"no_{key}")
             else:
                 parts.append(f"{key}{value}")
+        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items()]
         parts += [f"w{self.world_size}", f"s{self.seed}"]
         if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
             parts.append(f"{self.link_gbps:g}gbps")
@@ -405,16 +456,28 @@ class TrialSpec(BaseModel):
         return {k: v for k, v in self.hook_params.items()
                 if k == "chunk_size" or k not in defaults or defaults[k] != v}
 
+    def knobs(self) -> dict[str, Any]:
+        """DDP's knobs of this trial: bucket_cap_mb, gradient_as_bucket_view, static_graph."""
+        return {k: getattr(self, k) for k in _KNOB_DEFAULTS}
+
+    def non_default_knobs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.knobs().items() if v != _KNOB_DEFAULTS[k]}
+
     @property
     def key(self) -> str:
-        """A stable identifier (every parameter spelled out): how --resume tells trials apart."""
+        """A stable identifier (every parameter spelled out): how --resume tells trials apart.
+        DDP's knobs are spelled out, all three, when any differs from DDP's defaults (a default
+        trial keeps the key it always had)."""
         params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
         link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
-        return f"{self.hook}[{params}]-w{self.world_size}-s{self.seed}{link}"
+        knobs = self.knobs()
+        ddp = ("-ddp[" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs)) + "]"
+               if self.non_default_knobs() else "")
+        return f"{self.hook}[{params}]{ddp}-w{self.world_size}-s{self.seed}{link}"
 
     def describe(self) -> str:
-        """The --dry-run line: hook, its parameters, world size, seed."""
-        params = " ".join(f"{k}={v}" for k, v in self.hook_params.items()) or "-"
+        """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""
+        params = " ".join(f"{k}={v}" for k, v in {**self.hook_params, **self.non_default_knobs()}.items()) or "-"
         link = f" link_gbps={self.link_gbps:g}" if self.link_gbps is not None else ""
         return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}"
 
@@ -424,6 +487,11 @@ class TrialSpec(BaseModel):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
         return cls.model_validate(data)
+
+
+_KNOB_DEFAULTS = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "gradient_as_bucket_view": False, "static_graph": False}
+_KNOB_NAMES = {"bucket_cap_mb": lambda cap: f"b{cap:g}", "gradient_as_bucket_view": lambda on: "view",
+               "static_graph": lambda on: "static"}
 
 
 def _hook_defaults(name: str) -> dict[str, Any]:
@@ -482,7 +550,8 @@ class SweepConfig(BaseModel):
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
-        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed) * n_links
+        n_knobs = len(self.search.ddp_knobs())
+        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seed) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -501,22 +570,31 @@ class SweepConfig(BaseModel):
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
                                                          "tracking": {"flush_seconds"}, "storage_path": True,
                                                          "report": True})
+        for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
+            if decisive[section][key] == _ADDED_WITH_DEFAULTS[section, key]:
+                del decisive[section][key]
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size
-        x link (network.link_gbps, when set) x seed."""
+        """The grid, in a stable order: hook entries (as listed) x parameter combos x DDP's knobs
+        (bucket_cap_mb x gradient_as_bucket_view x static_graph) x world_size x link
+        (network.link_gbps, when set) x seed."""
         out = []
         links = self.network.link_gbps if self.network is not None else [None]
+        axes = (self.search.ddp_knobs(), self.search.world_size, links, self.search.seed)
         for entry in self.search.hooks:
             for combo in entry.combos():
                 full = _validate_hook(entry.name, combo, field=None)
-                for world in self.search.world_size:
-                    for link in links:
-                        for seed in self.search.seed:
-                            out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
-                                                 link_gbps=link))
+                for knobs, world, link, seed in itertools.product(*axes):
+                    out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
+                                         link_gbps=link, **knobs))
         return out
+
+
+# Settings added after sweeps were recorded (issue 27), with the value that means what those sweeps ran.
+_ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
+                        ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
+                        ("search", "static_graph"): [False]}
 
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:

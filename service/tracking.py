@@ -203,6 +203,9 @@ def trial_params(trial, cfg) -> dict[str, Any]:
         "lr": wl.lr,
         "optimizer": wl.optimizer,
         "grad_accumulation": wl.grad_accumulation,
+        **trial.knobs(),  # DDP's: bucket_cap_mb, gradient_as_bucket_view, static_graph
+        "find_unused_parameters": wl.find_unused_parameters,
+        "broadcast_buffers": wl.broadcast_buffers,
         "backend": "nccl" if use_gpu else "gloo",
         "torch_version": _version("torch"),
         "ray_version": _version("ray"),
@@ -231,12 +234,13 @@ def log_trial_params(run_id: str, trial, cfg, tracking_uri: str | None = None) -
 TRIAL_KEY_TAG = "trial_key"   # TrialSpec.key: what --resume matches on
 _IDENTITY = {"config": "trial_config", "hook": "trial_hook", "hook_params": "trial_hook_params",
              "world_size": "trial_world_size", "seed": "trial_seed", "link_gbps": "trial_link_gbps"}
+DDP_TAG = "trial_ddp"  # DDP's knobs as JSON (runs recorded before they were axes have none: DDP's defaults)
 
 
 def identity_tags(trial) -> dict[str, str]:
     """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
     name without its world size, seed and link: one label per configuration), hook, hook params
-    as JSON, world size, seed and emulated link ("" on the ordinary network)."""
+    as JSON, world size, seed, emulated link ("" on the ordinary network) and DDP's knobs as JSON."""
     where = f"-w{trial.world_size}-s{trial.seed}"
     return {TRIAL_KEY_TAG: trial.key,
             _IDENTITY["config"]: trial.run_name.rpartition(where)[0] or trial.run_name,
@@ -244,7 +248,8 @@ def identity_tags(trial) -> dict[str, str]:
             _IDENTITY["hook_params"]: json.dumps(dict(trial.hook_params), sort_keys=True),
             _IDENTITY["world_size"]: str(trial.world_size),
             _IDENTITY["seed"]: str(trial.seed),
-            _IDENTITY["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps))}
+            _IDENTITY["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps)),
+            DDP_TAG: json.dumps(trial.knobs(), sort_keys=True)}
 
 
 def start_child_run(parent_run_id: str, trial, cfg, tracking_uri: str | None = None) -> str:

@@ -33,6 +33,7 @@ metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import tempfile
@@ -47,10 +48,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hooks
 from hooks.state import HookState
 from service import preflight
+from service.config import DDP_BUCKET_CAP_MB
 from service.nan import NanMonitor
 from service import step_projection
+from service.text import count
 from service.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, build_workload, evaluate_workload, to_device
+
+log = logging.getLogger("service.worker")
 
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
 PROGRESS_EVERY_S = 2.0
@@ -114,8 +119,12 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
     preflight.check_items(wl_cfg.name, wl)
     preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
+    find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
+    if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
+        say_find_unused_is_on(wl_cfg.name, unused, logger)
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
-                process_group=process_group)
+                process_group=process_group, **ddp_arguments(trial, find_unused, wl_cfg.broadcast_buffers))
     hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
@@ -189,6 +198,26 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
 
 
 # ----------------------------------------------------------------------------- pieces
+
+
+def ddp_arguments(trial, find_unused: bool, broadcast_buffers: bool) -> dict[str, Any]:
+    """DDP's keyword arguments for this trial. bucket_cap_mb 25 is DDP's default and is left
+    to DDP, which then also caps its first bucket at 1 MiB after the rebuild (any other cap
+    applies to every bucket, as DDP does with an explicit value)."""
+    return {"bucket_cap_mb": None if trial.bucket_cap_mb == DDP_BUCKET_CAP_MB else trial.bucket_cap_mb,
+            "gradient_as_bucket_view": trial.gradient_as_bucket_view, "static_graph": trial.static_graph,
+            "find_unused_parameters": find_unused, "broadcast_buffers": broadcast_buffers}
+
+
+def say_find_unused_is_on(name: str, unused: list[str], logger) -> None:
+    """Once per trial (rank 0): the log line and the run's tag that DDP looks for unused
+    parameters every step, and which parameters made it."""
+    shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
+    line = (f"workload {name!r}: {count(len(unused), 'parameter')} without a gradient in a training step ({shown}): "
+            "DDP's find_unused_parameters is on (set workload.find_unused_parameters to silence this)")
+    log.warning(line)
+    if logger is not None:
+        logger.set_tags(find_unused_parameters=f"on (auto): {shown}")
 
 
 def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
@@ -342,6 +371,7 @@ class HookAccounting:
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
                                   if delta.get("payload_bytes") else 1.0),
             "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
+            "hook_calls_per_step": delta.get("calls", 0) / max(steps_run, 1),  # DDP's buckets per step
         }
         measured, after_warmup = meter.measured()
         if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
