@@ -203,10 +203,13 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
 def ddp_arguments(trial, find_unused: bool, broadcast_buffers: bool) -> dict[str, Any]:
     """DDP's keyword arguments for this trial. bucket_cap_mb 25 is DDP's default and is left
     to DDP, which then also caps its first bucket at 1 MiB after the rebuild (any other cap
-    applies to every bucket, as DDP does with an explicit value)."""
+    applies to every bucket, as DDP does with an explicit value). The config's
+    broadcast_buffers is DDP's forward_sync_buffers (torch 2.13 deprecates the old name); its
+    one difference, a buffer sync at construction, is a no-op here: preflight proved every
+    rank's buffers equal."""
     return {"bucket_cap_mb": None if trial.bucket_cap_mb == DDP_BUCKET_CAP_MB else trial.bucket_cap_mb,
             "gradient_as_bucket_view": trial.gradient_as_bucket_view, "static_graph": trial.static_graph,
-            "find_unused_parameters": find_unused, "broadcast_buffers": broadcast_buffers}
+            "find_unused_parameters": find_unused, "forward_sync_buffers": broadcast_buffers}
 
 
 def say_find_unused_is_on(name: str, unused: list[str], logger) -> None:
@@ -371,7 +374,6 @@ class HookAccounting:
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
                                   if delta.get("payload_bytes") else 1.0),
             "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
-            "hook_calls_per_step": delta.get("calls", 0) / max(steps_run, 1),  # DDP's buckets per step
         }
         measured, after_warmup = meter.measured()
         if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
