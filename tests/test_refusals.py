@@ -178,7 +178,8 @@ def test_a_model_with_parameters_unused_in_training_sweeps_with_find_unused_para
     proc, uri = moe_sweep
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "moe")
-    assert set(runs) == {"allreduce-w2-s0", "allreduce-b0.002-w2-s0", "powersgd-w2-s0", "powersgd-b0.002-w2-s0"}
+    assert set(runs) == {"allreduce-w2-s0", "allreduce-b0.002-w2-s0", "powersgd-start_iter2-w2-s0",
+                         "powersgd-start_iter2-b0.002-w2-s0"}
     for name, run in runs.items():
         assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok", name
         assert run.data.tags["find_unused_parameters"].startswith("on (auto): experts."), name
