@@ -1,4 +1,4 @@
-"""service.worker.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
+"""service.train.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
 processes), the real mlp_digits workload, the real hooks, a temporary SQLite MLflow store
 read back with MlflowClient. No Ray here (the sweep's end-to-end tests cover Ray)."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.worker import GlobalBatches, run_training
+from service.train import GlobalBatches, run_training
 from tests.dist_utils import free_port, run_distributed
 from tests.tiny_workload import TINY
 
