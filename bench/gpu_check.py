@@ -199,7 +199,7 @@ def probe_collectives(device) -> dict[str, str | None]:
 def needed_collectives(name: str, n: int, w: int, params: dict) -> set[str]:
     import hooks
 
-    return {kind for kind, _ in hooks.cost.hook_collectives(name, n, w, **params)}
+    return {c.kind for c in hooks.cost.hook_collectives(name, n, w, **params)}
 
 
 def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[dict]:

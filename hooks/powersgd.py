@@ -17,21 +17,16 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 
 from .spec import HookSpec, flag, non_negative_int, positive_int, real
-from .state import HookState, _param_layout
+from ._helpers import param_layout
+from .state import HookState
+from .wire import Collective
 
 
 class PowerSGDHookState(HookState):
     """Our accounting around torch's :class:`PowerSGDState` (kept in ``self.powersgd``)."""
 
-    def __init__(
-        self,
-        process_group=None,
-        rank: int = 1,
-        start_iter: int = 10,
-        error_feedback: bool = True,
-        warm_start: bool = True,
-        orthogonalization_epsilon: float = 1e-8,
-    ):
+    def __init__(self, process_group, rank: int, start_iter: int, error_feedback: bool, warm_start: bool,
+                 orthogonalization_epsilon: float):
         super().__init__(process_group, error_feedback=False)  # PowerSGD keeps its own error memory
         self.powersgd = PowerSGDState(
             process_group=process_group,
@@ -50,7 +45,7 @@ class PowerSGDHookState(HookState):
     def _prepare(self, bucket) -> None:
         ps, idx, n = self.powersgd, bucket.index(), bucket.buffer().numel()
         restored = self._restored_powersgd.get(idx)
-        if restored is not None and restored[0] == _param_layout(bucket.parameters()):
+        if restored is not None and restored[0] == param_layout(bucket.parameters()):
             dev = bucket.buffer().device
             _, err, p, q = self._restored_powersgd.pop(idx)
             for store, t in ((ps.error_dict, err), (ps.p_memory_dict, p), (ps.q_memory_dict, q)):
@@ -89,7 +84,7 @@ class PowerSGDHookState(HookState):
         buckets = {}
         for idx in set(ps.error_dict) | set(ps.p_memory_dict):
             buckets[idx] = {
-                "layout": _param_layout(self.bucket_parameters(idx)),
+                "layout": param_layout(self.bucket_parameters(idx)),
                 "error": _cpu(ps.error_dict.get(idx)),
                 "p": _cpu(ps.p_memory_dict.get(idx)),
                 "q": _cpu(ps.q_memory_dict.get(idx)),
@@ -142,11 +137,18 @@ def powersgd(state: PowerSGDHookState, bucket: dist.GradBucket) -> torch.futures
     return state.finish(fut, t0)
 
 
-def _collectives(n, world_size, element_size=4, compressed_fraction=1.0, **_):
-    """One allreduce of the compressed fraction of the bucket (``compressed_fraction``: payload
-    bytes / raw bytes once compressing, e.g. from measured stats; 1 = before start_iter): the
-    split into matrices depends on the bucket's shapes, which a size alone does not give."""
-    return [("allreduce", int(n * element_size * compressed_fraction))]
+def _collectives(n, world_size, element_size, *, compressed_fraction=1.0, allreduces=1.0, **_):
+    """The compressed fraction of the bucket in ``allreduces`` allreduces (``compressed_fraction``:
+    payload bytes / raw bytes, and ``allreduces`` per call, from measured stats; 1 and 1 = before
+    start_iter, three allreduces once compressing): the split into matrices depends on the
+    bucket's shapes, which a size alone does not give."""
+    return [Collective("allreduce", int(n * element_size * compressed_fraction), allreduces)]
+
+
+def _from_stats(stats: dict) -> dict:
+    calls = stats["calls"]
+    return {"compressed_fraction": stats["payload_bytes"] / max(stats["raw_bytes"], 1),
+            "allreduces": stats.get("allreduce_calls", calls) / calls}
 
 
 def _check(params: dict) -> None:
@@ -158,10 +160,10 @@ def _check(params: dict) -> None:
 
 
 SPEC = HookSpec(
-    "powersgd", powersgd, PowerSGDHookState, _collectives,
-    {"rank": positive_int(1), "start_iter": non_negative_int(10), "error_feedback": flag(True),
-     "warm_start": flag(True),
-     "orthogonalization_epsilon": real(1e-8, lambda v: 0 <= v < 1, "a number in [0, 1)")},
-    True, "PowerSGD low-rank compression (torch's), after start_iter plain allreduces", "tab:purple", "*",
-    check=_check,
+    name="powersgd", hook=powersgd, make_state=PowerSGDHookState, collectives=_collectives, from_stats=_from_stats,
+    parameters={"rank": positive_int(1), "start_iter": non_negative_int(10), "error_feedback": flag(True),
+                "warm_start": flag(True),
+                "orthogonalization_epsilon": real(1e-8, lambda v: 0 <= v < 1, "a number in [0, 1)")},
+    check=_check, wire_bits=None, lossy=True,
+    doc="PowerSGD low-rank compression (torch's), after start_iter plain allreduces", colour="tab:purple", marker="*",
 )

@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from .spec import HookSpec, error_feedback, real
-from .state import HookState, SeededState, as_float32, float32_out, into_bucket, start_call
+from ._helpers import as_float32, float32_out, into_bucket, start_call
+from .state import HookState, SeededState
 
 # randomk's index draws: seed = _SEED_BASE + calls so far, the same on every rank.
 _SEED_BASE = 0x5EED_0000
@@ -123,15 +124,15 @@ def randomk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Futu
     return state.finish(fut, t0, densify)
 
 
-def _state(process_group=None, ratio: float = 0.01, error_feedback: bool = False) -> SparsifyState:
+def _state(process_group, ratio: float, error_feedback: bool) -> SparsifyState:
     return SparsifyState(ratio, process_group, error_feedback=error_feedback)
 
 
-def _topk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
+def _topk_collectives(n, world_size, element_size, *, ratio, **_):
     return [("allgather", 8 * num_selected(n, ratio))]  # k int32 indices + k float32 values
 
 
-def _randomk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
+def _randomk_collectives(n, world_size, element_size, *, ratio, **_):
     return [("allreduce", 4 * num_selected(n, ratio))]  # shared indices: only the k values travel
 
 
@@ -141,10 +142,12 @@ def _ratio() -> dict:
 
 
 SPECS = [
-    HookSpec("topk", topk, _state, _topk_collectives, _ratio(), True,
-             "each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
-             "tab:cyan", ">"),
-    HookSpec("randomk", randomk, _state, _randomk_collectives, _ratio(), True,
-             "the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
-             "tab:olive", "<"),
+    HookSpec(name="topk", hook=topk, make_state=_state, collectives=_topk_collectives, parameters=_ratio(),
+             wire_bits=None, lossy=True,
+             doc="each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
+             colour="tab:cyan", marker=">"),
+    HookSpec(name="randomk", hook=randomk, make_state=_state, collectives=_randomk_collectives, parameters=_ratio(),
+             wire_bits=None, lossy=True,
+             doc="the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
+             colour="tab:olive", marker="<"),
 ]
