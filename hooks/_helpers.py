@@ -1,6 +1,6 @@
 """What hooks are written with: the opening every compressing hook shares, the allgather of a
-uint8 message, decoding W gathered messages into the bucket, a bucket's layout. Private
-to hooks/.
+uint8 message, decoding W gathered messages into the bucket, a bucket's layout, the 16-bit wire
+dtypes. Private to hooks/.
 """
 from __future__ import annotations
 
@@ -9,7 +9,22 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from .spec import Param, choice
 from .state import HookState
+
+# wire_dtype values: the dtype values travel in (None: the bucket's own, no cast).
+WIRE_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def wire_dtype_param() -> dict[str, Param]:
+    """The ``wire_dtype`` parameter of hooks whose values can travel in 16 bits."""
+    return {"wire_dtype": choice("fp32", tuple(WIRE_DTYPES), "the dtype values travel in; fp32: no 16-bit cast")}
+
+
+def wire_element_size(wire_dtype: str, element_size: int) -> int:
+    """Bytes per value on the wire under ``wire_dtype`` for a bucket of ``element_size``-byte elements."""
+    dtype = WIRE_DTYPES[wire_dtype]
+    return element_size if dtype is None else torch.empty((), dtype=dtype).element_size()
 
 
 def param_layout(params: list) -> tuple:

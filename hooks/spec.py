@@ -58,6 +58,10 @@ def real(default: float, ok: Callable[[float], bool], allowed: str) -> Param:
     return Param(default, lambda v: _is_real(v) and ok(v), allowed, float)
 
 
+def choice(default: str, options: tuple, why: str) -> Param:
+    return Param(default, lambda v: isinstance(v, str) and v in options, f"one of {', '.join(options)} ({why})")
+
+
 def error_feedback(default: bool = False) -> dict[str, Param]:
     """The ``error_feedback`` parameter most lossy hooks take."""
     return {"error_feedback": flag(default)}

@@ -76,6 +76,17 @@ def test_validate_fills_defaults_without_a_process_group():
         ("signsgd", {"chunk_size": -8}, ["chunk_size", "positive integer"]),
         ("signsgd", {"majority_vote": "yes"}, ["majority_vote", "true or false"]),
         ("signsgd", {"error_feedback": None}, ["error_feedback", "true or false"]),
+        ("powersgd", {"wire_dtype": "fp8"}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("powersgd", {"wire_dtype": 16}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("topk", {"wire_dtype": "float16"}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("randomk", {"wire_dtype": None}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("powersgd", {"min_compression_rate": -1}, ["min_compression_rate", "non-negative"]),
+        ("powersgd", {"min_compression_rate": "2"}, ["min_compression_rate", "non-negative"]),
+        ("powersgd", {"batched": 1}, ["batched", "true or false"]),
+        ("powersgd", {"batched": True, "min_compression_rate": 4}, ["min_compression_rate", "no effect with batched"]),
+        ("powersgd", {"batched": True, "orthogonalization_epsilon": 0.0},
+         ["orthogonalization_epsilon", "no effect with batched"]),
+        ("qsgd", {"wire_dtype": "fp16"}, ["no parameter 'wire_dtype'"]),
     ],
 )
 def test_validate_rejects_bad_input_in_one_line(name, params, words):
@@ -90,8 +101,8 @@ def test_validate_rejects_bad_input_in_one_line(name, params, words):
 
 
 def test_compressor_defaults_and_coercion():
-    assert hooks.validate("topk") == {"ratio": 0.01, "error_feedback": False}
-    assert hooks.validate("randomk", ratio=1) == {"ratio": 1.0, "error_feedback": False}
+    assert hooks.validate("topk") == {"ratio": 0.01, "wire_dtype": "fp32", "error_feedback": False}
+    assert hooks.validate("randomk", ratio=1) == {"ratio": 1.0, "wire_dtype": "fp32", "error_feedback": False}
     assert hooks.validate("signsgd") == {"chunk_size": 512, "majority_vote": False, "error_feedback": False}
     assert hooks.validate("qsgd") == {"levels": 127, "chunk_size": 512, "error_feedback": False}
     for name in ("topk", "randomk", "signsgd", "qsgd"):
