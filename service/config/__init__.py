@@ -24,13 +24,14 @@ The modules, by what they hold:
 """
 
 from service.config.errors import MAX_SHOWN_PROBLEMS, ConfigError
+from service.config.limits import DDP_BUCKET_CAP_MB
 from service.config.loading import PRESETS_DIR, list_presets, load_config, resolve_config_path
 from service.config.schema import (CheckpointConfig, Fault, HookEntry, NetworkConfig, ReportConfig,
                                    ResourcesConfig, SearchConfig, StopConfig, SweepConfig, TrackingConfig,
                                    WorkloadConfig)
 from service.config.trial import Scalar, TrialSpec
 
-__all__ = ["MAX_SHOWN_PROBLEMS", "PRESETS_DIR", "CheckpointConfig", "ConfigError", "Fault", "HookEntry",
+__all__ = ["DDP_BUCKET_CAP_MB", "MAX_SHOWN_PROBLEMS", "PRESETS_DIR", "CheckpointConfig", "ConfigError", "Fault", "HookEntry",
            "NetworkConfig", "ReportConfig", "ResourcesConfig", "Scalar", "SearchConfig", "StopConfig",
            "SweepConfig", "TrackingConfig", "TrialSpec", "WorkloadConfig", "list_presets", "load_config",
            "resolve_config_path"]

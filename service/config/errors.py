@@ -51,6 +51,9 @@ class FieldProblem(ValueError):
         self.message = message
         super().__init__(message)
 
+    def __reduce__(self):  # pickled (e.g. by Ray): rebuilt from both arguments, not args
+        return type(self), (self.field, self.message)
+
 
 def did_you_mean(word: str, options) -> str:
     options = [str(o) for o in options]

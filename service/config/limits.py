@@ -10,6 +10,10 @@ MAX_SEED = 2**32 - 1
 MAX_LR = 10.0
 MAX_TRIALS = 10_000
 MAX_FILE_BYTES = 1_000_000
+# DDP's gradient buckets: 25 MiB is DDP's own default (torch.nn.parallel.distributed); a cap
+# above 1 GiB is one bucket for any model this service trains, written with a typo.
+DDP_BUCKET_CAP_MB = 25.0
+MAX_BUCKET_CAP_MB = 1024.0
 # A config is a few dozen values; YAML aliases can expand a small file into billions of nodes.
 MAX_YAML_NODES = 100_000
 MAX_LINK_GBPS = 400.0

@@ -7,13 +7,14 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from service.config.errors import FieldProblem, did_you_mean, exception_text, short_value
-from service.config.limits import (MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION, MAX_LATENCY_MS, MAX_LINK_GBPS,
-                                   MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
+from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION,
+                                   MAX_LATENCY_MS, MAX_LINK_GBPS, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS,
+                                   MAX_WORLD_SIZE)
 from service.config.trial import Scalar, TrialSpec
 
 # The schema. Strict types: YAML already yields ints, floats, bools and strings, so "300" for a
@@ -40,6 +41,11 @@ class WorkloadConfig(BaseModel):
     grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")
     lr_schedule: Literal["constant", "cosine"] = "constant"
     lr_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear LR warm-up steps (not warmup_steps)")
+    # DDP's own arguments for the model (the search axes bucket_cap_mb etc. are DDP's too, but
+    # compared; these are the model's needs).
+    find_unused_parameters: Union[Literal["auto"], bool] = Field(
+        "auto", description="auto: on exactly when the start-of-trial probe finds a parameter with no gradient")
+    broadcast_buffers: bool = Field(True, description="DDP broadcasts rank 0's buffers (BatchNorm stats) every forward")
 
     @model_validator(mode="before")
     @classmethod
@@ -53,6 +59,13 @@ class WorkloadConfig(BaseModel):
         from service.workloads import training_defaults  # imported late: it pulls in torch
 
         return {**training_defaults(name, optimizer), **raw}
+
+    @field_validator("find_unused_parameters", mode="before")
+    @classmethod
+    def _auto_or_bool(cls, value: Any) -> Any:
+        if value != "auto" and not isinstance(value, bool):
+            raise ValueError(f"{short_value(value)} is not allowed; allowed: auto, true or false")
+        return value
 
     @field_validator("name")
     @classmethod
@@ -169,8 +182,37 @@ class SearchConfig(BaseModel):
     hooks: list[HookEntry] = Field(min_length=1)
     world_size: list[int] = Field(min_length=1)
     seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # DDP's knobs (issue 27): how the gradient is cut into buckets, each a hook call
+    bucket_cap_mb: list[float] = Field(default_factory=lambda: [DDP_BUCKET_CAP_MB], min_length=1,
+                                       description="DDP's bucket size cap, MiB (25: DDP's default)")
+    gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
 
-    _scalar_allowed = field_validator("world_size", "seed", mode="before")(_scalar_to_list)
+    _scalar_allowed = field_validator("world_size", "seed", "bucket_cap_mb", "gradient_as_bucket_view",
+                                      "static_graph", mode="before")(_scalar_to_list)
+
+    @field_validator("bucket_cap_mb")
+    @classmethod
+    def _bucket_caps(cls, caps: list[float]) -> list[float]:
+        _check_axis(caps, lambda cap: 0 < cap <= MAX_BUCKET_CAP_MB,
+                    f"a bucket cap is above 0 and at most {MAX_BUCKET_CAP_MB:g} MiB (DDP's default: "
+                    f"{DDP_BUCKET_CAP_MB:g})")
+        if len(set(caps)) != len(caps):
+            raise FieldProblem("", f"{short_value(caps)} lists a cap twice; each value runs once")
+        return caps
+
+    @field_validator("gradient_as_bucket_view", "static_graph")
+    @classmethod
+    def _flags(cls, values: list[bool]) -> list[bool]:
+        if len(set(values)) != len(values):
+            raise FieldProblem("", f"{short_value(values)} lists a value twice; each value runs once")
+        return values
+
+    def ddp_knobs(self) -> list[dict[str, Any]]:
+        """Every combination of the DDP axes, in the order the config lists them."""
+        return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
+                for cap in self.bucket_cap_mb for view in self.gradient_as_bucket_view
+                for static in self.static_graph]
 
     @field_validator("world_size", "seed")
     @classmethod
@@ -329,7 +371,8 @@ class SweepConfig(BaseModel):
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
-        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed) * n_links
+        n_knobs = len(self.search.ddp_knobs())
+        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seed) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -348,22 +391,31 @@ class SweepConfig(BaseModel):
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
                                                          "tracking": {"flush_seconds"}, "storage_path": True,
                                                          "report": True})
+        for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
+            if decisive[section][key] == _ADDED_WITH_DEFAULTS[section, key]:
+                del decisive[section][key]
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size
-        x link (network.link_gbps, when set) x seed."""
+        """The grid, in a stable order: hook entries (as listed) x parameter combos x DDP's knobs
+        (bucket_cap_mb x gradient_as_bucket_view x static_graph) x world_size x link
+        (network.link_gbps, when set) x seed."""
         out = []
         links = self.network.link_gbps if self.network is not None else [None]
+        axes = (self.search.ddp_knobs(), self.search.world_size, links, self.search.seed)
         for entry in self.search.hooks:
             for combo in entry.combos():
                 full = _validate_hook(entry.name, combo, field=None)
-                for world in self.search.world_size:
-                    for link in links:
-                        for seed in self.search.seed:
-                            out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
-                                                 link_gbps=link))
+                for knobs, world, link, seed in itertools.product(*axes):
+                    out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
+                                         link_gbps=link, **knobs))
         return out
+
+
+# Settings added after sweeps were recorded (issue 27), with the value that means what those sweeps ran.
+_ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
+                        ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
+                        ("search", "static_graph"): [False]}
 
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:

@@ -13,12 +13,13 @@ from service.tracking.store import StoreError
 TRIAL_KEY_TAG = "trial_key"   # TrialSpec.key: what --resume matches on
 IDENTITY_TAGS = {"config": "trial_config", "hook": "trial_hook", "hook_params": "trial_hook_params",
              "world_size": "trial_world_size", "seed": "trial_seed", "link_gbps": "trial_link_gbps"}
+DDP_TAG = "trial_ddp"  # DDP's knobs as JSON (runs recorded before they were axes have none: DDP's defaults)
 
 
 def identity_tags(trial) -> dict[str, str]:
     """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
     name without its world size, seed and link: one label per configuration), hook, hook params
-    as JSON, world size, seed and emulated link ("" on the ordinary network)."""
+    as JSON, world size, seed, emulated link ("" on the ordinary network) and DDP's knobs as JSON."""
     where = f"-w{trial.world_size}-s{trial.seed}"
     return {TRIAL_KEY_TAG: trial.key,
             IDENTITY_TAGS["config"]: trial.run_name.rpartition(where)[0] or trial.run_name,
@@ -26,7 +27,8 @@ def identity_tags(trial) -> dict[str, str]:
             IDENTITY_TAGS["hook_params"]: json.dumps(dict(trial.hook_params), sort_keys=True),
             IDENTITY_TAGS["world_size"]: str(trial.world_size),
             IDENTITY_TAGS["seed"]: str(trial.seed),
-            IDENTITY_TAGS["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps))}
+            IDENTITY_TAGS["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps)),
+            DDP_TAG: json.dumps(trial.knobs(), sort_keys=True)}
 
 
 @dataclass(frozen=True)

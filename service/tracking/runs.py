@@ -69,6 +69,9 @@ def trial_params(trial, cfg) -> dict[str, Any]:
         "lr": wl.lr,
         "optimizer": wl.optimizer,
         "grad_accumulation": wl.grad_accumulation,
+        **trial.knobs(),  # DDP's: bucket_cap_mb, gradient_as_bucket_view, static_graph
+        "find_unused_parameters": wl.find_unused_parameters,
+        "broadcast_buffers": wl.broadcast_buffers,
         "backend": "nccl" if use_gpu else "gloo",
         "torch_version": _version("torch"),
         "ray_version": _version("ray"),

@@ -7,6 +7,7 @@
     reporter.py    Reporter: rank 0's MLflow step metrics, progress and the trial's end
     faults.py      FaultInjector: configured NaN / scaled gradients and crashes
     checkpoint.py  capture / restore a rank's state; the checkpoint directory Ray merges
+    ddp.py         DDP's arguments for a trial (knobs, unused parameters, buffers)
     ray_entry.py   train_loop_per_worker: the function TorchTrainer runs (pickled by module path)
 
 The names below are the package's interface (the sweep, benches and tests run the loop).

@@ -39,6 +39,7 @@ from service import preflight
 from service.nan import NanMonitor
 from service.train.batches import GlobalBatches
 from service.train.checkpoint import capture, restore
+from service.train.ddp import ddp_arguments, say_find_unused_is_on
 from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, StepMeter, trial_summary
@@ -103,8 +104,12 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
     preflight.check_items(wl_cfg.name, wl)
     preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
+    find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
+    if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
+        say_find_unused_is_on(wl_cfg.name, unused, logger)
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
-                process_group=process_group)
+                process_group=process_group, **ddp_arguments(trial, find_unused, wl_cfg.broadcast_buffers))
     hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
