@@ -49,7 +49,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     projected = projection.plot(projections, out_dir / projection.IMAGE, title=sweep.experiment)
     if projections:  # trials from before the accounting was logged: the table says so, no plot
         images["projected_throughput"] = projected
-    write_summary_csv(rows, out_dir / "summary.csv")
+    write_summary_csv(rows, recs, out_dir / "summary.csv")
     (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs)
                                         + projection.markdown(projections))
     report = out_dir / "report.html"

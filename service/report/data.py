@@ -24,6 +24,7 @@ import numpy as np
 
 from service.report import recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.sequential import Rule
 
 if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
     from service.tracking import TrialRecord
@@ -114,6 +115,7 @@ class Sweep:
     config_text: str | None
     trials: list[Trial] = field(default_factory=list)
     tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
+    rule: Rule = Rule()            # the gaps' interval: a fixed grid's, or the adaptive seeds' schedule
 
     @property
     def world_sizes(self) -> list[int]:
@@ -147,11 +149,21 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
         config_name=config[0] if config else None,
         config_text=config[1] if config else None,
         tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
+        rule=sequential_rule(parent.data.tags),
         trials=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
     )
     sweep.trials.sort(key=_trial_order)
     _time_to_target(sweep)
     return sweep
+
+
+def sequential_rule(tags: dict[str, str]) -> Rule:
+    """The parent run's seeds_min / seeds_max tags (an adaptive sweep's seed range) as the
+    rule its gaps are judged by; a sweep without them ran a fixed grid."""
+    try:
+        return Rule(int(tags["seeds_min"]), int(tags["seeds_max"]))
+    except (KeyError, ValueError):
+        return Rule()
 
 
 def _time_to_target(sweep: Sweep) -> None:
@@ -395,7 +407,7 @@ def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
     out = []
     for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
         candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
-        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance))
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance, sweep.rule))
     return out
 
 
@@ -407,6 +419,7 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
     return recommend.Candidate(
         config=config, hook=trials[0].hook, ok=len(ok) == len(trials),
         states=", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f" of {len(trials)} trial(s)",
+        state_counts=dict(states),
         final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
         time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
         spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))

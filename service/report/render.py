@@ -38,11 +38,18 @@ def headline(recs: list[recommend.Recommendation]) -> str:
 
 _RULE = ("Time to target: training seconds (the sum of measured step times, eval excluded) until "
          "the eval loss first reaches allreduce's final eval loss at the same world size, link and "
-         "seed plus {tolerance:.0%}. The recommendation ranks by that time among configurations whose "
-         "every trial ended ok and whose paired eval-loss gap to allreduce has its 95% interval "
-         "within +{tolerance:.0%}; then by throughput, then bytes. A configuration is called faster "
-         "only by more than the spread of the times (step-time IQR, seed scatter); otherwise it is "
-         "the same speed here and allreduce is kept.")
+         "seed plus {tolerance:.0%}. Quality verdict of a configuration's paired eval-loss gap to "
+         "allreduce: matches (its interval within +{tolerance:.0%}), worse (wholly beyond it: listed "
+         "under avoid), undecided (the interval holds +{tolerance:.0%}: listed as open, with what "
+         "would decide it), nan / failed. The interval: {rule}. The recommendation ranks by time to "
+         "target among configurations whose every trial ended ok and that match; then by "
+         "throughput, then bytes. A configuration is called faster only by more than the spread "
+         "of the times (step-time IQR, seed scatter); otherwise it is the same speed here and "
+         "allreduce is kept.")
+
+
+def rule_text(sweep: Sweep) -> str:
+    return _RULE.format(tolerance=sweep.tolerance, rule=sweep.rule.text())
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,8 +85,8 @@ def _states_text(row: SummaryRow) -> str:
                      for s, n in sorted(row.states.items()))
 
 
-_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (95% CI)",
-           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (95% CI)"]
+_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (CI)",   # the interval's level: the rule
+           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (CI)"]
 
 
 def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None) -> list[str]:
@@ -98,30 +105,41 @@ def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation |
     return cells
 
 
+def _candidate_of(row: SummaryRow, recs: list[recommend.Recommendation]
+                  ) -> tuple[recommend.Candidate | None, recommend.Recommendation | None]:
+    rec = next((r for r in recs if (r.world_size, r.link) == (row.world_size, row.link)), None)
+    return (next((c for c in rec.candidates if c.config == row.config), None) if rec else None), rec
+
+
+def _verdict(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
+    candidate, _ = _candidate_of(row, recs)
+    return candidate.verdict.value if candidate is not None else ""
+
+
 def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | None = None
                 ) -> tuple[list[str], list[list[str]]]:
-    header = (["configuration", "world size", "link", "seeds", "status"] + [c[0] for c in _COLUMNS]
+    header = (["configuration", "world size", "link", "seeds", "status"]
+              + (["verdict"] if recs is not None else []) + [c[0] for c in _COLUMNS]
               + (_VERSUS if recs is not None else []))
-    by_group = {(r.world_size, r.link): r for r in recs or []}
     body = []
     for r in rows:
-        cells = ([r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
-                 + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS])
+        cells = [r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
+        cells += [_verdict(r, recs)] if recs is not None else []
+        cells += [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS]
         if recs is not None:
-            rec = by_group.get((r.world_size, r.link))
-            candidate = next((c for c in rec.candidates if c.config == r.config), None) if rec else None
-            cells += _versus_cells(candidate, rec)
+            cells += _versus_cells(*_candidate_of(r, recs))
         body.append(cells)
     return header, body
 
 
-def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
-    """Machine-readable: every mean and std as its own column (empty when not recorded)."""
+def write_summary_csv(rows: list[SummaryRow], recs: list[recommend.Recommendation], path: Path) -> None:
+    """Machine-readable: the quality verdict, the seeds used (space-separated), every mean and
+    std as its own column (empty when not recorded)."""
     metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "seeds", "trials",
-                         "ok", "nan", "failed", "other"]
+        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "verdict", "seeds",
+                         "trials", "ok", "nan", "failed", "other"]
                         + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
         for r in rows:
             other = sum(n for s, n in r.states.items() if s not in ("ok", "nan", "failed"))
@@ -131,7 +149,8 @@ def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
                 values += [repr(mean) if n else "", repr(std) if n > 1 else ""]
             writer.writerow([r.config, r.hook,
                              ";".join(f"{k}={v}" for k, v in sorted(r.hook_params.items())),
-                             r.world_size, r.link, " ".join(map(str, r.seeds)), len(r.run_ids),
+                             r.world_size, r.link, _verdict(r, recs), " ".join(map(str, r.seeds)),
+                             len(r.run_ids),
                              r.states.get("ok", 0), r.states.get("nan", 0),
                              r.states.get("failed", 0), other] + values)
 
@@ -144,7 +163,7 @@ def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
     lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
               f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
-              f"{_RULE.format(tolerance=sweep.tolerance)}", ""]
+              f"{rule_text(sweep)}", ""]
     return "\n".join(lines)
 
 
@@ -197,7 +216,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     projected = projection.table(projections) if projections else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
-        headline=headline(recs), recs=recs, rule=_RULE.format(tolerance=sweep.tolerance),
+        headline=headline(recs), recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, header=header, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
