@@ -160,3 +160,31 @@ def test_a_configuration_that_never_reaches_the_target_or_failed_is_avoided():
     assert dict(rec.avoid)["powersgd"].startswith("never reached the target eval loss (seed 1)")
     assert dict(rec.avoid)["fp16_compress"] == "1 nan, 1 ok"
     assert rec.choice.config == "allreduce" and rec.key == "recommended.w2.loopback"
+
+
+def test_a_baseline_slowed_by_a_busy_machine_is_judged_by_the_paired_ratio():
+    """Issue 23's fresh-clone run: allreduce's trials shared the machine with another job, so
+    its own times (41 s) look slow next to a quantizer's (24 s) that steps at the same speed
+    when both are timed side by side in the same trial (ratio 1.0)."""
+    def with_ratio(c, ratio, iqr=0.02):
+        c.step_ratio = {s: ratio for s in c.time_to_target}
+        c.step_ratio_iqr = {s: iqr for s in c.time_to_target}
+        return c
+
+    def at_step(c, step=100.0):
+        c.time_to_target = {s: TimeToTarget(t.seconds, step, False) for s, t in c.time_to_target.items()}
+        return c
+
+    base = at_step(candidate("allreduce", [41, 41], [1.0, 1.0]))
+    same = with_ratio(at_step(candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0])), 1.0)
+    rec = recommend.recommend(4, "loopback", [base, same])
+    assert same.seconds == pytest.approx(41.0) and rec.choice.config == "allreduce"
+    assert "same speed here" in rec.reason
+    # half the baseline's step time, side by side, and at the same step count: 2x
+    fast = with_ratio(at_step(candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0])), 0.5)
+    rec = recommend.recommend(4, "loopback", [at_step(candidate("allreduce", [41, 41], [1.0, 1.0])), fast])
+    assert rec.choice is fast and "2.00x faster than allreduce" in rec.reason
+    # trials without the paired timing (older sweeps): their own times, as before
+    old = at_step(candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0]))
+    rec = recommend.recommend(4, "loopback", [at_step(candidate("allreduce", [41, 41], [1.0, 1.0])), old])
+    assert old.paired_seconds is None and rec.choice is old

@@ -32,7 +32,8 @@ if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
 SUMMARY_METRICS = (
     "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
     "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
-    "nan_detected", "first_nan_step",
+    "nan_detected", "first_nan_step", "step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr",
+    "load_avg_1m", "cpu_share",
 )
 _HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
 _EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))
@@ -424,9 +425,15 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
         time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
         spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
+        step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
+        step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
         samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
         bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
     )
+
+
+def _finite_by_seed(trials: list[Trial], metric: str) -> dict[int, float]:
+    return {t.seed: t.metric(metric) for t in trials if math.isfinite(t.metric(metric))}
 
 
 def _measured_ms(t: Trial) -> np.ndarray:

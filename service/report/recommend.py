@@ -156,10 +156,13 @@ class Candidate:
     spread_s: dict[int, float]                 # seed -> spread of that time
     samples_per_s: float
     bytes_per_step: float
+    step_ratio: dict[int, float] = field(default_factory=dict)      # seed -> paired step time / baseline's
+    step_ratio_iqr: dict[int, float] = field(default_factory=dict)  # seed -> its spread over the windows
     state_counts: dict[str, int] = field(default_factory=dict)   # ok / nan / failed / ... -> trials
     gap: Gap | None = None                     # vs the fp32 baseline
     gap_16bit: Gap | None = None               # vs the best 16-bit hook
     verdict: Verdict = Verdict.UNDECIDED       # quality vs the baseline (set by recommend)
+    paired_seconds: dict[int, float] | None = None   # seed -> time to target from the paired ratio
 
     @property
     def is_baseline(self) -> bool:
@@ -171,22 +174,44 @@ class Candidate:
 
     @property
     def seconds(self) -> float:
-        """Mean time to target over seeds (inf when some seed never reached it)."""
+        """Mean time to target over seeds (inf when some seed never reached it): paired with
+        the baseline's step time when the trials timed it (:func:`pair_with_baseline`)."""
         if not self.reached_every_seed:
             return math.inf
+        if self.paired_seconds is not None:
+            return statistics.fmean(self.paired_seconds.values())
         return statistics.fmean(t.seconds for t in self.time_to_target.values())
 
     @property
     def seconds_spread(self) -> float:
-        """The spread of the mean time: step-time noise, and the seeds' own scatter."""
-        noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
-        times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
+        """The spread of the mean time: step-time noise (paired: the ratio's spread over its
+        windows), and the seeds' own scatter."""
+        if self.paired_seconds is not None:
+            noise = statistics.fmean(self.paired_seconds[s] * self.step_ratio_iqr.get(s, 0.0) / self.step_ratio[s]
+                                     for s in self.paired_seconds)
+            times = list(self.paired_seconds.values())
+        else:
+            noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
+            times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
         scatter = statistics.stdev(times) if len(times) > 1 else 0.0
         return max(noise, scatter)
 
     @property
     def interpolated(self) -> bool:
         return any(t.interpolated for t in self.time_to_target.values())
+
+
+def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
+    """Time to target from the paired step ratio: the candidate's crossing step times its step
+    time measured against the baseline's in the same trial (service/paired_timing.py), in
+    the baseline trial's seconds per step at that seed. The machine's load while each trial
+    ran cancels out of the ratio; it would not out of two trials' own step times."""
+    if c is baseline or not c.reached_every_seed or not baseline.reached_every_seed:
+        return
+    per_step = {s: t.seconds / t.step for s, t in baseline.time_to_target.items() if t.step}
+    seeds = c.time_to_target.keys()
+    if all(s in c.step_ratio and s in per_step for s in seeds):
+        c.paired_seconds = {s: c.time_to_target[s].step * c.step_ratio[s] * per_step[s] for s in seeds}
 
 
 def faster(a: Candidate, b: Candidate) -> bool:
@@ -225,6 +250,8 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     gaps' interval (service/report/sequential.py)."""
     candidates = list(candidates)
     baseline = next((c for c in candidates if c.is_baseline), None)
+    for c in candidates if baseline is not None else []:
+        pair_with_baseline(c, baseline)
     sixteen = [c for c in candidates if c.hook in SIXTEEN_BIT_HOOKS and c.ok]
     best_16bit = min(sixteen, key=lambda c: (c.seconds, -c.samples_per_s), default=None)
     for c in candidates:

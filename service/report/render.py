@@ -135,11 +135,11 @@ def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | N
 def write_summary_csv(rows: list[SummaryRow], recs: list[recommend.Recommendation], path: Path) -> None:
     """Machine-readable: the quality verdict, the seeds used (space-separated), every mean and
     std as its own column (empty when not recorded)."""
-    metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
+    metrics = [c[1] for c in _COLUMNS] + list(_CSV_ONLY)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "verdict", "seeds",
-                         "trials", "ok", "nan", "failed", "other"]
+                         "trials", "ok", "nan", "failed", "other", "speedup_vs_baseline"]
                         + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
         for r in rows:
             other = sum(n for s, n in r.states.items() if s not in ("ok", "nan", "failed"))
@@ -152,7 +152,22 @@ def write_summary_csv(rows: list[SummaryRow], recs: list[recommend.Recommendatio
                              r.world_size, r.link, _verdict(r, recs), " ".join(map(str, r.seeds)),
                              len(r.run_ids),
                              r.states.get("ok", 0), r.states.get("nan", 0),
-                             r.states.get("failed", 0), other] + values)
+                             r.states.get("failed", 0), other, _speedup(r, recs)] + values)
+
+
+# Per trial, in summary.csv only: the step time paired with the baseline's in the same trial
+# (service/paired_timing.py; > 1 slower) and its spread, the load the trial ran under.
+_CSV_ONLY = ("step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr", "load_avg_1m", "cpu_share",
+             "first_nan_step")
+
+
+def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
+    """The baseline's time to target over this configuration's (paired when the trials timed
+    the baseline); empty when either never reached it."""
+    c, rec = _candidate_of(row, recs)
+    if c is None or rec.baseline is None or not math.isfinite(c.seconds) or not math.isfinite(rec.baseline.seconds):
+        return ""
+    return repr(rec.baseline.seconds / c.seconds)
 
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
