@@ -452,9 +452,12 @@ PROBE = """<script>
 window.addEventListener('load', () => {
   const images = Array.from(document.images).map(i => ({alt: i.alt, complete: i.complete,
                                                         width: i.naturalWidth}));
+  const tables = Array.from(document.querySelectorAll('table')).map(
+    t => Math.ceil(t.getBoundingClientRect().right));
   const probe = document.createElement('pre');
   probe.id = 'image-probe';
-  probe.textContent = JSON.stringify(images);
+  probe.textContent = JSON.stringify({images: images, tables: tables,
+                                      page: document.documentElement.scrollWidth});
   document.body.appendChild(probe);
 });
 </script></body>"""
@@ -479,10 +482,14 @@ def test_report_html_renders_in_headless_chromium(store, tmp_path):
     # A copy with a probe script appended: the page itself carries no test code.
     probed = out / "probed.html"
     probed.write_text(html_path.read_text().replace("</body>", PROBE))
-    dom = run_chromium(["--virtual-time-budget=10000", "--dump-dom", probed.as_uri()], tmp_path)
+    dom = run_chromium(["--window-size=1400,3000", "--virtual-time-budget=10000", "--dump-dom",
+                        probed.as_uri()], tmp_path)
     assert "image-probe" in dom.stdout, dom.stderr[-2000:]
-    probe = dom.stdout.split('<pre id="image-probe">', 1)[1].split("</pre>", 1)[0]
-    images = json.loads(probe.replace("&quot;", '"'))
+    probe = json.loads(dom.stdout.split('<pre id="image-probe">', 1)[1].split("</pre>", 1)[0]
+                       .replace("&quot;", '"'))
+    images = probe["images"]
+    # a 1400-px-wide page: no table runs off its right edge, nothing scrolls sideways
+    assert probe["page"] <= 1400 and max(probe["tables"]) <= 1400, probe
     assert [i["alt"] for i in images] == ["loss_curves", "throughput", "tradeoff"]
     assert all(i["complete"] and i["width"] > 300 for i in images), images
 

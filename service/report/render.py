@@ -85,23 +85,23 @@ def _states_text(row: SummaryRow) -> str:
                      for s, n in sorted(row.states.items()))
 
 
-_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (CI)",   # the interval's level: the rule
-           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (CI)"]
-
-
-def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None) -> list[str]:
-    """Time-to-target speed-up and paired eval-loss gap against fp32 allreduce and the best
-    16-bit hook of the same world size and link."""
+def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None,
+                  part: str) -> list[str]:
+    """Against fp32 allreduce and the best 16-bit hook of the same world size and link: the
+    time-to-target speed-up (``part`` speed) or the paired eval-loss gap (quality)."""
     if c is None or rec is None:
-        return [""] * 4
+        return ["", ""]
     cells = []
     for ref, gap in ((rec.baseline, c.gap), (rec.best_16bit, c.gap_16bit)):
         if ref is None:
-            cells += ["", ""]
-            continue
-        speedup = (f"{ref.seconds / c.seconds:.2f}x" if math.isfinite(ref.seconds) and math.isfinite(c.seconds)
-                   else "")
-        cells += ["ref" if ref is c else speedup, "ref" if ref is c else (gap.text() if gap else "")]
+            cells.append("")
+        elif ref is c:
+            cells.append("ref")
+        elif part == "speed":
+            cells.append(f"{ref.seconds / c.seconds:.2f}x"
+                         if math.isfinite(ref.seconds) and math.isfinite(c.seconds) else "")
+        else:
+            cells.append(gap.text() if gap else "")
     return cells
 
 
@@ -116,19 +116,29 @@ def _verdict(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
     return candidate.verdict.value if candidate is not None else ""
 
 
-def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | None = None
+# The summary is two tables that each fit a page: quality (the verdicts) and speed.
+_PARTS = {
+    "quality": (["final_eval_loss", "final_loss", "loss_gap", "final_eval_accuracy"],
+                ["eval-loss gap vs allreduce (CI)", "eval-loss gap vs best 16-bit (CI)"]),
+    "speed": (["time_to_target_s", "samples_per_s", "step_time_ms_median", "step_time_ms_iqr",
+               "comm_bytes_per_step", "compression_ratio", "hook_time_ms"],
+              ["speed-up vs allreduce", "speed-up vs best 16-bit"]),
+}
+
+
+def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation], part: str
                 ) -> tuple[list[str], list[list[str]]]:
-    header = (["configuration", "world size", "link", "seeds", "status"]
-              + (["verdict"] if recs is not None else []) + [c[0] for c in _COLUMNS]
-              + (_VERSUS if recs is not None else []))
+    """The ``part`` ("quality" or "speed") table of the summary: its header and rows."""
+    metrics, versus = _PARTS[part]
+    columns = [c for m in metrics for c in _COLUMNS if c[1] == m]
+    lead = (["seeds", "status", "verdict"] if part == "quality" else [])
+    header = ["configuration", "world size", "link"] + lead + [c[0] for c in columns] + versus
     body = []
     for r in rows:
-        cells = [r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
-        cells += [_verdict(r, recs)] if recs is not None else []
-        cells += [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS]
-        if recs is not None:
-            cells += _versus_cells(*_candidate_of(r, recs))
-        body.append(cells)
+        cells = [r.config, str(r.world_size), r.link]
+        cells += [str(len(r.seeds)), _states_text(r), _verdict(r, recs)] if part == "quality" else []
+        cells += [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in columns]
+        body.append(cells + _versus_cells(*_candidate_of(r, recs), part))
     return header, body
 
 
@@ -171,11 +181,13 @@ def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
 
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
-    header, body = table_cells(rows, recs)
     lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
-             f"**{headline(recs)}**", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+             f"**{headline(recs)}**"]
+    for part in _PARTS:
+        header, body = table_cells(rows, recs, part)
+        lines += ["", f"## {part.capitalize()}", "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
     lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
               f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
               f"{rule_text(sweep)}", ""]
@@ -212,12 +224,15 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``projections`` from service.projection.project."""
     from service import projection  # imports hooks (torch): only when a report is built
-    header, body = table_cells(rows, recs)
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
-    summary = [{"cells": cells, "pick": (row.config, row.world_size, row.link) in picks,
-                "status": None if row.all_ok else next(s for s in row.states if s != "ok")}
-               for row, cells in zip(rows, body)]
+    summary = []
+    for part in _PARTS:
+        header, body = table_cells(rows, recs, part)
+        summary.append({"part": part, "header": header, "rows": [
+            {"cells": cells, "pick": (row.config, row.world_size, row.link) in picks,
+             "status": None if row.all_ok else next(s for s in row.states if s != "ok")}
+            for row, cells in zip(rows, body)]})
     trials = [{"name": t.run_name, "state": t.state, "run_id": t.run_id, "nan_source": t.nan_source or "",
                "final_loss": _number(t.metric("final_loss"), "{:.4g}"),
                "accuracy": _number(t.metric("final_eval_accuracy"), "{:.3f}"),
@@ -232,7 +247,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
         headline=headline(recs), recs=recs, rule=rule_text(sweep),
-        baseline=BASELINE_HOOK, header=header, summary=summary, images=images_, trials=trials,
+        baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
