@@ -188,3 +188,17 @@ def test_a_baseline_slowed_by_a_busy_machine_is_judged_by_the_paired_ratio():
     old = at_step(candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0]))
     rec = recommend.recommend(4, "loopback", [at_step(candidate("allreduce", [41, 41], [1.0, 1.0])), old])
     assert old.paired_seconds is None and rec.choice is old
+
+
+def test_the_headline_says_how_many_trials_adaptive_seeds_saved():
+    from service.report import data, render
+    from service.report.sequential import Rule
+
+    recs = [recommend.recommend(2, "loopback", [candidate("allreduce", [10, 10, 10], **BASE),
+                                                candidate("bf16_compress", [9, 9], [1.0, 1.0])])]
+    sweep = data.Sweep("e", "p", "n", "FINISHED", "", "sqlite:///x", None, None,
+                       trials=[object()] * 5, rule=Rule(2, 5))
+    line = render.headline(recs, sweep)
+    assert line.endswith("Adaptive seeds (2 to 5): 5 trials, 5 fewer than 5 seeds for every configuration (10).")
+    sweep.rule = Rule()  # a fixed grid: nothing to say
+    assert "Adaptive" not in render.headline(recs, sweep)

@@ -23,17 +23,29 @@ from service.text import format_bytes
 # The answer in a sentence
 # --------------------------------------------------------------------------------------------
 
-def headline(recs: list[recommend.Recommendation]) -> str:
+def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None) -> str:
     """The answer in a sentence: the choice at the largest world size that communicates, on
-    the slowest link measured."""
+    the slowest link measured; with adaptive seeds, how many trials they saved."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
     top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
     where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
+    saved = _trials_saved(recs, sweep) if sweep is not None else ""
     if top.choice is None:
-        return f"At {where}: {top.reason}."
-    return f"Use {top.choice.config} at {where}: {top.reason}."
+        return f"At {where}: {top.reason}.{saved}"
+    return f"Use {top.choice.config} at {where}: {top.reason}.{saved}"
+
+
+def _trials_saved(recs: list[recommend.Recommendation], sweep: Sweep) -> str:
+    """' Adaptive seeds: 14 trials of 25 ...' (nothing for a fixed grid of seeds)."""
+    rule = sweep.rule
+    if rule.looks == 1:
+        return ""
+    everyone = sum(len(r.candidates) for r in recs) * rule.max_seeds
+    return (f" Adaptive seeds ({rule.min_seeds} to {rule.max_seeds}): {len(sweep.trials)} trials, "
+            f"{everyone - len(sweep.trials)} fewer than {rule.max_seeds} seeds for every configuration "
+            f"({everyone}).")
 
 
 _RULE = ("Time to target: training seconds (the sum of measured step times, eval excluded) until "
@@ -182,7 +194,7 @@ def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
     lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
-             f"**{headline(recs)}**"]
+             f"**{headline(recs, sweep)}**"]
     for part in _PARTS:
         header, body = table_cells(rows, recs, part)
         lines += ["", f"## {part.capitalize()}", "",
@@ -246,7 +258,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     projected = projection.table(projections) if projections else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
-        headline=headline(recs), recs=recs, rule=rule_text(sweep),
+        headline=headline(recs, sweep), recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
