@@ -375,6 +375,8 @@ def test_build_report_writes_and_attaches_every_file(store, tmp_path):
     assert "quantization_perchannel-c128: final eval loss" in open_cell and "would decide it" in open_cell
     parent = store["client"].get_run(store["parent_id"])
     assert parent.data.tags["recommended.w2.loopback"] == "allreduce"  # the answer, in MLflow
+    assert parent.data.tags["verdict.w2.loopback.quantization_perchannel-c512"] == "undecided"
+    assert parent.data.tags["verdict.w2.loopback.quantization_pertensor"] == "nan"
     allreduce_w2 = next(t for t in store["trials"] if t["hook"] == "allreduce" and t["world_size"] == 2)
     assert "time_to_target_s" in store["client"].get_run(allreduce_w2["run_id"]).data.metrics
     assert page.count("data:image/png;base64,") == 3
