@@ -24,6 +24,7 @@ import numpy as np
 
 from service.report import recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.sequential import Rule
 
 if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
     from service.tracking import TrialRecord
@@ -31,7 +32,8 @@ if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
 SUMMARY_METRICS = (
     "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
     "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
-    "nan_detected", "first_nan_step",
+    "nan_detected", "first_nan_step", "step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr",
+    "load_avg_1m", "cpu_share",
 )
 _HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
 _EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))
@@ -114,6 +116,7 @@ class Sweep:
     config_text: str | None
     trials: list[Trial] = field(default_factory=list)
     tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
+    rule: Rule = Rule()            # the gaps' interval: a fixed grid's, or the adaptive seeds' schedule
 
     @property
     def world_sizes(self) -> list[int]:
@@ -147,11 +150,21 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
         config_name=config[0] if config else None,
         config_text=config[1] if config else None,
         tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
+        rule=sequential_rule(parent.data.tags),
         trials=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
     )
     sweep.trials.sort(key=_trial_order)
     _time_to_target(sweep)
     return sweep
+
+
+def sequential_rule(tags: dict[str, str]) -> Rule:
+    """The parent run's seeds_min / seeds_max tags (an adaptive sweep's seed range) as the
+    rule its gaps are judged by; a sweep without them ran a fixed grid."""
+    try:
+        return Rule(int(tags["seeds_min"]), int(tags["seeds_max"]))
+    except (KeyError, ValueError):
+        return Rule()
 
 
 def _time_to_target(sweep: Sweep) -> None:
@@ -395,7 +408,7 @@ def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
     out = []
     for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
         candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
-        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance))
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance, sweep.rule))
     return out
 
 
@@ -407,13 +420,20 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
     return recommend.Candidate(
         config=config, hook=trials[0].hook, ok=len(ok) == len(trials),
         states=", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f" of {len(trials)} trial(s)",
+        state_counts=dict(states),
         final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
         time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
         spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
+        step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
+        step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
         samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
         bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
     )
+
+
+def _finite_by_seed(trials: list[Trial], metric: str) -> dict[int, float]:
+    return {t.seed: t.metric(metric) for t in trials if math.isfinite(t.metric(metric))}
 
 
 def _measured_ms(t: Trial) -> np.ndarray:
