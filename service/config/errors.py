@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
@@ -55,22 +54,9 @@ class FieldProblem(ValueError):
         return type(self), (self.field, self.message)
 
 
-def did_you_mean(word: str, options) -> str:
-    options = [str(o) for o in options]
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    if not close and len(word) >= 3:  # a shortened name: `fp16` for fp16_compress
-        close = [o for o in options if word.lower() in o.lower()][:1]
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def exception_text(exc: BaseException) -> str:
     text = one_line(str(exc)) or type(exc).__name__
     return text if isinstance(exc, (ValueError, ConfigError)) else f"{type(exc).__name__}: {text}"
-
-
-def short_value(value: Any, limit: int = 60) -> str:
-    text = one_line(repr(value))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def type_name(value: Any) -> str:

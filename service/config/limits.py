@@ -1,4 +1,5 @@
-"""The config's upper bounds: values no sensible sweep reaches."""
+"""The config's upper bounds (values no sensible sweep reaches) and the defaults other layers
+share with it (the report's tolerance, the metric logger's flush interval)."""
 
 # Upper bounds that no sensible sweep reaches: they turn a typo (an extra zero or three) into a
 # clear error instead of a sweep that runs for a month or a batch that exhausts memory.
@@ -18,3 +19,6 @@ MAX_BUCKET_CAP_MB = 1024.0
 MAX_YAML_NODES = 100_000
 MAX_LINK_GBPS = 400.0
 MAX_LATENCY_MS = 1000.0
+# Defaults read beyond the schema: one home each.
+DEFAULT_TARGET_TOLERANCE = 0.01  # report.target_tolerance, and the report's own default
+DEFAULT_FLUSH_SECONDS = 5.0  # tracking.flush_seconds, and MetricLogger's own default

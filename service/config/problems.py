@@ -7,7 +7,8 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from service.config.errors import FieldProblem, did_you_mean, exception_text, short_value, type_name
+from service.config.errors import FieldProblem, exception_text, type_name
+from service.text import did_you_mean, short_value
 from service.config.schema import SweepConfig
 
 

@@ -11,11 +11,12 @@ from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from service.config.errors import FieldProblem, did_you_mean, exception_text, short_value
-from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION,
+from service.config.errors import FieldProblem, exception_text
+from service.config.limits import (DDP_BUCKET_CAP_MB, DEFAULT_FLUSH_SECONDS, DEFAULT_TARGET_TOLERANCE, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION,
                                    MAX_LATENCY_MS, MAX_LINK_GBPS, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS,
                                    MAX_WORLD_SIZE)
 from service.config.trial import Scalar, TrialSpec
+from service.text import did_you_mean, short_value
 
 # The schema. Strict types: YAML already yields ints, floats, bools and strings, so "300" for a
 # step count is a mistake worth naming, not something to coerce.
@@ -288,14 +289,14 @@ class CheckpointConfig(BaseModel):
 class TrackingConfig(BaseModel):
     model_config = _STRICT
 
-    flush_seconds: float = Field(5.0, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
+    flush_seconds: float = Field(DEFAULT_FLUSH_SECONDS, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
     fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
 
 
 class ReportConfig(BaseModel):
     model_config = _STRICT
 
-    target_tolerance: float = Field(0.01, gt=0, le=1, description="time to target: the eval loss "
+    target_tolerance: float = Field(DEFAULT_TARGET_TOLERANCE, gt=0, le=1, description="time to target: the eval loss "
                                     "target is allreduce's final eval loss times 1 + this; also the "
                                     "quality gap a configuration may have and still match it")
 
@@ -420,7 +421,7 @@ _ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("worklo
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:
     full = _validate_hook(hook, combo, field=None)
-    return TrialSpec(hook=hook, hook_params=full, world_size=1, seed=0).key.rsplit("-w", 1)[0]
+    return TrialSpec(hook=hook, hook_params=full, world_size=1, seed=0).config_key
 
 
 def _lcm_of_splits(cfg: SweepConfig) -> int:

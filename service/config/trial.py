@@ -7,6 +7,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from service import hook_facts
 from service.config.limits import DDP_BUCKET_CAP_MB
 
 Scalar = Union[bool, int, float, str]
@@ -29,26 +30,33 @@ class TrialSpec(BaseModel):
 
     @property
     def run_name(self) -> str:
-        """`{hook}-c{chunk_size}-w{world_size}-s{seed}`, the -c part only for hooks with a chunk size.
+        """`{config_label}-w{world_size}-s{seed}`, then `-{G}gbps` on an emulated link."""
+        parts = [self.config_label, f"w{self.world_size}", f"s{self.seed}"]
+        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
+            parts.append(f"{self.link_gbps:g}gbps")
+        return "-".join(parts)
+
+    @property
+    def config_label(self) -> str:
+        """The configuration's label, one per configuration whatever its world size, seed and link:
+        `{hook}-c{chunk_size}`, the -c part only for chunked hooks (e.g. `quantization_perchannel-c512`).
 
         Other parameters appear only when they differ from the hook's default (e.g. a swept
-        PowerSGD rank: `powersgd-rank4-w2-s0`), so the names in a grid stay distinct; so do
+        PowerSGD rank: `powersgd-rank4`), so the names in a grid stay distinct; so do
         DDP's knobs (`-b1` for bucket_cap_mb 1, `-view`, `-static`).
         """
         parts = [self.hook]
-        if "chunk_size" in self.hook_params:
-            parts.append(f"c{self.hook_params['chunk_size']}")
+        chunk = hook_facts.chunk_size(self.hook, self.hook_params)
+        if chunk is not None:
+            parts.append(f"c{chunk}")
         for key, value in self.non_default_params().items():
-            if key == "chunk_size":
+            if hook_facts.is_chunk_size(self.hook, key):
                 continue
             if isinstance(value, bool):
                 parts.append(key if value else f"no_{key}")
             else:
                 parts.append(f"{key}{value}")
         parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items()]
-        parts += [f"w{self.world_size}", f"s{self.seed}"]
-        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
-            parts.append(f"{self.link_gbps:g}gbps")
         return "-".join(parts)
 
     def non_default_params(self) -> dict[str, Any]:
@@ -56,7 +64,7 @@ class TrialSpec(BaseModel):
         (it names the configuration): what tables show."""
         defaults = _hook_defaults(self.hook)
         return {k: v for k, v in self.hook_params.items()
-                if k == "chunk_size" or k not in defaults or defaults[k] != v}
+                if hook_facts.is_chunk_size(self.hook, k) or k not in defaults or defaults[k] != v}
 
     def knobs(self) -> dict[str, Any]:
         """DDP's knobs of this trial: bucket_cap_mb, gradient_as_bucket_view, static_graph."""
@@ -70,12 +78,18 @@ class TrialSpec(BaseModel):
         """A stable identifier (every parameter spelled out): how --resume tells trials apart.
         DDP's knobs are spelled out, all three, when any differs from DDP's defaults (a default
         trial keeps the key it always had)."""
-        params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
         link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
+        return f"{self.config_key}-w{self.world_size}-s{self.seed}{link}"
+
+    @property
+    def config_key(self) -> str:
+        """The key's configuration part (``key`` without world size, seed and link): what makes
+        two grid entries the same configuration."""
+        params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
         knobs = self.knobs()
         ddp = ("-ddp[" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs)) + "]"
                if self.non_default_knobs() else "")
-        return f"{self.hook}[{params}]{ddp}-w{self.world_size}-s{self.seed}{link}"
+        return f"{self.hook}[{params}]{ddp}"
 
     def describe(self) -> str:
         """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""

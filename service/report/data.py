@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from service import hook_facts
 from service.report import recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
 from service.report.sequential import Rule
@@ -87,7 +88,7 @@ class Trial:
 
     @property
     def chunk_size(self) -> int | None:
-        return self.hook_params.get("chunk_size")
+        return hook_facts.chunk_size(self.hook, self.hook_params)
 
     def metric(self, key: str) -> float:
         """A summary metric as logged (latest value); NaN when never logged."""
@@ -181,7 +182,7 @@ def _time_to_target(sweep: Sweep) -> None:
 
 def _config_order(hook: str, hook_params: dict):
     """allreduce first, then by hook, chunk size, the other parameters (as text: any type)."""
-    chunk = hook_params.get("chunk_size")
+    chunk = hook_facts.chunk_size(hook, hook_params)
     return (hook != BASELINE_HOOK, hook, -1 if chunk is None else chunk,
             sorted((k, str(v)) for k, v in hook_params.items()))
 
@@ -292,7 +293,7 @@ class SummaryRow:
 
     @property
     def chunk_size(self) -> int | None:
-        return self.hook_params.get("chunk_size")
+        return hook_facts.chunk_size(self.hook, self.hook_params)
 
     def mean(self, key: str) -> float:
         return self.stats.get(key, (math.nan, math.nan, 0))[0]

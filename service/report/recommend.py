@@ -36,11 +36,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 import hooks
+from service import hook_facts
+from service.config.limits import DEFAULT_TARGET_TOLERANCE
 from service.report.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
 
 BASELINE_HOOK = hooks.BASELINE
-SIXTEEN_BIT_HOOKS = ("bf16_compress", "fp16_compress")
-DEFAULT_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = DEFAULT_TARGET_TOLERANCE
 LOOPBACK = "loopback"
 
 
@@ -252,7 +253,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     baseline = next((c for c in candidates if c.is_baseline), None)
     for c in candidates if baseline is not None else []:
         pair_with_baseline(c, baseline)
-    sixteen = [c for c in candidates if c.hook in SIXTEEN_BIT_HOOKS and c.ok]
+    sixteen = [c for c in candidates if hook_facts.sixteen_bit(c.hook) and c.ok]
     best_16bit = min(sixteen, key=lambda c: (c.seconds, -c.samples_per_s), default=None)
     for c in candidates:
         c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss, rule) if baseline else None

@@ -36,7 +36,7 @@ def _group(t: TrialSpec) -> tuple[int, float | None]:
 
 def _configuration(t: TrialSpec) -> str:
     """The configuration's label: the run name without world size, seed and link."""
-    return t.run_name.rpartition(f"-w{t.world_size}-s{t.seed}")[0] or t.run_name
+    return t.config_label
 
 
 class SeedRounds:

@@ -9,6 +9,7 @@ import torch
 import torch.nn as nn
 from torch.utils.data import Dataset
 
+from service.text import short_value
 from service.workloads.batches import batch_size_of, collate_batch, fetch_batch, to_device
 from service.workloads.contract import BatchLoss, LossFn, Workload
 
@@ -50,18 +51,13 @@ def evaluate_workload(wl: Workload, model: nn.Module, device=None,
         if not isinstance(metrics, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, (int, float, torch.Tensor)) and not isinstance(v, bool)
                 for k, v in metrics.items()):
-            raise ValueError(f"eval_fn returned {_short_repr(metrics)}; expected a dict of metric name -> number")
+            raise ValueError(f"eval_fn returned {short_value(metrics)}; expected a dict of metric name -> number")
         return {k: float(v) for k, v in metrics.items()}
     if wl.batch_loss is not None:
         return {"eval_loss": evaluate_batch_loss(model, wl.eval_set, wl.batch_loss, device=device,
                                                  float_dtype=float_dtype)}
     eval_loss, eval_accuracy = evaluate(model, wl.eval_set, wl.loss_fn, device=device, float_dtype=float_dtype)
     return {"eval_loss": eval_loss, "eval_accuracy": eval_accuracy}
-
-
-def _short_repr(value: object, limit: int = 60) -> str:
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @torch.no_grad()

@@ -3,7 +3,6 @@ the cheap check before Ray starts, and ``build_workload`` (seeded, checked again
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import re
@@ -13,7 +12,7 @@ from typing import Callable, Mapping
 import torch
 import torch.nn as nn
 
-from service.text import one_line
+from service.text import did_you_mean, one_line
 from service.workloads.char_lm import CONTEXT_LENGTH, VOCAB_SIZE, build_char_lm
 from service.workloads.contract import DEFAULT_GLOBAL_BATCH, DEFAULT_LR, Workload, WorkloadInfo
 from service.workloads.digits import build_cnn_digits, build_mlp_digits
@@ -110,9 +109,7 @@ def check_workload(name: str) -> None:
     if name in OPTIONAL_WORKLOADS:
         return _check_optional(name)
     if ":" not in name:
-        close = difflib.get_close_matches(name, workload_names(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown workload {name!r}: expected {_allowed()}{hint}")
+        raise ValueError(f"unknown workload {name!r}: expected {_allowed()}{did_you_mean(name, workload_names())}")
     if not _SPEC.match(name):
         raise ValueError(f"bad workload spec {name!r}: expected 'package.module:function'")
     _resolve_custom(name)
