@@ -164,7 +164,7 @@ def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
     for r in (ranks["nan"] for ranks in two_ranks):
         assert r.status == "nan" and r.steps_done == 4
         assert r.summary["nan_detected"] == 1 and r.summary["first_nan_step"] == 4
-        assert r.nan_report["nan_source"] == "model_grad" and r.nan_report["nan_rank"] == 1
+        assert r.nan_report.nan_source == "model_grad" and r.nan_report.nan_rank == 1
         assert all(math.isfinite(v) for v in r.losses[:3]) and len(r.losses) == 4
     assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
 

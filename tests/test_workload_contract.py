@@ -373,9 +373,9 @@ def test_a_nan_in_a_bf16_gradient_is_found_at_its_step_rank_and_bucket(two_ranks
         result = two_ranks[rank][f"{workload}_nan", hook]
         assert result.status == "nan" and result.steps_done == 3
         report = result.nan_report
-        assert (report["nan_source"], report["first_nan_step"], report["nan_rank"]) == ("model_grad", 3, 1)
-        assert report["bucket_index"] is not None and report["param_names"]
-        assert report["per_rank"][0]["flags"]["model_grad"] == 0
+        assert (report.nan_source, report.first_nan_step, report.nan_rank) == ("model_grad", 3, 1)
+        assert report.bucket_index is not None and report.param_names
+        assert report.per_rank[0]["flags"]["model_grad"] == 0
 
 
 @pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="the .[hf] extra")

@@ -20,9 +20,8 @@ def identity_tags(trial) -> dict[str, str]:
     """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
     name without its world size, seed and link: one label per configuration), hook, hook params
     as JSON, world size, seed, emulated link ("" on the ordinary network) and DDP's knobs as JSON."""
-    where = f"-w{trial.world_size}-s{trial.seed}"
     return {TRIAL_KEY_TAG: trial.key,
-            IDENTITY_TAGS["config"]: trial.run_name.rpartition(where)[0] or trial.run_name,
+            IDENTITY_TAGS["config"]: trial.config_label,
             IDENTITY_TAGS["hook"]: trial.hook,
             IDENTITY_TAGS["hook_params"]: json.dumps(dict(trial.hook_params), sort_keys=True),
             IDENTITY_TAGS["world_size"]: str(trial.world_size),

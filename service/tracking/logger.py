@@ -9,6 +9,7 @@ from mlflow.entities import Metric
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from service.config.limits import DEFAULT_FLUSH_SECONDS
 from service.tracking.runs import set_tags
 from service.tracking.store import MAX_METRICS_PER_BATCH, resolve_tracking_uri
 
@@ -23,7 +24,7 @@ class MetricLogger:
     below a step that a previous attempt of the trial already logged.
     """
 
-    def __init__(self, run_id: str, tracking_uri: str | None = None, flush_seconds: float = 5.0,
+    def __init__(self, run_id: str, tracking_uri: str | None = None, flush_seconds: float = DEFAULT_FLUSH_SECONDS,
                  skip_through: dict[str, int] | None = None):
         self.run_id = run_id
         self.tracking_uri = tracking_uri or resolve_tracking_uri()

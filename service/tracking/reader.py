@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mlflow.entities import Metric, RunTag, ViewType
+from mlflow.entities import Metric, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from service import uris
 from service.text import one_line
 from service.tracking.identity import TrialRecord
-from service.tracking.store import PARENT_TAG, StoreError
+from service.tracking.store import PARENT_TAG, StoreError, search_all_runs
 
 
 class SweepReader:
@@ -125,12 +125,4 @@ class SweepReader:
             self.client.log_artifact(run_id, str(path))
 
     def _search(self, experiment_id: str, filter_string: str) -> list:
-        runs, token = [], None
-        while True:
-            page = self.client.search_runs([experiment_id], filter_string,
-                                           run_view_type=ViewType.ACTIVE_ONLY,
-                                           max_results=1000, page_token=token)
-            runs += list(page)
-            token = page.token
-            if not token:
-                return runs
+        return search_all_runs(self.client, experiment_id, filter_string)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import subprocess
 from typing import Any, Iterable
 
@@ -12,7 +13,8 @@ from mlflow.entities import Param, RunStatus, RunTag
 
 from service.tracking.identity import identity_tags
 from service.tracking.store import (END_STATUSES, MAX_PARAM_VALUE, MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VALUE,
-                                    PARENT_TAG, client, get_or_create_experiment, resolve_tracking_uri)
+                                    PARENT_TAG, client, get_or_create_experiment, resolve_tracking_uri,
+                                    search_all_runs)
 
 
 def git_commit(path: str | None = None) -> str | None:
@@ -115,20 +117,8 @@ def child_runs(parent_run_id: str, tracking_uri: str | None = None) -> list:
     """The trial runs nested under ``parent_run_id`` (mlflow ``Run`` objects, oldest first)."""
     c = client(tracking_uri)
     parent = c.get_run(parent_run_id)
-    runs = []
-    token = None
-    while True:
-        page = c.search_runs(
-            [parent.info.experiment_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
-            max_results=1000,
-            order_by=["attributes.start_time ASC"],
-            page_token=token,
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
+    return search_all_runs(c, parent.info.experiment_id, f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+                           order_by=["attributes.start_time ASC"])
 
 
 def end_run(run_id: str, status: str, error: str | None = None,
@@ -210,3 +200,58 @@ def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:
     c = client(tracking_uri)
     c.log_batch(run_id, tags=[RunTag("status", "running")])
     c.update_run(run_id, status="RUNNING")
+
+
+def open_sweep_run(cfg, config_path: str | None, tracking_uri: str, parent_run_id: str | None = None) -> str:
+    """The sweep's record opened: a new parent run, or (``--resume``) ``parent_run_id`` reopened."""
+    if parent_run_id is None:
+        return start_parent_run(cfg, config_path, tracking_uri=tracking_uri)
+    reopen_run(parent_run_id, tracking_uri)
+    return parent_run_id
+
+
+def close_sweep_run(parent_run_id: str, tracking_uri: str, status: str, interrupted_at_ms: int | None = None) -> None:
+    """The sweep's record closed: no child run left RUNNING, then the parent ends ``status``.
+
+    An interrupted or failed sweep's running trials end KILLED; after a FINISHED one, a trial
+    whose process died before it could close its run ends FAILED. ``interrupted_at_ms``: when
+    the signal came. A trial whose TorchTrainer was torn down by the interruption may get to
+    close its own run FAILED first (a race with ``ray.shutdown``); a run that ended FAILED after
+    the signal is such a trial, and becomes KILLED, so that ``--resume`` runs it again instead
+    of taking it for a finished failure.
+    """
+    killed = status != "FINISHED"
+    for run in child_runs(parent_run_id, tracking_uri):
+        if (interrupted_at_ms is not None and run.info.status == "FAILED"
+                and (run.info.end_time or 0) >= interrupted_at_ms):
+            end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+        elif run.info.status == "RUNNING":
+            if killed:
+                end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
+            else:
+                end_run(run.info.run_id, "FAILED", tracking_uri=tracking_uri,
+                        error="the trial's process ended without closing its run (see the Ray logs of the sweep)")
+    end_run(parent_run_id, status, tracking_uri=tracking_uri)
+
+
+# A trial's restarts, in its run's tags (they survive a crash before the first checkpoint): the
+# attempt's number and the configured faults that already fired, written and read only here.
+_ATTEMPTS_TAG = "attempts"
+_FAULT_FIRED = re.compile(r"fault\.(\d+)\.fired")
+
+
+def record_attempt(run_id: str, tracking_uri: str, attempt: int, **tags: Any) -> None:
+    """Tag the run with this attempt's number (1: the first), and ``tags``."""
+    set_tags(run_id, tracking_uri, **{_ATTEMPTS_TAG: attempt}, **tags)
+
+
+def record_fault_fired(run_id: str, tracking_uri: str, index: int, fault) -> None:
+    """Configured fault ``index`` fired (before it takes effect): a restart skips it."""
+    set_tags(run_id, tracking_uri, **{f"fault.{index}.fired": f"{fault.kind}@step{fault.step}"})
+
+
+def restart_state(run_id: str, tracking_uri: str) -> tuple[int, frozenset[int]]:
+    """(this attempt's number, indices of the faults that already fired), from the run's tags."""
+    tags = run_tags(run_id, tracking_uri)
+    fired = frozenset(int(m.group(1)) for m in map(_FAULT_FIRED.fullmatch, tags) if m)
+    return int(tags.get(_ATTEMPTS_TAG, "0")) + 1, fired

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
@@ -18,6 +19,7 @@ MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 MAX_TAG_VALUE = 8000
 MAX_PARAM_VALUE = 6000
+MAX_RESULTS_PER_PAGE = 1000  # runs per search_runs page
 
 def resolve_tracking_uri() -> str:
     """The tracking URI a sweep writes to.
@@ -106,6 +108,19 @@ def ui_url(tracking_uri: str, experiment_id: str, run_id: str | None = None) -> 
 
 def experiment_id_of(run_id: str, tracking_uri: str) -> str:
     return client(tracking_uri).get_run(run_id).info.experiment_id
+
+
+def search_all_runs(c: MlflowClient, experiment_id: str, filter_string: str,
+                    order_by: list[str] | None = None) -> list:
+    """Every active run of ``experiment_id`` that matches ``filter_string``, page after page."""
+    runs, token = [], None
+    while True:
+        page = c.search_runs([experiment_id], filter_string, run_view_type=ViewType.ACTIVE_ONLY,
+                             max_results=MAX_RESULTS_PER_PAGE, order_by=order_by, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
 
 
 class StoreError(Exception):

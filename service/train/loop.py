@@ -20,6 +20,16 @@ train.py writes its loop)::
 
 It needs an initialised process group and nothing else, so tests and users can run it
 without Ray; its hook builder, NaN monitor and step timer are parameters (benches swap them).
+``run_training``'s arguments: ``logger`` (rank 0): a ``tracking.MetricLogger`` or None;
+``progress(step, loss)``: called on rank 0 at most every ~2 s; ``start``: resume point
+(``Start``); ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every``
+steps with this rank's training state; ``on_fault(index, fault)``: called just before a
+configured fault fires; ``process_group``: the group DDP and the hook communicate on (None:
+the default group; an emulated network's, service/netem.py); ``build_hook(name,
+process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes NanMonitor's
+arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its NaN checks and
+its step timer (default: hooks.build, NanMonitor, StepMeter; benches and tests pass their own
+instead of replacing module attributes).
 
 Step numbering: step 1 is the first optimizer step, ``workload.steps`` the last; MLflow
 metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
@@ -27,6 +37,7 @@ metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -35,17 +46,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
-from service import preflight
-from service.nan import NanMonitor
-from service.train.batches import GlobalBatches
-from service.train.checkpoint import capture, restore
-from service.train.ddp import ddp_arguments, say_find_unused_is_on
-from service.train.faults import FaultInjector
-from service.train.fidelity import FidelitySampler
-from service.train.metrics import HookAccounting, StepMeter, trial_summary
-from service.train.reporter import Reporter
+from service.nan import NanMonitor, NanReport
+from service.train.checkpoint import capture
+from service.train.faults import CRASH_EXIT_CODE
+from service.train.metrics import StepMeter, trial_summary
+from service.train.setup import TrialParts, set_up
 from service.training_options import Precision, clip_gradients, lr_at, set_lr
-from service.workloads import Workload, build_workload, evaluate_workload, to_device
+from service.workloads import Workload, evaluate_workload, to_device
 
 
 @dataclass
@@ -55,7 +62,7 @@ class TrialResult:
     status: str  # "ok" | "nan"
     steps_done: int  # last optimizer step that ran
     summary: dict[str, float]
-    nan_report: Optional[dict[str, Any]] = None
+    nan_report: Optional[NanReport] = None  # where the trial first went non-finite (None: never)
     losses: list[float] = field(default_factory=list)  # mean loss across ranks, per step run
 
 
@@ -73,70 +80,31 @@ class Start:
 
 
 def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
-                 start: Optional[Start] = None,
-                 checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
-                 on_fault: Optional[Callable[[int, Any], None]] = None,
-                 process_group=None, build_hook: Callable = hooks.build,
-                 make_monitor: Callable[..., NanMonitor] = NanMonitor,
-                 make_meter: Optional[Callable[[int, int], "StepMeter"]] = None) -> TrialResult:
-    """Train one trial on this rank (the process group is already initialised).
-
-    ``logger`` (rank 0): a ``tracking.MetricLogger`` or None; ``progress(step, loss)``:
-    called on rank 0 at most every ~2 s; ``start``: resume point (``Start``);
-    ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every`` steps
-    with this rank's training state; ``on_fault(index, fault)``: called just before a
-    configured fault fires (a crash fault never returns); ``process_group``: the group DDP and
-    the hook communicate on (None: the default group; an emulated network's, service/netem.py).
-    ``build_hook(name, process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes
-    NanMonitor's arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its
-    NaN checks and its step timer (default: hooks.build, NanMonitor, StepMeter; benches and
-    tests pass their own instead of replacing module attributes).
-    """
-    wl_cfg, start = cfg.workload, start or Start()
-    device = torch.device(device)
-
-    # --- setup: same weights and data on every rank, DDP with the trial's hook
-    torch.manual_seed(trial.seed)
-    wl = build_workload(wl_cfg.name, trial.seed)
-    precision = Precision(wl_cfg.precision, device)
-    # the start-of-trial checks (service.preflight): one line naming the workload, on every
-    # rank alike (the cross-rank one first: the others are then local and deterministic)
-    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
-    preflight.check_items(wl_cfg.name, wl)
-    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
-    unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
-    find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
-    if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
-        say_find_unused_is_on(wl_cfg.name, unused, logger)
-    model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
-                process_group=process_group, **ddp_arguments(trial, find_unused, wl_cfg.broadcast_buffers))
-    hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
-    fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
-    model.register_comm_hook(hook_state, fidelity.hook)
-    optimizer = make_optimizer(wl_cfg, model.parameters())
-    batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
-                            rank, world_size, wl_cfg.grad_accumulation)
-    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
-    monitor = make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
-                           hook_name=trial.hook)
-    faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
-    meter = (make_meter or StepMeter)(wl_cfg.warmup_steps, first_step)
-    accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
-    reporter = Reporter(logger, progress, rank)
-
-    # --- steps
-    step, eval_metrics = first_step - 1, {}
-    for step in range(first_step, wl_cfg.steps + 1):
-        meter.begin()
-        fidelity.begin(step)
-        # A configured fault never fires after the trial went non-finite (same steps on every rank)
-        if faults.due(step):
-            check = monitor.resolve()
-            reporter.log(check)
+                 start: Optional[Start] = None, checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
+                 on_fault: Optional[Callable[[int, Any], None]] = None, process_group=None,
+                 build_hook: Callable = hooks.build, make_monitor: Callable[..., NanMonitor] = NanMonitor,
+                 make_meter: Optional[Callable[[int, int], StepMeter]] = None) -> TrialResult:
+    """Train one trial on this rank (the process group is already initialised); the arguments
+    are the module docstring's. Every side effect that crosses ranks, touches the network or
+    can end the process is a statement below, or a call with a comment saying so."""
+    wl_cfg, start, device = cfg.workload, start or Start(), torch.device(device)
+    t = set_up(trial, cfg, rank=rank, world_size=world_size, device=device, logger=logger, progress=progress,
+               start=start, on_fault=on_fault, process_group=process_group, build_hook=build_hook,
+               make_monitor=make_monitor, make_meter=make_meter or StepMeter)
+    monitor, reporter, model = t.monitor, t.reporter, t.model
+    eval_metrics: dict[str, float] = {}
+    for step in range(t.first_step, wl_cfg.steps + 1):
+        t.meter.begin()
+        t.fidelity.begin(step)  # a sampled step: DDP runs the fidelity hook (+1 fp32 all-reduce per bucket)
+        if t.faults.due(step):  # no configured fault fires after the trial went non-finite
+            check = monitor.resolve()  # waits for the pending step's cross-rank NaN agreement
+            reporter.log(check)  # rank 0: that step's metrics (the logger may write to MLflow now)
             if stops(check, cfg):
                 break
-        faults.before_step(step, model.module)
-        loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device, precision)
+        if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
+            os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
+        # the backward runs the comm hook: every bucket's collectives, across the ranks
+        loss = forward_backward(model, t.optimizer, t.wl, t.batches.micro_batches(step), device, t.precision)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
         # this backward's gradient collectives instead of adding a rendezvous of its own.
         check = monitor.resolve()
@@ -145,12 +113,12 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
             break  # this step's update is never applied: the weights stay the NaN step's
         clip_gradients(model.parameters(), wl_cfg.grad_clip_norm)  # the hook's averaged gradient
         if wl_cfg.lr_schedule != "constant" or wl_cfg.lr_warmup_steps:
-            set_lr(optimizer, lr_at(step, wl_cfg.lr, wl_cfg.steps, wl_cfg.lr_schedule, wl_cfg.lr_warmup_steps))
-        optimizer.step()
-        monitor.submit(step, loss)  # local checks now, the cross-rank agreement in flight
-        meter.end(step)
-        accounting.step_ended(step)
-        reporter.record(step, meter.last_ms, fidelity.end(step))
+            set_lr(t.optimizer, lr_at(step, wl_cfg.lr, wl_cfg.steps, wl_cfg.lr_schedule, wl_cfg.lr_warmup_steps))
+        t.optimizer.step()
+        monitor.submit(step, loss)  # local checks now, the cross-rank agreement's all-reduce in flight
+        t.meter.end(step)
+        t.accounting.step_ended(step)
+        reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -162,24 +130,30 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
             if stops(check, cfg):
                 break
         if rank == 0 and evaluating:
-            eval_metrics = run_eval(model.module, wl, device, precision)
+            eval_metrics = run_eval(model.module, t.wl, device, t.precision)
             reporter.eval(step, eval_metrics)
         if checkpointing:
-            reporter.flush()  # nothing past a checkpoint may be missing from MLflow after a crash
-            checkpoint_fn(step, capture(step, model, optimizer, hook_state, batches, rank))
+            reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
+            # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
+            checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, rank))
+    return finish(t, trial, cfg, rank, start, eval_metrics, device)
 
-    # --- summary (rank 0 logs it); "final" eval = the final weights, so none after a NaN stop
-    if check_stopped_on_nan(monitor, cfg):
+
+def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dict[str, float],
+           device) -> TrialResult:
+    """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
+    so none after a NaN stop."""
+    if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
     elif rank == 0 and not eval_metrics:
-        eval_metrics = run_eval(model.module, wl, device, precision)
-    summary = trial_summary(meter, accounting, trial, wl_cfg.global_batch_size, reporter.last_loss,
-                            eval_metrics, monitor.report, start.restarts)
-    summary.update(fidelity.summary())
-    status = "nan" if monitor.report else "ok"
-    reporter.finish(summary, status, monitor.report)
-    return TrialResult(status, int(summary["steps_done"]), summary,
-                       monitor.report.to_dict() if monitor.report else None, reporter.losses)
+        eval_metrics = run_eval(t.model.module, t.wl, device, t.precision)
+    report = t.monitor.report
+    summary = trial_summary(t.meter, t.accounting, trial, cfg.workload.global_batch_size,
+                            t.reporter.last_loss, eval_metrics, report, start.restarts)
+    summary.update(t.fidelity.summary())
+    status = "nan" if report else "ok"
+    t.reporter.finish(summary, status, report)  # rank 0: the summary and tags into MLflow, flushed
+    return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses)
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -192,12 +166,6 @@ def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
 def stops(check, cfg) -> bool:
     """Does this agreed step check (or None: nothing was pending) stop the trial?"""
     return check is not None and check.nonfinite and cfg.stop.on_nan
-
-
-def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
-    if wl_cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=wl_cfg.lr)
-    return torch.optim.SGD(params, lr=wl_cfg.lr)
 
 
 def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,

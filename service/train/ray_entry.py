@@ -56,7 +56,7 @@ def train_loop_per_worker(config: dict) -> None:
 
         # which quantization kernels ran (hooks/_native.py, or the torch fallback): their speeds
         # differ several-fold (docs/hooks.md), so a trial's times mean nothing without it
-        tracking.set_tags(run_id, uri, attempts=attempt, kernel_backend=hooks.kernel_backend())
+        tracking.record_attempt(run_id, uri, attempt, kernel_backend=hooks.kernel_backend())
         done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
         if attempt > 1:
@@ -65,7 +65,7 @@ def train_loop_per_worker(config: dict) -> None:
     def on_fault(index: int, fault) -> None:
         from service import tracking  # any rank: faults fire where they are configured
 
-        tracking.set_tags(run_id, uri, **{f"fault.{index}.fired": f"{fault.kind}@step{fault.step}"})
+        tracking.record_fault_fired(run_id, uri, index, fault)
 
     def checkpoint_fn(step: int, state: dict) -> None:
         with tempfile.TemporaryDirectory() as directory:
@@ -79,7 +79,7 @@ def train_loop_per_worker(config: dict) -> None:
                           checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
                           on_fault=on_fault, process_group=_network_group(config, rank))
     ray.train.report({**result.summary, "status": result.status,
-                      "nan_source": (result.nan_report or {}).get("nan_source") or ""})
+                      "nan_source": result.nan_report.nan_source if result.nan_report else ""})
 
 
 def _network_group(config: dict, rank: int):
@@ -98,9 +98,7 @@ def _restart_state(run_id: str, uri: str) -> tuple[int, frozenset[int]]:
     """(this attempt's number, indices of faults that already fired), from the run's tags."""
     from service import tracking
 
-    tags = tracking.run_tags(run_id, uri)
-    fired = frozenset(int(k.split(".")[1]) for k in tags if k.startswith("fault.") and k.endswith(".fired"))
-    return int(tags.get("attempts", "0")) + 1, fired
+    return tracking.restart_state(run_id, uri)
 
 
 def _broadcast_from_rank0(read: Callable[[], Any], rank: int, device) -> Any:
