@@ -87,7 +87,7 @@ def _run(base: nn.Module, name: str, kw: dict, feedback: bool, resume_at: int | 
         ddp = DDP(model, **kw)
         state, hook = _hook(name, feedback)
         ddp.register_comm_hook(state, hook)
-        (nn.functional.cross_entropy(ddp(x), y) * 0.0).backward()  # service.worker.prime_buckets
+        (nn.functional.cross_entropy(ddp(x), y) * 0.0).backward()  # service.train.checkpoint.prime_buckets
         state.load_state_dict(saved)
         _steps(ddp, model, x, y, resume_at + 1, STEPS, total, exact, errors)
     identity = None
@@ -113,3 +113,92 @@ def cumulative_errors(rank: int, world_size: int, hook_names: list[str], knobs: 
                                              ("ef-resumed", True, STEPS // 2)):
                 out[name, knob, run] = _run(base, name, kw, feedback, resume_at, rank, world_size, exact)
     return out
+
+
+# ----------------------------------------------------------------------------- through the worker
+
+
+def _recording(build_hook, calls: list, views: list):
+    """build_hook's (state, hook) with the hook wrapped: each step's bucket calls, and whether
+    every gradient of the bucket lies in the bucket's own memory (gradient_as_bucket_view)."""
+    def build(name, process_group=None, **params):
+        state, hook = build_hook(name, process_group=process_group, **params)
+
+        def recorded(st, bucket):
+            buf = bucket.buffer()
+            low, high = buf.data_ptr(), buf.data_ptr() + buf.numel() * buf.element_size()
+            views.append(all(p.grad is not None and low <= p.grad.data_ptr() < high for p in bucket.parameters()))
+            calls[-1] += 1
+            fut = hook(st, bucket)
+            if bucket.is_last():
+                calls.append(0)
+            return fut
+        return state, recorded
+    return build
+
+
+def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
+    """Every trial of each config through service.train.run_training, with the hook recorded
+    and the DDP model kept: per-step bucket counts, the view check, the buffers each training
+    forward started from."""
+    from service.config import SweepConfig
+    from service.nan import NanMonitor
+    from service.train import run_training
+
+    out = {}
+    for key, dump in dumps.items():
+        cfg = SweepConfig.model_validate(dump)
+        for trial in cfg.trials():
+            calls, views, models, buffers_seen = [0], [], [], []
+
+            def seen(module, args):
+                if module.training:  # what each training forward starts from (after DDP's buffer sync)
+                    buffers_seen.append([float(b.double().sum()) for b in module.buffers()])
+
+            def monitor(model, *args, **kwargs):
+                models.append(model)
+                model.module.register_forward_pre_hook(seen)
+                return NanMonitor(model, *args, **kwargs)
+
+            result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
+                                  build_hook=_recording(hooks.build, calls, views), make_monitor=monitor)
+            out[key, trial.run_name] = {
+                "status": result.status, "losses": result.losses, "summary": result.summary,
+                "per_step": calls[:-1], "views": views,
+                "ddp": {k: getattr(models[0], k) for k in ("find_unused_parameters", "broadcast_buffers",
+                                                           "gradient_as_bucket_view", "static_graph")},
+                "buffers_seen": buffers_seen}
+    return out
+
+
+def bucket_sizes(workload: str, cap_mb: float) -> list[int]:
+    """The elements of each bucket DDP makes of a workload's gradient after its rebuild, found
+    by DDP itself: a one-process group of its own, three steps with a counting hook."""
+    import os
+
+    from service.workloads import build_workload
+    from tests.dist_utils import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    group_was_up = dist.is_initialized()
+    if not group_was_up:
+        dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        wl = build_workload(workload, 0)
+        ddp = DDP(wl.model, bucket_cap_mb=cap_mb)
+        sizes: list[int] = []
+
+        def count(state, bucket):
+            sizes.append(bucket.buffer().numel())
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, count)
+        for _ in range(2):
+            sizes.clear()
+            wl.step_loss(ddp, wl.fetch(wl.train_set, torch.arange(4))).backward()
+        return sizes
+    finally:
+        if not group_was_up:
+            dist.destroy_process_group()

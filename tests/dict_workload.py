@@ -102,9 +102,25 @@ def wrong_key(seed: int) -> dict:
                                                                                     batch["labels"])}
 
 
-# One refusal per seed, so a single sweep (seed: [0, 1, ...]) meets every documented
-# start-of-trial refusal (tests/test_refusals.py): seed i builds REFUSALS[i].
-REFUSALS = [random_weights, random_split, mixed_keys, dicts_with_loss_fn, non_scalar, wrong_key]
+class WithEvalHead(torch.nn.Module):
+    """_model() plus a head only eval mode uses: a parameter no training step gives a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.eval_head = _model(), torch.nn.Linear(10, 10)
+
+    def forward(self, x):
+        out = self.body(x)
+        return out if self.training else self.eval_head(out)
+
+
+def eval_head(seed: int) -> dict:
+    return dict_digits(seed) | {"model": WithEvalHead()}
+
+
+# One refusal per seed, so a single sweep (seed: [0, 1, ...], find_unused_parameters: false)
+# meets every documented start-of-trial refusal (tests/test_refusals.py): seed i builds REFUSALS[i].
+REFUSALS = [random_weights, random_split, mixed_keys, dicts_with_loss_fn, non_scalar, wrong_key, eval_head]
 
 
 def refusal_by_seed(seed: int) -> dict:

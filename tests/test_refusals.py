@@ -79,7 +79,7 @@ def test_a_workload_error_keeps_its_one_line_through_pickle():
 REFUSALS_CONFIG = """
 name: refusals
 workload: {{name: "tests.dict_workload:refusal_by_seed", steps: 4, global_batch_size: 32, lr: 0.05,
-           eval_every: 4, warmup_steps: 1}}
+           eval_every: 4, warmup_steps: 1, find_unused_parameters: false}}
 search: {{hooks: [allreduce], world_size: [2], seed: {seeds}}}
 resources: {{cpus_per_worker: 0.5, max_concurrent_trials: 2}}
 tracking: {{flush_seconds: 1.0}}
@@ -98,6 +98,8 @@ DOCUMENTED = {
     4: W + "batch_loss returned a tensor of shape (2,); expected a scalar (0-dim) tensor: reduce it, e.g. "
            "with .mean()",
     5: W + "batch_loss failed on a batch of 2 training samples: KeyError: 'labels'",
+    6: W + "2 parameters get no gradient in a training step (eval_head.weight, eval_head.bias) but "
+           "workload.find_unused_parameters is false: DDP would fail at the second step; set it to auto or true",
 }
 
 
@@ -139,3 +141,51 @@ def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(ref
     docs = (ROOT / "docs" / "workloads.md").read_text()
     for line in DOCUMENTED.values():
         assert line.replace("tests.dict_workload:refusal_by_seed", "mypkg.wl:build") in docs, line
+
+
+# ----------------------------------------------------------------------------- a model people bring
+
+MOE_CONFIG = """
+name: moe
+workload: {name: "tests.user_models:tiny_moe", steps: 6, global_batch_size: 32, lr: 0.05, eval_every: 6,
+           warmup_steps: 1}
+search: {hooks: [allreduce, {name: powersgd, start_iter: 2}], bucket_cap_mb: [25, 0.002], world_size: [2]}
+resources: {cpus_per_worker: 0.5, max_concurrent_trials: 2}
+tracking: {flush_seconds: 1.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def moe_sweep(tmp_path_factory):
+    """A mixture of experts (experts a batch never routes to get no gradient) through a real
+    sweep, with DDP's bucket cap as an axis."""
+    from tests.test_sweep_e2e import run_sweep_cli
+
+    tmp = tmp_path_factory.mktemp("moe")
+    (tmp / "moe.yaml").write_text(MOE_CONFIG)
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return run_sweep_cli(tmp / "moe.yaml", tmp, uri), uri
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(1500)
+def test_a_model_with_parameters_unused_in_training_sweeps_with_find_unused_parameters_on(moe_sweep):
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_sweep_e2e import child_runs_by_name
+
+    proc, uri = moe_sweep
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "moe")
+    assert set(runs) == {"allreduce-w2-s0", "allreduce-b0.002-w2-s0", "powersgd-w2-s0", "powersgd-b0.002-w2-s0"}
+    for name, run in runs.items():
+        assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok", name
+        assert run.data.tags["find_unused_parameters"].startswith("on (auto): experts."), name
+        small = "-b0.002-" in name
+        assert run.data.params["bucket_cap_mb"] == ("0.002" if small else "25.0"), name
+        assert run.data.tags["trial_config"] == name.rsplit("-w2", 1)[0]  # the report's label
+        if small:  # DDP cut the gradient into several buckets
+            assert run.data.metrics["hook_calls_per_step"] > 1, name
+    # the table says which cap each trial ran with
+    assert any(ln.startswith("powersgd ") and "bucket_cap_mb=0.002" in ln for ln in proc.stdout.splitlines())

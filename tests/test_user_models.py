@@ -3,13 +3,19 @@ leaves without a gradient, leaving no trace, and the worker trains such models u
 every hook (tests/user_models.py holds the models)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+import hooks
 from service import preflight
+from service.config import SweepConfig
 from service.preflight import WorkloadError
 from service.training_options import Precision
 from service.workloads import build_workload
+from tests.dist_utils import run_distributed
+from tests.user_models import USER_MODELS, train_every_trial
 
 U = "tests.user_models:"
 FP32 = Precision("fp32", torch.device("cpu"))
@@ -87,3 +93,75 @@ def test_unused_parameters_with_the_setting_false_are_refused_naming_them():
         "workload 'w': 7 parameters get no gradient in a training step (experts.0.weight, experts.1.weight, "
         "experts.2.weight, experts.3.weight, experts.4.weight, ...) but workload.find_unused_parameters is "
         "false: DDP would fail at the second step; set it to auto or true")
+
+
+# ----------------------------------------------------------------------------- under DDP, every hook
+
+EVERY_HOOK = [{"name": name, **({"chunk_size": 64} if "chunk_size" in spec.params else {}),
+               **({"start_iter": 2} if name == "powersgd" else {})}
+              for name, spec in hooks.available().items()]
+# error feedback's residuals and PowerSGD's per-bucket state where buckets hold parameters that
+# a step left without a gradient
+FEEDBACK = [{"name": "powersgd", "start_iter": 2}, {"name": "quantization_perchannel", "chunk_size": 64,
+                                                    "error_feedback": True},
+            {"name": "topk", "error_feedback": True}]
+
+
+def _config(workload: str, hook_entries, search=None, **settings) -> dict:
+    return SweepConfig.model_validate({
+        "name": "user-models", "workload": {"name": U + workload, "steps": 6, "global_batch_size": 32, "lr": 0.05,
+                                             "eval_every": 6, "warmup_steps": 1, **settings},
+        "search": {"hooks": hook_entries, "world_size": [2], "seed": [0], **(search or {})}}).model_dump()
+
+
+@pytest.fixture(scope="module")
+def trained():
+    dumps = {name: _config(name, EVERY_HOOK) for name in USER_MODELS}
+    dumps["moe_small_buckets"] = _config("tiny_moe", FEEDBACK, {"bucket_cap_mb": 0.002})
+    dumps["moe_static"] = _config("tiny_moe", FEEDBACK, {"bucket_cap_mb": 0.002, "static_graph": True})
+    dumps["refused"] = _config("eval_only_head", ["allreduce"], find_unused_parameters=False)
+    dumps["pinned_on"] = _config("with_buffers", ["allreduce"], find_unused_parameters=True)
+    return run_distributed(train_every_trial, 2, args=(dumps,))
+
+
+@pytest.mark.parametrize("model", list(USER_MODELS))
+def test_user_shaped_models_train_under_ddp_with_every_hook(trained, model):
+    for entry in EVERY_HOOK:
+        name = next(k for k in trained[0] if k[0] == model and k[1].startswith(entry["name"] + "-"))
+        r0, r1 = trained[0][name], trained[1][name]
+        assert not isinstance(r0, str), r0
+        assert r0["status"] == "ok" and r0["steps"] == 6, (name, r0)
+        assert r0["losses"] == r1["losses"], name  # one model on both ranks
+        unused = model != "with_buffers"
+        said = [ln for ln in r0["log"] if "find_unused_parameters is on" in ln]
+        assert len(said) == (1 if unused else 0), (name, r0["log"])  # once, on rank 0 only
+        assert not any("find_unused_parameters" in ln for ln in r1["log"])
+
+
+def test_the_log_names_the_parameters_it_turned_find_unused_parameters_on_for(trained):
+    line = next(ln for ln in trained[0]["eval_only_head", "allreduce-w2-s0"]["log"] if "find_unused" in ln)
+    assert line == ("workload 'tests.user_models:eval_only_head': 2 parameters without a gradient in a training "
+                    "step (eval_head.weight, eval_head.bias): DDP's find_unused_parameters is on (set "
+                    "workload.find_unused_parameters to silence this)")
+
+
+@pytest.mark.parametrize("variant", ["moe_small_buckets", "moe_static"])
+def test_error_feedback_and_powersgd_cope_with_buckets_that_hold_unused_parameters(trained, variant):
+    runs = {k[1]: v for k, v in trained[0].items() if k[0] == variant}
+    assert len(runs) == len(FEEDBACK)
+    for name, r in runs.items():
+        assert not isinstance(r, str) and r["status"] == "ok" and r["steps"] == 6, (name, r)
+        assert all(math.isfinite(v) for v in r["losses"]) and r["losses"] == trained[1][variant, name]["losses"]
+
+
+def test_a_model_with_unused_parameters_and_the_setting_false_is_refused_naming_them(trained):
+    for rank in (0, 1):
+        assert trained[rank]["refused", "allreduce-w2-s0"] == (
+            "workload 'tests.user_models:eval_only_head': 2 parameters get no gradient in a training step "
+            "(eval_head.weight, eval_head.bias) but workload.find_unused_parameters is false: DDP would fail "
+            "at the second step; set it to auto or true")
+
+
+def test_find_unused_parameters_pinned_on_trains_a_model_without_unused_ones_and_says_nothing(trained):
+    r = trained[0]["pinned_on", "allreduce-w2-s0"]
+    assert r["status"] == "ok" and not any("find_unused" in ln for ln in r["log"])

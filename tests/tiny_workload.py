@@ -21,3 +21,12 @@ def tiny_digits(seed: int) -> Workload:
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
                     cross_entropy)
+
+
+def tiny_deep(seed: int) -> Workload:
+    """tiny_digits with three hidden layers: tensors enough for small bucket caps to cut the
+    gradient into several DDP buckets (tests/test_ddp_knobs.py)."""
+    wl = tiny_digits(seed)
+    layers = [torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+              torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)]
+    return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)

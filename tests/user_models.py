@@ -114,3 +114,30 @@ def with_buffers(seed: int) -> dict:
 
 USER_MODELS = {"eval_only_head": eval_only_head, "branchy": branchy, "tiny_moe": tiny_moe,
                "with_buffers": with_buffers}
+
+
+def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
+    """Every trial of each config through service.train.run_training on this rank: its status,
+    steps, losses and the worker's log lines, or a start-of-trial refusal's message."""
+    import logging
+
+    from service.config import SweepConfig
+    from service.preflight import WorkloadError
+    from service.train import run_training
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("service.train").addHandler(handler)
+    out = {}
+    for key, dump in dumps.items():
+        cfg = SweepConfig.model_validate(dump)
+        for trial in cfg.trials():
+            lines.clear()
+            try:
+                result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+                out[key, trial.run_name] = {"status": result.status, "steps": result.steps_done,
+                                            "losses": result.losses, "log": list(lines)}
+            except WorkloadError as err:
+                out[key, trial.run_name] = str(err)
+    return out

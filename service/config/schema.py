@@ -364,6 +364,11 @@ class SweepConfig(BaseModel):
             if fault.step > wl.steps:
                 raise FieldProblem(f"faults[{i}].step", f"step {fault.step} never runs: trials stop after "
                                                          f"{wl.steps} steps; allowed: 1 to {wl.steps}")
+        if True in self.search.static_graph and per_step > 1:
+            raise FieldProblem("search.static_graph", f"true with grad_accumulation {per_step}: PyTorch's DDP fails "
+                                                       "under no_sync with static_graph (an expect_autograd_hooks_ "
+                                                       "assert, pytorch/pytorch#143580); allowed: static_graph "
+                                                       "false, or grad_accumulation 1")
         if self.network is not None and self.resources.use_gpu:
             raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
                                           "NCCL would bypass them: set resources.use_gpu: false or remove network:")

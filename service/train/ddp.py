@@ -15,10 +15,13 @@ log = logging.getLogger("service.train")
 def ddp_arguments(trial, find_unused: bool, broadcast_buffers: bool) -> dict[str, Any]:
     """DDP's keyword arguments for this trial. bucket_cap_mb 25 is DDP's default and is left
     to DDP, which then also caps its first bucket at 1 MiB after the rebuild (any other cap
-    applies to every bucket, as DDP does with an explicit value)."""
+    applies to every bucket, as DDP does with an explicit value). The config's
+    broadcast_buffers is DDP's forward_sync_buffers (torch 2.13 deprecates the old name); its
+    one difference, a buffer sync at construction, is a no-op here: preflight proved every
+    rank's buffers equal."""
     return {"bucket_cap_mb": None if trial.bucket_cap_mb == DDP_BUCKET_CAP_MB else trial.bucket_cap_mb,
             "gradient_as_bucket_view": trial.gradient_as_bucket_view, "static_graph": trial.static_graph,
-            "find_unused_parameters": find_unused, "broadcast_buffers": broadcast_buffers}
+            "find_unused_parameters": find_unused, "forward_sync_buffers": broadcast_buffers}
 
 
 def say_find_unused_is_on(name: str, unused: list[str], logger) -> None:

@@ -76,7 +76,6 @@ class HookAccounting:
             "compression_ratio": (delta.get("raw_bytes", 0) / delta["payload_bytes"]
                                   if delta.get("payload_bytes") else 1.0),
             "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
-            "hook_calls_per_step": delta.get("calls", 0) / max(steps_run, 1),  # DDP's buckets per step
         }
         measured, after_warmup = meter.measured()
         if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
