@@ -24,10 +24,11 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Callable, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, ValidationInfo,
+                      field_validator, model_validator)
 
 from service.text import count, one_line
 
@@ -241,22 +242,63 @@ def _scalar_to_list(value: Any) -> Any:
     return value if isinstance(value, list) else [value]
 
 
+MAX_ADAPTIVE_SEEDS = 20
+
+
+class SeedRange(BaseModel):
+    """Adaptive seeds (service/sweep/adaptive.py): every configuration at ``min`` seeds, then one
+    more at a time for those whose quality verdict is undecided, up to ``max``; the seeds are
+    0 to max - 1."""
+
+    model_config = _STRICT
+
+    min: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds every configuration runs (an interval needs 2)")
+    max: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds an undecided configuration may get")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SeedRange":
+        if self.max < self.min:
+            raise FieldProblem("max", f"{self.max} is below min {self.min}; allowed: {self.min} to {MAX_ADAPTIVE_SEEDS}")
+        return self
+
+
 class SearchConfig(BaseModel):
     model_config = _STRICT
 
     hooks: list[HookEntry] = Field(min_length=1)
     world_size: list[int] = Field(min_length=1)
-    seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    seed: Annotated[Union[Annotated[list[int], Tag("list")], Annotated[SeedRange, Tag("range")]],
+                    Discriminator(lambda v: "range" if isinstance(v, (dict, SeedRange)) else "list")] = Field(
+        default_factory=lambda: [0], description="a list of seeds (a fixed grid), or {min, max}: adaptive seeds")
 
-    _scalar_allowed = field_validator("world_size", "seed", mode="before")(_scalar_to_list)
+    _scalar_allowed = field_validator("world_size", mode="before")(_scalar_to_list)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_list_or_range(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else _scalar_to_list(value)
 
     @field_validator("world_size", "seed")
     @classmethod
-    def _in_range(cls, values: list[int], info: ValidationInfo) -> list[int]:
+    def _in_range(cls, values, info: ValidationInfo):
+        if isinstance(values, SeedRange):
+            return values
+        if not values:
+            raise FieldProblem("", "an empty list runs nothing; allowed: at least one value")
         low, high, what = _AXIS_RANGES[info.field_name]
         _check_axis(values, lambda v: low <= v <= high, f"{what} is {low} to {high}")
         _no_repeats(values)
         return values
+
+    @property
+    def adaptive(self) -> SeedRange | None:
+        """The seed range when seeds are adaptive; None for a fixed list."""
+        return self.seed if isinstance(self.seed, SeedRange) else None
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed a trial may run with: the list, or 0 to max - 1."""
+        return list(range(self.seed.max)) if isinstance(self.seed, SeedRange) else list(self.seed)
 
 
 _AXIS_RANGES = {"world_size": (1, MAX_WORLD_SIZE, "a world size"), "seed": (0, MAX_SEED, "a seed")}
@@ -326,6 +368,7 @@ class TrackingConfig(BaseModel):
 
     flush_seconds: float = Field(5.0, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
     fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
+    paired_timing_every: int = Field(5, ge=0, le=MAX_STEPS, description="time the baseline hook beside the trial's own every N-th measured step (step_ratio_vs_baseline; service/paired_timing.py); 0 = off")
 
 
 class ReportConfig(BaseModel):
@@ -394,6 +437,12 @@ class TrialSpec(BaseModel):
         if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
             parts.append(f"{self.link_gbps:g}gbps")
         return "-".join(parts)
+
+    @property
+    def config_label(self) -> str:
+        """The configuration's label: the run name without world size, seed and link (e.g.
+        quantization_perchannel-c512): one per configuration, shared by its trials."""
+        return self.run_name.rpartition(f"-w{self.world_size}-s{self.seed}")[0] or self.run_name
 
     def non_default_params(self) -> dict[str, Any]:
         """The hook parameters that differ from the hook's defaults, plus chunk_size always
@@ -479,7 +528,7 @@ class SweepConfig(BaseModel):
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
-        n_trials = n_combos * len(self.search.world_size) * len(self.search.seed) * n_links
+        n_trials = n_combos * len(self.search.world_size) * len(self.search.seeds) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -496,23 +545,26 @@ class SweepConfig(BaseModel):
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
-                                                         "tracking": {"flush_seconds"}, "storage_path": True,
+                                                         "tracking": {"flush_seconds", "paired_timing_every"}, "storage_path": True,
                                                          "report": True})
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid, in a stable order: hook entries (as listed) x parameter combos x world_size
-        x link (network.link_gbps, when set) x seed."""
-        out = []
+        """The grid (adaptive seeds: every configuration at every seed up to max), in run
+        order: world size x link (network.link_gbps, when set) x seed, and within each of
+        those the configurations (hook entries as listed x parameter combos) rotated by one
+        place per block, so no configuration's trials cluster at one end of the sweep: a
+        machine busier for a while then slows every configuration's trials, not one's."""
+        configurations = [(entry.name, _validate_hook(entry.name, combo, field=None))
+                          for entry in self.search.hooks for combo in entry.combos()]
         links = self.network.link_gbps if self.network is not None else [None]
-        for entry in self.search.hooks:
-            for combo in entry.combos():
-                full = _validate_hook(entry.name, combo, field=None)
-                for world in self.search.world_size:
-                    for link in links:
-                        for seed in self.search.seed:
-                            out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
-                                                 link_gbps=link))
+        blocks = [(world, link, seed) for world in self.search.world_size for link in links
+                  for seed in self.search.seeds]
+        out = []
+        for i, (world, link, seed) in enumerate(blocks):
+            turn = i % len(configurations)
+            for hook, full in configurations[turn:] + configurations[:turn]:
+                out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed, link_gbps=link))
         return out
 
 
@@ -675,8 +727,16 @@ def _all_problems(exc: ValidationError) -> list[tuple[str, str]]:
     return [(field or "(top level)", problem) for field, problem in map(_describe_error, errors)]
 
 
+# search.seed is a list or a SeedRange: pydantic names the form it tried in the location
+_SEED_FORMS = ("list", "range")
+
+
+def _without_form(loc: tuple) -> tuple:
+    return tuple(p for i, p in enumerate(loc) if not (i and loc[i - 1] == "seed" and p in _SEED_FORMS))
+
+
 def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
-    loc = tuple(err.get("loc", ()))
+    loc = _without_form(tuple(err.get("loc", ())))
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}
     cause = ctx.get("error")
@@ -729,8 +789,10 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
             if field is None:
                 return None
             current = field.annotation
-            # an optional section (`network: NetworkConfig | None`): its model
-            models = [a for a in get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
+            # an optional section (`network: NetworkConfig | None`), or search.seed's range: its model
+            models = [a for a in get_args(_bare(current)) if isinstance(_bare(a), type)
+                      and issubclass(_bare(a), BaseModel)]
+            models = [_bare(a) for a in models]
             if get_origin(current) is not list and len(models) == 1:
                 current = models[0]
         elif isinstance(part, int) and get_origin(current) is list:
@@ -738,6 +800,11 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         else:
             return None
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _bare(annotation: Any) -> Any:
+    """The type inside ``Annotated[type, ...]``."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation
 
 
 def _did_you_mean(word: str, options) -> str:

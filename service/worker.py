@@ -48,6 +48,7 @@ import hooks
 from hooks.state import HookState
 from service import preflight
 from service.nan import NanMonitor
+from service.paired_timing import PairedTimer
 from service import step_projection
 from service.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, build_workload, evaluate_workload, to_device
@@ -128,6 +129,10 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
     meter = (make_meter or StepMeter)(wl_cfg.warmup_steps, first_step)
     accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
+    # the baseline hook timed beside this trial's own: same ranks, model, batches (service/paired_timing.py)
+    pairing = PairedTimer(wl.model, every=0 if is_baseline(trial) else cfg.tracking.paired_timing_every,
+                          warmup_steps=wl_cfg.warmup_steps, device=device, process_group=process_group)
+    load = LoadMeter()
     reporter = Reporter(logger, progress, rank)
 
     # --- steps
@@ -142,7 +147,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
             if stops(check, cfg):
                 break
         faults.before_step(step, model.module)
-        loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device, precision)
+        with pairing.own():
+            loss = forward_backward(model, optimizer, wl, batches.micro_batches(step), device, precision)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
         # this backward's gradient collectives instead of adding a rendezvous of its own.
         check = monitor.resolve()
@@ -157,6 +163,9 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         meter.end(step)
         accounting.step_ended(step)
         reporter.record(step, meter.last_ms, fidelity.end(step))
+        if pairing.due(step):  # the baseline's forward/backward of this step's batches, outside its time
+            pairing.window(step, lambda ddp: forward_backward(ddp, optimizer, wl, batches.micro_batches(step),
+                                                              device, precision))
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -182,6 +191,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     summary = trial_summary(meter, accounting, trial, wl_cfg.global_batch_size, reporter.last_loss,
                             eval_metrics, monitor.report, start.restarts)
     summary.update(fidelity.summary())
+    summary.update(pairing.summary(meter.times_ms))
+    summary.update(load.summary(process_group, device))  # a collective: every rank gets here
     status = "nan" if monitor.report else "ok"
     reporter.finish(summary, status, monitor.report)
     return TrialResult(status, int(summary["steps_done"]), summary,
@@ -313,6 +324,31 @@ class StepMeter:
             "warmup_steps_excluded": len(self.times_ms) - len(measured) if after_warmup else 0,
             "steps_done": max(self.times_ms, default=self.first_step - 1),
         }
+
+
+def is_baseline(trial) -> bool:
+    """The baseline trial itself: nothing to time it against."""
+    return trial.hook == hooks.BASELINE and not trial.non_default_params()
+
+
+class LoadMeter:
+    """How busy the machine was while the trial ran: the 1-minute load average (mean of its
+    start and end) and the CPU seconds the trial's rank processes got per wall second, summed
+    over the ranks (a trial of W ranks on an idle machine: about W x threads)."""
+
+    def __init__(self):
+        self.load_start = os.getloadavg()[0]
+        self.wall_start, self.cpu_start = time.perf_counter(), time.process_time()
+
+    def summary(self, process_group, device) -> dict[str, float]:
+        import torch.distributed as dist
+
+        wall = time.perf_counter() - self.wall_start
+        cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64, device=device)
+        if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+            dist.all_reduce(cpu, group=process_group)
+        return {"load_avg_1m": (self.load_start + os.getloadavg()[0]) / 2,
+                "cpu_share": float(cpu.item()) / wall if wall > 0 else 0.0}
 
 
 class HookAccounting:

@@ -15,19 +15,23 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep import logs
+from service.sweep.adaptive import SeedRounds
 from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
 from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
-from service.sweep.resume import plan_resume
+from service.sweep.resume import done_outcomes, plan_resume
 from service.sweep.signals import signals_raise_keyboard_interrupt
 from service.text import one_line
 from service.uris import join
+
+if TYPE_CHECKING:  # it imports Ray Tune: only when a sweep runs
+    from service.sweep.searcher import SeedSearcher
 
 log = logging.getLogger("service.sweep")
 
@@ -51,6 +55,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
 
     from service import tracking
     from service.progress import ProgressBoard, ProgressPrinter
+    from service.sweep.searcher import SeedSearcher
     from service.trial_runs import TrialRuns
 
     logs.route_library_logs_to_file()  # with main()'s log file: the terminal keeps the sweep's own lines
@@ -64,13 +69,18 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     if train_loop is None:
         from service.worker import train_loop_per_worker as train_loop
 
-    parent_run_id, reusable_runs, pending = None, {}, trials
+    adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
+    parent_run_id, reusable_runs, pending, done = None, {}, trials, {}
     if resume:
         parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
+        done = done_outcomes(parent_run_id, tracking_uri) if adaptive else {}
         print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
-              f"{len(trials)} trials already finished, {len(pending)} to run", file=out, flush=True)
+              + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
+                 if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),
+              file=out, flush=True)
         if not pending:
-            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
+            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
+                                                                        ran_only=adaptive))
 
     storage = storage_root(cfg)
     started = time.monotonic()
@@ -92,7 +102,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         try:
             if parent_run_id is None:
                 parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
-                print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
+                size = (f"{adaptive_range(cfg, trials)} (adaptive seeds)" if adaptive
+                        else f"{len(trials)} trials")
+                print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {parent_run_id} at {tracking_uri}",
                       file=out, flush=True)
             else:
                 tracking.reopen_run(parent_run_id, tracking_uri)
@@ -100,8 +112,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             trial_runs = TrialRuns.remote(cfg, parent_run_id, tracking_uri)
             board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
             printer = ProgressPrinter(board, out=out).start()
+            search = (SeedSearcher(seed_rounds(cfg, trials), done, board) if adaptive else None)
             _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
-                        resume, board, trial_runs, links).fit()
+                        resume, board, trial_runs, links, search).fit()
             parent_status = "FINISHED"
         except KeyboardInterrupt:
             interrupted = True
@@ -124,16 +137,29 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     if parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
 
-    rows = trial_rows(parent_run_id, tracking_uri, trials)
+    rows = trial_rows(parent_run_id, tracking_uri, trials, ran_only=adaptive)
     return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
+
+
+def seed_rounds(cfg: SweepConfig, trials: list[TrialSpec]) -> SeedRounds:
+    """The rounds of an adaptive sweep over ``trials`` (every configuration at max seeds)."""
+    seeds = cfg.search.adaptive
+    return SeedRounds(trials, seeds.min, seeds.max, cfg.report.target_tolerance)
+
+
+def adaptive_range(cfg: SweepConfig, trials: list[TrialSpec]) -> str:
+    """'8 to 20 trials': every configuration at min seeds, to every one at max."""
+    return seed_rounds(cfg, trials).range_text(len(trials))
 
 
 def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
                 storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board, trial_runs, links=None):
+                resume: bool, board, trial_runs, links=None, search: SeedSearcher | None = None):
     """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
 
-    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section."""
+    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section.
+    ``search``: adaptive seeds; its rounds propose the trials (at most ``pending``), in place
+    of the grid."""
     from ray import tune
 
     # Train's per-trial directories hang off the parent run: a resumed trial finds its
@@ -146,11 +172,13 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
         network=None if links is None else {"links": links, "owner_pid": os.getpid()},
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+    grid = {"trial": tune.grid_search([t.to_dict() for t in pending])}
     return tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
+        param_space=grid if search is None else {},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
-                                    trial_dirname_creator=trial_dirname),
+                                    trial_dirname_creator=trial_dirname, search_alg=search,
+                                    num_samples=1 if search is None else max(1, len(pending))),
         run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
@@ -219,7 +247,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     )
     try:
         try:
-            trainer.fit()
+            fitted = trainer.fit()
         finally:
             if net is not None:
                 log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
@@ -235,7 +263,9 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
         return
     status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
     board.trial_ended.remote(trial.key, status)
+    # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py)
     tune.report({"status": status, "run_id": run_id,
+                 "final_eval_loss": float((fitted.metrics or {}).get("final_eval_loss", math.nan)),
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 
