@@ -10,6 +10,12 @@ worse, training silently wrong):
 - ``check_loss``: the loss of a 2-sample training batch, computed on the bare model (eval
   mode, no_grad: no weight, buffer or RNG changes), is a scalar floating tensor; an
   exception raised by the user's code is reported as one line too;
+- ``unused_parameters``: one training-mode forward and backward of that batch on the bare model
+  (``torch.autograd.grad``, so no ``.grad`` is written; RNG forked; buffers and train/eval
+  modes put back) names the parameters that get no gradient: an eval-only head, a branch the
+  batch did not take, an expert no sample was routed to. DDP without
+  ``find_unused_parameters`` fails on them at its second step; the worker turns it on, or
+  refuses when the config says ``find_unused_parameters: false``;
 - ``check_same_on_every_rank``: a digest of the initial weights (and of a few data items),
   compared across ranks with one all-reduce. DDP would broadcast rank 0's weights and hide
   a non-deterministic build, but not a data split drawn differently per rank; the digest
@@ -24,7 +30,7 @@ from typing import Any, Mapping, Optional
 import torch
 import torch.distributed as dist
 
-from service.text import one_line
+from service.text import count, one_line
 from service.workloads import Workload, to_device
 
 
@@ -32,7 +38,11 @@ class WorkloadError(ValueError):
     """A workload that cannot be trained as given: one line, ``workload 'NAME': problem``."""
 
     def __init__(self, name: str, problem: str):
+        self.name, self.problem = name, problem
         super().__init__(f"workload {name!r}: {one_line(problem)}")
+
+    def __reduce__(self):  # Ray pickles it to the driver: rebuilt from both arguments, not args
+        return type(self), (self.name, self.problem)
 
 
 # ----------------------------------------------------------------------------- items
@@ -75,12 +85,20 @@ def check_items(name: str, wl: Workload) -> None:
 # ----------------------------------------------------------------------------- the loss
 
 
+def _probe_batch(wl: Workload, device, precision):
+    return to_device(wl.fetch(wl.train_set, torch.arange(min(2, len(wl.train_set)))), device,
+                     precision.input_dtype)
+
+
+def _form(wl: Workload) -> str:
+    return "batch_loss" if wl.batch_loss is not None else "loss_fn"
+
+
 @torch.no_grad()
 def check_loss(name: str, wl: Workload, model: torch.nn.Module, device, precision) -> None:
     """The loss of train_set[:2] on the bare model is a scalar floating tensor."""
-    batch = to_device(wl.fetch(wl.train_set, torch.arange(min(2, len(wl.train_set)))), device,
-                      precision.input_dtype)
-    form = "batch_loss" if wl.batch_loss is not None else "loss_fn"
+    batch = _probe_batch(wl, device, precision)
+    form = _form(wl)
     was_training = model.training
     model.eval()
     try:
@@ -97,6 +115,63 @@ def check_loss(name: str, wl: Workload, model: torch.nn.Module, device, precisio
                                   "scalar (0-dim) tensor: reduce it, e.g. with .mean()")
     if not loss.is_floating_point():
         raise WorkloadError(name, f"{form} returned a {loss.dtype} tensor; expected a floating-point scalar")
+
+
+# ----------------------------------------------------------------------------- unused parameters
+
+
+def unused_parameters(name: str, wl: Workload, model: torch.nn.Module, device, precision) -> list[str]:
+    """The trainable parameters that get no gradient from a training-mode loss of train_set[:2].
+
+    Leaves no trace: ``autograd.grad`` writes no ``.grad``, the RNG (dropout) is forked, every
+    buffer (BatchNorm's running statistics, a user's counters) gets its tensor and values back,
+    and every module its own train/eval mode. Call it after ``check_loss`` (the loss is known
+    to be a floating scalar). One batch: a branch that this batch takes is not found here.
+    """
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not params:
+        return []
+    batch = _probe_batch(wl, device, precision)
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = [(m, key, b, b.detach().clone()) for m in model.modules()
+               for key, b in m._buffers.items() if b is not None]
+    device = torch.device(device)
+    try:
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            model.train()
+            with precision.autocast():
+                loss = wl.step_loss(model, batch)
+            if not loss.requires_grad:
+                raise WorkloadError(name, f"{_form(wl)}'s loss does not depend on any trainable parameter "
+                                          "(it has no grad_fn): nothing would train")
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    except WorkloadError:
+        raise
+    except Exception as err:  # the user's model in training mode, or its backward
+        raise WorkloadError(name, f"{_form(wl)} failed in a training-mode step on 2 training samples: "
+                                  f"{one_line(err, every_line=True)}") from None
+    finally:
+        for module, training in modes:
+            module.training = training  # each module's own flag: train() would recurse
+        with torch.no_grad():
+            for module, key, tensor, saved in buffers:
+                tensor.copy_(saved)
+                module._buffers[key] = tensor  # a forward that rebinds a buffer gets the original back
+    return [n for (n, _), g in zip(params, grads) if g is None]
+
+
+def find_unused_setting(name: str, unused: list[str], setting) -> bool:
+    """DDP's ``find_unused_parameters`` for this model: the config's ``true``/``false``, or with
+    ``auto`` on exactly when a parameter got no gradient. A model with such parameters and the
+    setting ``false`` is refused here: DDP would fail at its second step."""
+    if setting == "auto":
+        return bool(unused)
+    if not setting and unused:
+        shown = ", ".join(unused[:5]) + (", ..." if len(unused) > 5 else "")
+        raise WorkloadError(name, f"{count(len(unused), 'parameter')} {'gets' if len(unused) == 1 else 'get'} no gradient in a training step "
+                                  f"({shown}) but workload.find_unused_parameters is false: DDP would fail "
+                                  "at the second step; set it to auto or true")
+    return bool(setting)
 
 
 # ----------------------------------------------------------------------------- ranks agree

@@ -94,3 +94,18 @@ def dicts_with_loss_fn(seed: int) -> dict:
 
 def bad_eval_fn(seed: int) -> dict:
     return dict_digits(seed) | {"eval_fn": lambda model, eval_set: 0.5}
+
+
+def wrong_key(seed: int) -> dict:
+    """batch_loss reads a key the items do not have: fails on the first batch."""
+    return dict_digits(seed) | {"batch_loss": lambda model, batch: F.cross_entropy(model(batch["pixels"]),
+                                                                                    batch["labels"])}
+
+
+# One refusal per seed, so a single sweep (seed: [0, 1, ...]) meets every documented
+# start-of-trial refusal (tests/test_refusals.py): seed i builds REFUSALS[i].
+REFUSALS = [random_weights, random_split, mixed_keys, dicts_with_loss_fn, non_scalar, wrong_key]
+
+
+def refusal_by_seed(seed: int) -> dict:
+    return REFUSALS[seed](seed)

@@ -138,6 +138,15 @@ BAD_CONFIGS = [
      ["search.hooks[1].chunk_size", "positive integer"]),
     ("signsgd majority_vote text", changed("search.hooks.1", {"name": "signsgd", "majority_vote": "maybe"}),
      ["search.hooks[1].majority_vote", "true or false"]),
+    ("powersgd wire_dtype unknown", changed("search.hooks.1", {"name": "powersgd", "wire_dtype": "fp8"}),
+     ["search.hooks[1].wire_dtype", "one of fp32, fp16, bf16", "'fp8'"]),
+    ("topk wire_dtype list with a bad value", changed("search.hooks.1", {"name": "topk", "wire_dtype": ["fp16", "int8"]}),
+     ["search.hooks[1].wire_dtype", "one of fp32, fp16, bf16", "'int8'"]),
+    ("powersgd min_compression_rate negative", changed("search.hooks.1", {"name": "powersgd", "min_compression_rate": -1}),
+     ["search.hooks[1].min_compression_rate", "non-negative"]),
+    ("powersgd batched with a knob it ignores", changed("search.hooks.1", {"name": "powersgd", "batched": True,
+                                                                          "min_compression_rate": 4}),
+     ["search.hooks[1]", "'min_compression_rate' has no effect with batched"]),
     ("powersgd rank zero", changed("search.hooks.1", {"name": "powersgd", "rank": 0}), ["search.hooks[1].rank"]),
     ("hook entry without a name", changed("search.hooks.1", {"chunk_size": 512}), ["search.hooks[1].name: missing"]),
     ("hook entry a number", changed("search.hooks.1", 5), ["search.hooks[1]", "a hook name or a mapping"]),
@@ -291,6 +300,21 @@ def test_faults_preset_injects_both_gradient_faults():
     kinds = {f.kind: f for f in cfg.faults}
     assert set(kinds) == {"nan_grad", "scale_grad"}
     assert kinds["scale_grad"].factor == 1.0e7  # YAML 1.1 would have read `1.0e7` as a string
+
+
+def test_powersgd_preset_reaches_torchs_own_knobs():
+    """PyTorch's PowerSGD recipes (issue 27): the 16-bit wrapper, min_compression_rate and the
+    batched variant arrive as validated hook parameters, named by what differs from the default."""
+    cfg, _ = load_config("powersgd")
+    trials = cfg.trials()
+    assert [t.run_name for t in trials] == [
+        "allreduce-w2-s0", "fp16_compress-w2-s0", "powersgd-rank4-w2-s0", "powersgd-rank4-wire_dtypefp16-w2-s0",
+        "powersgd-rank4-min_compression_rate1.0-w2-s0", "powersgd-rank4-batched-w2-s0"]
+    for t in trials:
+        assert t.hook_params == hooks.validate(t.hook, **t.hook_params)
+    assert [(t.hook_params["wire_dtype"], t.hook_params["min_compression_rate"], t.hook_params["batched"])
+            for t in trials[2:]] == [("fp32", 2.0, False), ("fp16", 2.0, False), ("fp32", 1.0, False), ("fp32", 2.0, True)]
+    assert len({t.key for t in trials}) == len(trials)
 
 
 def test_all_hooks_preset_covers_every_hook_of_the_library():

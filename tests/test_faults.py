@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.worker import Start, load_checkpoint_dir, run_training, save_checkpoint_dir
+from service.train import Start, load_checkpoint_dir, run_training, save_checkpoint_dir
 from tests.dist_utils import free_port, run_distributed
 from tests.test_worker import make_cfg, trial_of
 

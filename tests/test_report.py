@@ -72,7 +72,7 @@ def _trial_tags(hook, chunk, world_size, seed):
 
 def _log_trial(client, exp_id, parent_id, hook, chunk, world_size, seed, loss, accuracy,
                bytes_per_step, samples_per_s, state="ok", first_nan_step=None, error=None):
-    """One child run, shaped like the sweep's contract (service/tracking.py). Returns what was logged."""
+    """One child run, shaped like the sweep's contract (service/tracking/). Returns what was logged."""
     name = f"{hook}{f'-c{chunk}' if chunk else ''}-w{world_size}-s{seed}"
     run = client.create_run(exp_id, run_name=name,
                             tags={**_trial_tags(hook, chunk, world_size, seed), "mlflow.parentRunId": parent_id})

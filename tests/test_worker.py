@@ -1,4 +1,4 @@
-"""service.worker.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
+"""service.train.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
 processes), the real mlp_digits workload, the real hooks, a temporary SQLite MLflow store
 read back with MlflowClient. No Ray here (the sweep's end-to-end tests cover Ray)."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.worker import GlobalBatches, run_training
+from service.train import GlobalBatches, run_training
 from tests.dist_utils import free_port, run_distributed
 from tests.tiny_workload import TINY
 
@@ -125,7 +125,7 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
         cfg = SweepConfig.model_validate(cfg_dict)
         results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
                                      device="cpu")
-    # Paired timing (service/paired_timing.py): the same fp16 trial with baseline windows every
+    # Paired timing (service/train/paired_timing.py): the same fp16 trial with baseline windows every
     # 2nd step and with none must train the same trajectory, bit for bit.
     for every in (0, 2):
         cfg = SweepConfig.model_validate({**clean_cfg, "tracking": {**clean_cfg["tracking"],

@@ -1,11 +1,11 @@
 """The sweep as data: trial records read from MLflow, aggregated into the typed rows every plot,
 table and recommendation is drawn from (tests compare these with what MLflow holds).
 
-    open_store()      service.tracking.SweepReader (tracking.py is the only MLflow module)
+    open_store()      service.tracking.SweepReader (service/tracking/ is the only MLflow package)
     load_sweep()      -> Sweep: the parent run and one Trial per trial record, histories included
     *_data(), summary_rows(), recommendations()   the numbers of the plots, tables and answer
 
-Everything comes from what the sweep recorded (service/tracking.py's contract): one parent run
+Everything comes from what the sweep recorded (service/tracking/'s contract): one parent run
 per sweep, one nested child run per trial carrying its identity as tags (tracking.TrialRecord),
 step metrics ``loss``, ``eval_loss``, ``eval_accuracy``, ``step_time_ms``, summary metrics
 ``samples_per_s``, ``comm_bytes_per_step``, ...; tag ``status`` (ok | nan | failed). So a report

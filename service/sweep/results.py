@@ -45,7 +45,7 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec],
         if record is None and ran_only:
             continue
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
-                               "params": " ".join([f"{k}={v}" for k, v in trial.non_default_params().items()]
+                               "params": " ".join([f"{k}={v}" for k, v in {**trial.non_default_params(), **trial.non_default_knobs()}.items()]
                                                   + ([f"link={trial.link_gbps:g}Gbit/s"]
                                                      if trial.link_gbps is not None else [])),
                                "world_size": trial.world_size, "seed": trial.seed}

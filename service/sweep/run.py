@@ -45,7 +45,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     ``resume``: continue the experiment's latest sweep (its parent run) and run only the
     trials without a FINISHED or FAILED run, reusing the runs of interrupted ones.
     ``train_loop`` is the per-worker function given to TorchTrainer (default:
-    ``service.worker.train_loop_per_worker``). ``init_ray(cfg, trials)`` connects to Ray (default:
+    ``service.train.ray_entry.train_loop_per_worker``). ``init_ray(cfg, trials)`` connects to Ray (default:
     ``_init_ray``; a bench that started Ray itself passes one that does nothing).
 
     SIGINT/SIGTERM while trials run: the running trials are stopped, their runs and the
@@ -67,7 +67,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
 
     if train_loop is None:
-        from service.worker import train_loop_per_worker as train_loop
+        from service.train import train_loop_per_worker as train_loop
 
     adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
     parent_run_id, reusable_runs, pending, done = None, {}, trials, {}
@@ -211,7 +211,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
 
     # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
-    # driver removes them if this process is killed; the workers join them (worker.py)
+    # driver removes them if this process is killed; the workers join them (service/train/ray_entry.py)
     try:
         net = trial_network(cfg, trial, network)
     except Exception as exc:  # e.g. a namespace that cannot be created: this trial fails, in one line
