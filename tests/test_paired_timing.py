@@ -1,4 +1,4 @@
-"""service/paired_timing.py on two real gloo processes: the baseline windows leave the trained
+"""service/train/paired_timing.py on two real gloo processes: the baseline windows leave the trained
 trajectory untouched (weights, buffers, the trial hook's state: bit for bit), and each window is
 timed and paired with its step (issue 23)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from torch.nn.functional import cross_entropy
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
-from service.paired_timing import PairedTimer
+from service.train.paired_timing import PairedTimer
 from tests.dist_utils import run_distributed
 
 STEPS = 8

@@ -125,6 +125,13 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
         cfg = SweepConfig.model_validate(cfg_dict)
         results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
                                      device="cpu")
+    # Paired timing (service/train/paired_timing.py): the same fp16 trial with baseline windows every
+    # 2nd step and with none must train the same trajectory, bit for bit.
+    for every in (0, 2):
+        cfg = SweepConfig.model_validate({**clean_cfg, "tracking": {**clean_cfg["tracking"],
+                                                                    "paired_timing_every": every}})
+        fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
+        results[f"paired_{every}"] = run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
     # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
     # and hand back this rank's own bucket as the mean) must end the trial with that error.
     from tests.hooks_checks import build_with_failing_collectives
@@ -157,6 +164,21 @@ def test_two_ranks_train_the_same_model_as_one(single_rank_group, two_ranks):
     assert two[0].status == "ok" and two[0].steps_done == 6
     assert two[0].summary["comm_bytes_per_step"] > 0  # ring all-reduce: 2(W-1)/W * gradient bytes
     assert one.summary["comm_bytes_per_step"] == 0  # nothing on the wire at world size 1
+
+
+def test_paired_baseline_windows_leave_the_trial_untouched_and_give_the_ratio(two_ranks):
+    for ranks in two_ranks:
+        plain, paired = ranks["paired_0"], ranks["paired_2"]
+        assert paired.losses == plain.losses  # every step's agreed loss, exactly
+        for metric in ("final_loss", "final_eval_loss", "comm_bytes_per_step"):
+            assert paired.summary.get(metric) == plain.summary.get(metric), metric
+        assert "step_ratio_vs_baseline" not in plain.summary
+    summary = two_ranks[0]["paired_2"].summary
+    assert summary["paired_windows"] == 2  # steps 4 and 6: after the 2 warm-up steps
+    assert summary["step_ratio_vs_baseline"] > 0 and summary["step_ratio_vs_baseline_iqr"] >= 0
+    assert summary["cpu_share"] > 0 and summary["load_avg_1m"] >= 0
+    # the baseline trial is not timed against itself
+    assert "step_ratio_vs_baseline" not in two_ranks[0]["clean"].summary
 
 
 def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):

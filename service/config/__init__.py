@@ -15,7 +15,8 @@ never keeps a second list of either.
 
 The modules, by what they hold:
 
-    schema.py    the sections (pydantic, strict), their defaults and checks; SweepConfig.trials()
+    schema.py    the workload, the search, SweepConfig and its cross-section checks; SweepConfig.trials()
+    sections.py  the plainer sections (resources ... network) and the checks sweep axes share
     trial.py     TrialSpec: one trial of the grid, its run name and its key
     limits.py    the upper bounds no sensible sweep reaches
     loading.py   load_config: path or preset -> hardened YAML -> SweepConfig; the presets
@@ -27,11 +28,11 @@ from service.config.errors import MAX_SHOWN_PROBLEMS, ConfigError
 from service.config.limits import DDP_BUCKET_CAP_MB
 from service.config.loading import PRESETS_DIR, list_presets, load_config, resolve_config_path
 from service.config.schema import (CheckpointConfig, Fault, HookEntry, NetworkConfig, ReportConfig,
-                                   ResourcesConfig, SearchConfig, StopConfig, SweepConfig, TrackingConfig,
-                                   WorkloadConfig)
+                                   ResourcesConfig, SearchConfig, SeedRange, StopConfig, SweepConfig,
+                                   TrackingConfig, WorkloadConfig)
 from service.config.trial import Scalar, TrialSpec
 
 __all__ = ["DDP_BUCKET_CAP_MB", "MAX_SHOWN_PROBLEMS", "PRESETS_DIR", "CheckpointConfig", "ConfigError", "Fault", "HookEntry",
-           "NetworkConfig", "ReportConfig", "ResourcesConfig", "Scalar", "SearchConfig", "StopConfig",
+           "NetworkConfig", "ReportConfig", "ResourcesConfig", "Scalar", "SearchConfig", "SeedRange", "StopConfig",
            "SweepConfig", "TrackingConfig", "TrialSpec", "WorkloadConfig", "list_presets", "load_config",
            "resolve_config_path"]

@@ -10,6 +10,7 @@ MAX_WORLD_SIZE = 1024
 MAX_SEED = 2**32 - 1
 MAX_LR = 10.0
 MAX_TRIALS = 10_000
+MAX_ADAPTIVE_SEEDS = 20   # search.seed: {min, max}: a round per seed, each a look the rule pays for
 MAX_FILE_BYTES = 1_000_000
 # DDP's gradient buckets: 25 MiB is DDP's own default (torch.nn.parallel.distributed); a cap
 # above 1 GiB is one bucket for any model this service trains, written with a typo.

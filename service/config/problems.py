@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, get_args, get_origin
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,8 +19,16 @@ def all_problems(exc: ValidationError) -> list[tuple[str, str]]:
     return [(field or "(top level)", problem) for field, problem in map(_describe_error, errors)]
 
 
+# search.seed is a list or a SeedRange: pydantic names the form it tried in the location
+_SEED_FORMS = ("list", "range")
+
+
+def _without_form(loc: tuple) -> tuple:
+    return tuple(p for i, p in enumerate(loc) if not (i and loc[i - 1] == "seed" and p in _SEED_FORMS))
+
+
 def _describe_error(err: dict[str, Any]) -> tuple[str, str]:
-    loc = tuple(err.get("loc", ()))
+    loc = _without_form(tuple(err.get("loc", ())))
     kind = err.get("type", "")
     ctx = err.get("ctx") or {}
     cause = ctx.get("error")
@@ -73,8 +81,9 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
             if field is None:
                 return None
             current = field.annotation
-            # an optional section (`network: NetworkConfig | None`): its model
-            models = [a for a in get_args(current) if isinstance(a, type) and issubclass(a, BaseModel)]
+            # an optional section (`network: NetworkConfig | None`), or search.seed's range: its model
+            models = [_bare(a) for a in get_args(_bare(current)) if isinstance(_bare(a), type)
+                      and issubclass(_bare(a), BaseModel)]
             if get_origin(current) is not list and len(models) == 1:
                 current = models[0]
         elif isinstance(part, int) and get_origin(current) is list:
@@ -82,3 +91,8 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         else:
             return None
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _bare(annotation: Any) -> Any:
+    """The type inside ``Annotated[type, ...]``."""
+    return get_args(annotation)[0] if get_origin(annotation) is Annotated else annotation

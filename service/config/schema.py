@@ -1,5 +1,6 @@
-"""The sweep config's schema (pydantic, strict): every section, its defaults and its checks, and
-the trial grid it expands into (``SweepConfig.trials``)."""
+"""The sweep config's schema (pydantic, strict): the workload, the search (hooks, axes, seeds),
+the whole SweepConfig with its cross-section checks, and the trial grid it expands into
+(``SweepConfig.trials``); the plainer sections are in sections.py."""
 
 from __future__ import annotations
 
@@ -7,25 +8,24 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Any, Callable, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator,
+                      model_validator)
 
 from service.config.errors import FieldProblem, exception_text
-from service.config.limits import (DDP_BUCKET_CAP_MB, DEFAULT_FLUSH_SECONDS, DEFAULT_TARGET_TOLERANCE, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION,
-                                   MAX_LATENCY_MS, MAX_LINK_GBPS, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS,
-                                   MAX_WORLD_SIZE)
+from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH,
+                                   MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
+from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, ReportConfig, ResourcesConfig,
+                                     StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
 from service.config.trial import Scalar, TrialSpec
 from service.text import did_you_mean, short_value
 
-# The schema. Strict types: YAML already yields ints, floats, bools and strings, so "300" for a
-# step count is a mistake worth naming, not something to coerce.
 
-_STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class WorkloadConfig(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     name: str = Field(min_length=1, description="built-in workload or 'package.module:function'")
     steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps per trial")
@@ -97,7 +97,7 @@ class WorkloadConfig(BaseModel):
 class HookEntry(BaseModel):
     """One line of `search.hooks`: a hook name, or {name, param: value-or-list-of-values}."""
 
-    model_config = _STRICT
+    model_config = STRICT
 
     name: str = Field(min_length=1)
     params: dict[str, tuple[Scalar, ...]] = Field(default_factory=dict)  # every value as a sweep list
@@ -173,29 +173,50 @@ def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None) -
         raise FieldProblem(field or "", exception_text(exc)) from None
 
 
-def _scalar_to_list(value: Any) -> Any:
-    return value if isinstance(value, list) else [value]
+class SeedRange(BaseModel):
+    """Adaptive seeds (service/sweep/adaptive.py): every configuration at ``min`` seeds, then one
+    more at a time for those whose quality verdict is undecided, up to ``max``; the seeds are
+    0 to max - 1."""
+
+    model_config = STRICT
+
+    min: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds every configuration runs (an interval needs 2)")
+    max: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds an undecided configuration may get")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SeedRange":
+        if self.max < self.min:
+            raise FieldProblem("max", f"{self.max} is below min {self.min}; allowed: {self.min} to {MAX_ADAPTIVE_SEEDS}")
+        return self
 
 
 class SearchConfig(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     hooks: list[HookEntry] = Field(min_length=1)
     world_size: list[int] = Field(min_length=1)
-    seed: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    # a list of seeds (a fixed grid), or {min, max}: adaptive seeds (pydantic tags the form it tried)
+    seed: Annotated[Union[Annotated[list[int], Tag("list")], Annotated[SeedRange, Tag("range")]],
+                    Discriminator(lambda v: "range" if isinstance(v, (dict, SeedRange)) else "list")] = Field(
+        default_factory=lambda: [0], description="a list of seeds (a fixed grid), or {min, max}: adaptive seeds")
     # DDP's knobs (issue 27): how the gradient is cut into buckets, each a hook call
     bucket_cap_mb: list[float] = Field(default_factory=lambda: [DDP_BUCKET_CAP_MB], min_length=1,
                                        description="DDP's bucket size cap, MiB (25: DDP's default)")
     gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
 
-    _scalar_allowed = field_validator("world_size", "seed", "bucket_cap_mb", "gradient_as_bucket_view",
-                                      "static_graph", mode="before")(_scalar_to_list)
+    _scalar_allowed = field_validator("world_size", "bucket_cap_mb", "gradient_as_bucket_view",
+                                      "static_graph", mode="before")(scalar_to_list)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_list_or_range(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else scalar_to_list(value)
 
     @field_validator("bucket_cap_mb")
     @classmethod
     def _bucket_caps(cls, caps: list[float]) -> list[float]:
-        _check_axis(caps, lambda cap: 0 < cap <= MAX_BUCKET_CAP_MB,
+        check_axis(caps, lambda cap: 0 < cap <= MAX_BUCKET_CAP_MB,
                     f"a bucket cap is above 0 and at most {MAX_BUCKET_CAP_MB:g} MiB (DDP's default: "
                     f"{DDP_BUCKET_CAP_MB:g})")
         if len(set(caps)) != len(caps):
@@ -217,114 +238,32 @@ class SearchConfig(BaseModel):
 
     @field_validator("world_size", "seed")
     @classmethod
-    def _in_range(cls, values: list[int], info: ValidationInfo) -> list[int]:
+    def _in_range(cls, values, info: ValidationInfo):
+        if isinstance(values, SeedRange):
+            return values
+        if not values:
+            raise FieldProblem("", "an empty list runs nothing; allowed: at least one value")
         low, high, what = _AXIS_RANGES[info.field_name]
-        _check_axis(values, lambda v: low <= v <= high, f"{what} is {low} to {high}")
-        _no_repeats(values)
+        check_axis(values, lambda v: low <= v <= high, f"{what} is {low} to {high}")
+        no_repeats(values)
         return values
+
+    @property
+    def adaptive(self) -> SeedRange | None:
+        """The seed range when seeds are adaptive; None for a fixed list."""
+        return self.seed if isinstance(self.seed, SeedRange) else None
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed a trial may run with: the list, or 0 to max - 1."""
+        return list(range(self.seed.max)) if isinstance(self.seed, SeedRange) else list(self.seed)
 
 
 _AXIS_RANGES = {"world_size": (1, MAX_WORLD_SIZE, "a world size"), "seed": (0, MAX_SEED, "a seed")}
 
 
-def _check_axis(values: list, ok: Callable[[Any], bool], allowed: str) -> None:
-    """Each value of a sweep axis passes ``ok``; else a FieldProblem at the first that does not."""
-    for i, v in enumerate(values):
-        if not ok(v):
-            raise FieldProblem(f"[{i}]", f"{v:g} is not allowed; {allowed}" if isinstance(v, float)
-                               else f"{v} is not allowed; {allowed}")
-
-
-def _no_repeats(values: list[int]) -> None:
-    seen: set[int] = set()
-    for i, v in enumerate(values):
-        if v in seen:
-            raise FieldProblem(f"[{i}]", f"{v} is listed twice; each value runs once")
-        seen.add(v)
-
-
-class ResourcesConfig(BaseModel):
-    model_config = _STRICT
-
-    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="logical CPUs per worker; fractional allowed")
-    use_gpu: bool = Field(False, description="true: NCCL backend, one GPU per worker")
-    max_concurrent_trials: int = Field(1, ge=1, le=1024)
-
-
-class StopConfig(BaseModel):
-    model_config = _STRICT
-
-    on_nan: bool = Field(True, description="end a trial, all ranks together, at its first non-finite step")
-
-
-class Fault(BaseModel):
-    """A fault injected on purpose (issue 4): off unless the config lists one."""
-
-    model_config = _STRICT
-
-    kind: Literal["nan_grad", "scale_grad", "crash"]
-    step: int = Field(ge=1, le=MAX_STEPS, description="optimizer step at which it fires")
-    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE, description="the rank it hits")
-    factor: float | None = Field(None, description="gradient multiplier; scale_grad only")
-
-    @model_validator(mode="after")
-    def _factor_only_for_scale(self) -> "Fault":
-        if self.kind == "scale_grad":
-            if self.factor is None:
-                raise FieldProblem("factor", "missing: scale_grad needs a factor, a finite number such as 1.0e6")
-            if self.factor == 0:
-                raise FieldProblem("factor", "0 is not allowed; scale_grad needs a non-zero factor")
-        elif self.factor is not None:
-            raise FieldProblem("factor", f"only scale_grad takes a factor, not {self.kind}")
-        return self
-
-
-class CheckpointConfig(BaseModel):
-    model_config = _STRICT
-
-    every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0 = off")
-    max_failures: int = Field(0, ge=0, le=100, description="restarts of a crashed trial from its last checkpoint")
-
-
-class TrackingConfig(BaseModel):
-    model_config = _STRICT
-
-    flush_seconds: float = Field(DEFAULT_FLUSH_SECONDS, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
-    fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
-
-
-class ReportConfig(BaseModel):
-    model_config = _STRICT
-
-    target_tolerance: float = Field(DEFAULT_TARGET_TOLERANCE, gt=0, le=1, description="time to target: the eval loss "
-                                    "target is allreduce's final eval loss times 1 + this; also the "
-                                    "quality gap a configuration may have and still match it")
-
-
-class NetworkConfig(BaseModel):
-    """Emulated hosts joined by shaped links (service/netem.py): every rank of a trial on its
-    own network namespace, DDP's traffic over a tc-shaped veth link. Needs root (CAP_NET_ADMIN)."""
-
-    model_config = _STRICT
-
-    link_gbps: list[float] = Field(min_length=1, description="each host's link rate, Gbit/s; a list is a sweep axis")
-    latency_ms: float = Field(0.0, ge=0, le=MAX_LATENCY_MS,
-                              description="delay added to each host's egress (tc netem), ms; 0 = the veth path's own")
-
-    _scalar_allowed = field_validator("link_gbps", mode="before")(_scalar_to_list)
-
-    @field_validator("link_gbps")
-    @classmethod
-    def _rates(cls, rates: list[float]) -> list[float]:
-        _check_axis(rates, lambda rate: 0 < rate <= MAX_LINK_GBPS,
-                    f"a link rate is above 0 and at most {MAX_LINK_GBPS:g} Gbit/s")
-        if len(set(rates)) != len(rates):
-            raise FieldProblem("", f"{short_value(rates)} lists a rate twice; each value runs once")
-        return rates
-
-
 class SweepConfig(BaseModel):
-    model_config = _STRICT
+    model_config = STRICT
 
     name: str = Field(min_length=1, max_length=200, description="MLflow experiment name")
     workload: WorkloadConfig
@@ -378,7 +317,7 @@ class SweepConfig(BaseModel):
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
         n_knobs = len(self.search.ddp_knobs())
-        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seed) * n_links
+        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seeds) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -395,7 +334,8 @@ class SweepConfig(BaseModel):
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
-                                                         "tracking": {"flush_seconds"}, "storage_path": True,
+                                                         "tracking": {"flush_seconds", "paired_timing_every"},
+                                                         "storage_path": True,
                                                          "report": True})
         for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
             if decisive[section][key] == _ADDED_WITH_DEFAULTS[section, key]:
@@ -403,18 +343,23 @@ class SweepConfig(BaseModel):
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
-        """The grid, in a stable order: hook entries (as listed) x parameter combos x DDP's knobs
-        (bucket_cap_mb x gradient_as_bucket_view x static_graph) x world_size x link
-        (network.link_gbps, when set) x seed."""
-        out = []
+        """The grid (adaptive seeds: every configuration at every seed up to max), in run
+        order: world size x link (network.link_gbps, when set) x seed, and within each of
+        those the configurations (hook entries as listed x parameter combos x DDP's knobs:
+        bucket_cap_mb x gradient_as_bucket_view x static_graph) rotated by one place per block,
+        so no configuration's trials cluster at one end of the sweep: a machine busier for a
+        while then slows every configuration's trials, not one's."""
+        configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
+                          for entry in self.search.hooks for combo in entry.combos()
+                          for knobs in self.search.ddp_knobs()]
         links = self.network.link_gbps if self.network is not None else [None]
-        axes = (self.search.ddp_knobs(), self.search.world_size, links, self.search.seed)
-        for entry in self.search.hooks:
-            for combo in entry.combos():
-                full = _validate_hook(entry.name, combo, field=None)
-                for knobs, world, link, seed in itertools.product(*axes):
-                    out.append(TrialSpec(hook=entry.name, hook_params=full, world_size=world, seed=seed,
-                                         link_gbps=link, **knobs))
+        blocks = itertools.product(self.search.world_size, links, self.search.seeds)
+        out = []
+        for i, (world, link, seed) in enumerate(blocks):
+            turn = i % len(configurations)
+            for hook, full, knobs in configurations[turn:] + configurations[:turn]:
+                out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
+                                     link_gbps=link, **knobs))
         return out
 
 

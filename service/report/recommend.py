@@ -204,7 +204,7 @@ class Candidate:
 
 def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
     """Time to target from the paired step ratio: the candidate's crossing step times its step
-    time measured against the baseline's in the same trial (service/paired_timing.py), in
+    time measured against the baseline's in the same trial (service/train/paired_timing.py), in
     the baseline trial's seconds per step at that seed. The machine's load while each trial
     ran cancels out of the ratio; it would not out of two trials' own step times."""
     if c is baseline or not c.reached_every_seed or not baseline.reached_every_seed:

@@ -178,7 +178,7 @@ def write_summary_csv(rows: list[SummaryRow], recs: list[recommend.Recommendatio
 
 
 # Per trial, in summary.csv only: the step time paired with the baseline's in the same trial
-# (service/paired_timing.py; > 1 slower) and its spread, the load the trial ran under.
+# (service/train/paired_timing.py; > 1 slower) and its spread, the load the trial ran under.
 _CSV_ONLY = ("step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr", "load_avg_1m", "cpu_share",
              "first_nan_step")
 

@@ -34,11 +34,6 @@ def _group(t: TrialSpec) -> tuple[int, float | None]:
     return t.world_size, t.link_gbps
 
 
-def _configuration(t: TrialSpec) -> str:
-    """The configuration's label: the run name without world size, seed and link."""
-    return t.config_label
-
-
 class SeedRounds:
     """The rounds of one adaptive sweep over ``grid`` (every configuration at every seed from
     0 to max - 1, in run order: SweepConfig.trials())."""
@@ -60,14 +55,14 @@ class SeedRounds:
         those of the rounds planned so far count."""
         if self.round == 0:
             seed_count = self.rule.min_seeds
-            chosen = {_configuration(t) + repr(_group(t)) for t in self._grid}
+            chosen = {t.config_label + repr(_group(t)) for t in self._grid}
         else:
             seed_count = self.rule.min_seeds + self.round
             if seed_count > self.rule.max_seeds:
                 return []
             chosen = {name + repr(group) for group, name in self._to_continue(outcomes)}
         new_seed = seed_count - 1
-        trials = [t for t in self._grid if _configuration(t) + repr(_group(t)) in chosen
+        trials = [t for t in self._grid if t.config_label + repr(_group(t)) in chosen
                   and (t.seed == new_seed if self.round else t.seed < seed_count)]
         if not trials:
             return []
@@ -79,7 +74,7 @@ class SeedRounds:
         """Per (world size, link): each configuration's verdict from the planned rounds."""
         groups: dict[tuple, dict[str, list[TrialSpec]]] = defaultdict(lambda: defaultdict(list))
         for t in self._planned:
-            groups[_group(t)][_configuration(t)].append(t)
+            groups[_group(t)][t.config_label].append(t)
         out = {}
         for group, configs in groups.items():
             candidates = [_candidate(name, trials, outcomes) for name, trials in configs.items()]

@@ -15,19 +15,23 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep import logs
+from service.sweep.adaptive import SeedRounds
 from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
 from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
-from service.sweep.resume import plan_resume
+from service.sweep.resume import done_outcomes, plan_resume
 from service.sweep.signals import signals_raise_keyboard_interrupt
 from service.text import one_line
 from service.uris import join
+
+if TYPE_CHECKING:  # it imports Ray Tune: only when a sweep runs
+    from service.sweep.searcher import SeedSearcher
 
 log = logging.getLogger("service.sweep")
 
@@ -55,13 +59,18 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     links = prepare_network(cfg, trials, out)
     tracking_uri = tracking.resolve_tracking_uri()
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
-    parent_run_id, reusable_runs, pending = None, {}, trials
+    adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
+    parent_run_id, reusable_runs, pending, done = None, {}, trials, {}
     if resume:
         parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
+        done = done_outcomes(parent_run_id, tracking_uri) if adaptive else {}
         print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
-              f"{len(trials)} trials already finished, {len(pending)} to run", file=out, flush=True)
+              + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
+                 if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),
+              file=out, flush=True)
         if not pending:
-            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
+            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
+                                                                        ran_only=adaptive))
     # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
@@ -70,13 +79,24 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     check_cluster(cfg, pending, tracking_uri, storage)
     # open the record, run the trials, close every run (whatever happens)
     run = _SweepRun(cfg, trials, pending, tracking_uri, storage, parent_run_id, reusable_runs, links)
-    run.go(config_path, train_loop or _default_train_loop(), resume, out)
+    run.go(config_path, train_loop or _default_train_loop(), resume, out, done)
     log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
     if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
     # report: the table, read back from MLflow
-    rows = trial_rows(run.parent_run_id, tracking_uri, trials)
+    rows = trial_rows(run.parent_run_id, tracking_uri, trials, ran_only=adaptive)
     return SweepOutcome(run.parent_run_id, tracking_uri, rows, run.status == "KILLED")
+
+
+def seed_rounds(cfg: SweepConfig, trials: list[TrialSpec]) -> SeedRounds:
+    """The rounds of an adaptive sweep over ``trials`` (every configuration at max seeds)."""
+    seeds = cfg.search.adaptive
+    return SeedRounds(trials, seeds.min, seeds.max, cfg.report.target_tolerance)
+
+
+def adaptive_range(cfg: SweepConfig, trials: list[TrialSpec]) -> str:
+    """'8 to 20 trials': every configuration at min seeds, to every one at max."""
+    return seed_rounds(cfg, trials).range_text(len(trials))
 
 
 def _default_train_loop() -> Callable[[dict], None]:
@@ -94,11 +114,14 @@ class _SweepRun:
         self.storage, self.parent_run_id, self.reusable_runs, self.links = storage, parent_run_id, reusable_runs, links
         self.status = "FAILED"  # FINISHED | FAILED | KILLED (interrupted)
 
-    def go(self, config_path: Path, train_loop: Callable[[dict], None], resume: bool, out: TextIO) -> None:
+    def go(self, config_path: Path, train_loop: Callable[[dict], None], resume: bool, out: TextIO,
+           done: dict) -> None:
+        """``done``: an adaptive sweep's outcomes so far (--resume), for its seed rounds."""
         import ray
 
         from service import tracking
         from service.progress import ProgressBoard, ProgressPrinter
+        from service.sweep.searcher import SeedSearcher
         from service.trial_runs import TrialRuns
 
         # Tune's console reporter (a config box, per-trial error banners) would interleave with
@@ -114,14 +137,18 @@ class _SweepRun:
             try:
                 self.parent_run_id = tracking.open_sweep_run(cfg, str(config_path), uri, self.parent_run_id)
                 if not resume:
-                    print(f"Sweep {cfg.name!r}: {len(self.trials)} trials; MLflow parent run {self.parent_run_id} "
-                          f"at {uri}", file=out, flush=True)
+                    size = (f"{adaptive_range(cfg, self.trials)} (adaptive seeds)" if cfg.search.adaptive is not None
+                            else f"{len(self.trials)} trials")
+                    print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {self.parent_run_id} at {uri}",
+                          file=out, flush=True)
                 # Started before Tune, so its process start and MLflow import overlap Tune's own start.
                 trial_runs = TrialRuns.remote(cfg, self.parent_run_id, uri)
                 board = ProgressBoard.remote(len(self.trials), already_done=len(self.trials) - len(self.pending))
                 printer = ProgressPrinter(board, out=out).start()
+                search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
+                          if cfg.search.adaptive is not None else None)
                 _make_tuner(cfg, self.pending, self.parent_run_id, uri, self.storage, train_loop,
-                            self.reusable_runs, resume, board, trial_runs, self.links).fit()
+                            self.reusable_runs, resume, board, trial_runs, self.links, search).fit()
                 self.status = "FINISHED"
             except KeyboardInterrupt:
                 self.status, interrupted_at_ms = "KILLED", signal_received["at_ms"] or int(time.time() * 1000)
@@ -140,10 +167,12 @@ class _SweepRun:
 
 def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
                 storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board, trial_runs, links=None):
+                resume: bool, board, trial_runs, links=None, search: SeedSearcher | None = None):
     """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
 
-    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section."""
+    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section.
+    ``search``: adaptive seeds; its rounds propose the trials (at most ``pending``), in place
+    of the grid."""
     from ray import tune
 
     # Train's per-trial directories hang off the parent run: a resumed trial finds its
@@ -156,11 +185,13 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
         network=None if links is None else {"links": links, "owner_pid": os.getpid()},
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+    grid = {"trial": tune.grid_search([t.to_dict() for t in pending])}
     return tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
+        param_space=grid if search is None else {},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
-                                    trial_dirname_creator=trial_dirname),
+                                    trial_dirname_creator=trial_dirname, search_alg=search,
+                                    num_samples=1 if search is None else max(1, len(pending))),
         run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
@@ -196,7 +227,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     trainer = _trainer(cfg, trial, run_id, tracking_uri, trials_storage, board, train_loop, net)
     try:
         try:
-            trainer.fit()
+            fitted = trainer.fit()
         finally:
             if net is not None:
                 log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
@@ -208,7 +239,9 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
         return _trial_failed(trial, run_id, trial_runs, board, summary, details)
     status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
     board.trial_ended.remote(trial.key, status)
+    # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py)
     tune.report({"status": status, "run_id": run_id,
+                 "final_eval_loss": float((fitted.metrics or {}).get("final_eval_loss", math.nan)),
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 

@@ -36,7 +36,7 @@ class SeedSearcher(Searcher):
                 return Searcher.FINISHED
             self._queue.extend(t for t in round_ if t.key not in self._outcomes)
             if self._board is not None:
-                self._board.round_started.remote(self._rounds.round, len(round_),
+                self._board.round_started.remote(self._rounds.round, self._rounds.rule.looks,
                                                  len(self._rounds.planned))
         trial = self._queue.popleft()
         self._running[trial_id] = trial.key

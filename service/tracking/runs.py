@@ -35,14 +35,17 @@ def git_commit(path: str | None = None) -> str | None:
 def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = None) -> str:
     """Create the sweep's parent run in experiment ``cfg.name``; returns its run id.
 
-    Tags: ``config_path`` and ``git_commit`` (when the project is a git checkout); the
-    config file itself is logged as an artifact.
+    Tags: ``config_path`` and ``git_commit`` (when the project is a git checkout),
+    ``seeds_min`` / ``seeds_max`` with adaptive seeds; the config file itself is logged as an
+    artifact.
     """
     uri = tracking_uri or resolve_tracking_uri()
     c = client(uri)
     experiment_id = get_or_create_experiment(cfg.name, uri)
     tags = {"role": "sweep", "status": "running", "sweep_fingerprint": cfg.fingerprint(),
             "target_tolerance": repr(cfg.report.target_tolerance)}
+    if cfg.search.adaptive is not None:  # the report judges the gaps by the rule these set
+        tags.update(seeds_min=str(cfg.search.adaptive.min), seeds_max=str(cfg.search.adaptive.max))
     if config_path:
         tags["config_path"] = os.path.abspath(str(config_path))
     commit = git_commit()

@@ -84,9 +84,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
                  on_fault: Optional[Callable[[int, Any], None]] = None, process_group=None,
                  build_hook: Callable = hooks.build, make_monitor: Callable[..., NanMonitor] = NanMonitor,
                  make_meter: Optional[Callable[[int, int], StepMeter]] = None) -> TrialResult:
-    """Train one trial on this rank (the process group is already initialised); the arguments
-    are the module docstring's. Every side effect that crosses ranks, touches the network or
-    can end the process is a statement below, or a call with a comment saying so."""
+    """Train one trial on this rank (its process group initialised; arguments: the module doc). Each side
+    effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
     wl_cfg, start, device = cfg.workload, start or Start(), torch.device(device)
     t = set_up(trial, cfg, rank=rank, world_size=world_size, device=device, logger=logger, progress=progress,
                start=start, on_fault=on_fault, process_group=process_group, build_hook=build_hook,
@@ -104,7 +103,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
             os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
         # the backward runs the comm hook: every bucket's collectives, across the ranks
-        loss = forward_backward(model, t.optimizer, t.wl, t.batches.micro_batches(step), device, t.precision)
+        with t.pairing.own():  # timed: paired timing compares it with the baseline's
+            loss = forward_backward(model, t.optimizer, t.wl, t.batches.micro_batches(step), device, t.precision)
         # The previous step's NaN verdict, read only now: its all-reduce travelled beside
         # this backward's gradient collectives instead of adding a rendezvous of its own.
         check = monitor.resolve()
@@ -119,11 +119,13 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         t.meter.end(step)
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
+        if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, t.batches.micro_batches(step),
+                                                                device, t.precision))
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
-        # Nothing leaves the loop (an eval, a checkpoint, the summary) before its step is
-        # agreed finite: there the verdict is waited for at once.
+        # Nothing leaves the loop (an eval, a checkpoint, the summary) before its step is agreed finite
         if evaluating or checkpointing:
             check = monitor.resolve()
             reporter.log(check)
@@ -151,6 +153,8 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
     summary = trial_summary(t.meter, t.accounting, trial, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, start.restarts)
     summary.update(t.fidelity.summary())
+    summary.update(t.pairing.summary(t.meter.times_ms))
+    summary.update(t.load.summary(t.process_group, device))  # a collective: every rank gets here
     status = "nan" if report else "ok"
     t.reporter.finish(summary, status, report)  # rank 0: the summary and tags into MLflow, flushed
     return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses)

@@ -1,10 +1,13 @@
-"""A trial's measured figures: step times (StepMeter), the hook's counters per step
-(HookAccounting), and the summary metrics built from them (trial_summary)."""
+"""A trial's measured figures: step times (StepMeter), the machine's load (LoadMeter), the hook's
+counters per step (HookAccounting), and the summary metrics built from them (trial_summary)."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+
+import torch
 
 from hooks.state import HookState
 from service import step_projection
@@ -47,6 +50,26 @@ class StepMeter:
             "warmup_steps_excluded": len(self.times_ms) - len(measured) if after_warmup else 0,
             "steps_done": max(self.times_ms, default=self.first_step - 1),
         }
+
+
+class LoadMeter:
+    """How busy the machine was while the trial ran: the 1-minute load average (mean of its
+    start and end) and the CPU seconds the trial's rank processes got per wall second, summed
+    over the ranks (a trial of W ranks on an idle machine: about W x threads)."""
+
+    def __init__(self):
+        self.load_start = os.getloadavg()[0]
+        self.wall_start, self.cpu_start = time.perf_counter(), time.process_time()
+
+    def summary(self, process_group, device) -> dict[str, float]:
+        import torch.distributed as dist
+
+        wall = time.perf_counter() - self.wall_start
+        cpu = torch.tensor([time.process_time() - self.cpu_start], dtype=torch.float64, device=device)
+        if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+            dist.all_reduce(cpu, group=process_group)
+        return {"load_avg_1m": (self.load_start + os.getloadavg()[0]) / 2,
+                "cpu_share": float(cpu.item()) / wall if wall > 0 else 0.0}
 
 
 class HookAccounting:

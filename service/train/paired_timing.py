@@ -35,11 +35,17 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import hooks
 
 
+def is_baseline(trial) -> bool:
+    """The baseline trial itself: nothing to time it against."""
+    return trial.hook == hooks.BASELINE and not trial.non_default_params()
+
+
 class PairedTimer:
     """The baseline arm of one trial: ``window`` after every ``every``-th step past the warm-up."""
 
     def __init__(self, module: torch.nn.Module, *, every: int, warmup_steps: int, device,
-                 process_group=None, build_hook: Callable = hooks.build, baseline: str = hooks.BASELINE):
+                 process_group=None, ddp_kwargs: dict | None = None, build_hook: Callable = hooks.build,
+                 baseline: str = hooks.BASELINE):
         self.every, self.warmup = int(every or 0), warmup_steps
         self.module = module
         self.own_fb_ms = 0.0
@@ -48,9 +54,10 @@ class PairedTimer:
         if not self.every:
             return
         device = torch.device(device)
-        # DDP broadcasts rank 0's parameters at construction: equal on every rank already
+        # DDP broadcasts rank 0's parameters at construction: equal on every rank already.
+        # ddp_kwargs: the trial's own (buckets, unused parameters): only the hook differs
         self.ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                       process_group=process_group)
+                       process_group=process_group, **(ddp_kwargs or {}))
         state, hook = build_hook(baseline, process_group=process_group)
         self.ddp.register_comm_hook(state, hook)
 
