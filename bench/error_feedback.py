@@ -9,7 +9,7 @@
 ``--hooks`` compares several hooks (``name`` or ``name:param=value,param=value``) in one run,
 each off and on, against one ``allreduce`` per seed; without it, ``--hook`` (one hook).
 
-Runs ``service.worker.run_training`` (the service's own training loop, no Ray) on the char_lm
+Runs ``service.train.run_training`` (the service's own training loop, no Ray) on the char_lm
 workload in a real gloo group of ``--world-size`` ranks (spawned processes; one thread each):
 for every seed the hook without feedback, the hook with it, and ``allreduce`` as the exact
 reference, the same seed, data order and steps. Prints final eval loss per seed, the paired
@@ -83,7 +83,7 @@ def _jobs(args) -> list[tuple[str, dict, int]]:
 
 
 def _rank(rank: int, world_size: int, args) -> list[dict]:
-    from service.worker import run_training
+    from service.train import run_training
 
     out = []
     for hook, params, seed in _jobs(args):

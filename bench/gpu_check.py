@@ -47,7 +47,6 @@ BANDWIDTH_TARGET = 0.60  # quantize + dequantize over a device-to-device copy of
 CHUNK = 512
 # input "layers" of very different scales, as gradients are (tests/hooks_checks.py: layered)
 SCALES = (1e-4, 1e-1, 1.0, 30.0)
-COLLECTIVES = ("allreduce", "allgather", "all_to_all")
 NEEDS_CUDA = ("this check needs a CUDA device: torch.cuda.is_available() is False here (torch {version}); "
               "install a CUDA build of torch==2.13.0 (e.g. pip install torch==2.13.0 --index-url "
               "https://download.pytorch.org/whl/cu128) on a machine with an NVIDIA GPU, or run --dry-run")
@@ -181,13 +180,15 @@ def probe_collectives(device) -> dict[str, str | None]:
     import torch
     import torch.distributed as dist
 
+    from hooks.wire import KINDS
+
     w = dist.get_world_size()
     x = torch.ones(4 * w, device=device)
     calls = {"allreduce": lambda: dist.all_reduce(x.clone()),
              "allgather": lambda: dist.all_gather_single(torch.empty(w * x.numel(), device=device), x),
              "all_to_all": lambda: dist.all_to_all_single(torch.empty_like(x), x)}
     out = {}
-    for kind in COLLECTIVES:
+    for kind in KINDS:
         try:
             calls[kind]()
             out[kind] = None
@@ -199,7 +200,7 @@ def probe_collectives(device) -> dict[str, str | None]:
 def needed_collectives(name: str, n: int, w: int, params: dict) -> set[str]:
     import hooks
 
-    return {kind for kind, _ in hooks.cost.hook_collectives(name, n, w, **params)}
+    return {c.kind for c in hooks.cost.hook_collectives(name, n, w, **params)}
 
 
 def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[dict]:

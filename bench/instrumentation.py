@@ -4,7 +4,7 @@ accounting on, against the same loop with all three off.
     python bench/instrumentation.py          # char_lm, world size 2, 3 alternating rounds
     python bench/instrumentation.py --quick  # 6 steps, 1 round (smoke test)
 
-Two gloo processes (torch.multiprocessing, no Ray) run ``service.worker.run_training`` on
+Two gloo processes (torch.multiprocessing, no Ray) run ``service.train.run_training`` on
 the same trial again and again, alternating the two modes, so both see the same machine load:
 
 - on:  rank 0 logs every step through ``tracking.MetricLogger`` into a SQLite MLflow store
@@ -78,20 +78,20 @@ def _plain_allreduce(name, process_group=None, **params):
 
 
 def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
-    import service.worker as worker
+    import service.train as train
     from service import tracking
 
     begins: list[float] = []
     cpu_begins: list[float] = []
 
-    class RecordingMeter(worker.StepMeter):
+    class RecordingMeter(train.StepMeter):
         def begin(self):
             begins.append(time.perf_counter())
             cpu_begins.append(time.process_time())
             super().begin()
 
     parts = {"make_meter": RecordingMeter}
-    inside = _time_instrumentation_calls(worker) if mode == "on" else None
+    inside = _time_instrumentation_calls(train) if mode == "on" else None
     logger = None
     if mode not in ("on", "only_nan_checks"):
         parts["make_monitor"] = _NoChecks
@@ -101,8 +101,8 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds)
     try:
         started = time.perf_counter()
-        worker.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger,
-                            **parts)
+        train.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger,
+                           **parts)
         total = time.perf_counter() - started
     finally:
         if inside is not None:
@@ -158,7 +158,7 @@ class _Delegate:
         return getattr(self._module, name)
 
 
-def _time_instrumentation_calls(worker) -> _CallTimers:
+def _time_instrumentation_calls(train) -> _CallTimers:
     """Time the instrumentation's own calls in the loop: what it costs in itself, apart from
     what it does to the rest of the step (caches, threads, waiting for a peer)."""
     import hooks.state
@@ -173,8 +173,8 @@ def _time_instrumentation_calls(worker) -> _CallTimers:
     timers._saved.append((nan, "dist", nan.dist))
     nan.dist = _Delegate(nan.dist)
     timers.wrap(nan.dist, "all_reduce", "nan_agreement_launch")
-    timers.wrap(worker.Reporter, "record", "logging")
-    timers.wrap(worker.Reporter, "log", "logging")
+    timers.wrap(train.Reporter, "record", "logging")
+    timers.wrap(train.Reporter, "log", "logging")
     timers.wrap(tracking.MetricLogger, "flush", "logging_flush")
     timers.wrap(hooks.state.HookState, "begin", "accounting")
     timers.wrap(hooks.state.HookState, "account", "accounting")

@@ -5,7 +5,7 @@
     python bench/overhead.py --profiles ours warm --arms bare service service_marginal
                                              # warm Ray workers against the service's settings
 
-The same training (``service.worker.run_training``: same workload, steps, hook, seed) is
+The same training (``service.train.run_training``: same workload, steps, hook, seed) is
 launched two ways, alternately, in one invocation:
 
 - bare:    ``torch.multiprocessing`` spawns ``world_size`` processes, each initialises a
@@ -22,7 +22,7 @@ MLflow anywhere), and one empty actor (``actor_start``).
 
 Each round runs every profile of Ray settings (``--profiles``: ``ours`` = service.ray_runtime
 as the sweep starts it; ``warm`` = that plus WARM_SYSTEM_CONFIG, prestarted idle workers that
-preload torch / ray.train / service.worker), in alternating order, on a fresh Ray instance each.
+preload torch / ray.train / service.train), in alternating order, on a fresh Ray instance each.
 ``service_marginal`` is a ``--marginal-trials``-trial sweep: (its wall - the one-trial sweep's
 wall) / (N - 1) is what one more trial of a sweep costs, without the sweep's own start.
 
@@ -66,7 +66,7 @@ DEFAULT_ARMS = [a for a in ARMS if a != "service_marginal"]  # an N-trial sweep 
 WARM_SYSTEM_CONFIG = {"enable_worker_prestart": True, "num_workers_soft_limit": 16,
                       "idle_worker_killing_time_threshold_ms": 600_000,
                       "preload_python_modules": ["torch", "ray.train", "ray.train.torch", "ray.tune",
-                                                 "service.worker"]}
+                                                 "service.train"]}
 PROFILES = {"ours": {}, "warm": WARM_SYSTEM_CONFIG}
 
 
@@ -91,7 +91,7 @@ def _bare_worker(rank: int, world_size: int, port: int, trial: dict, sweep: dict
     import torch.distributed as dist
 
     from service.config import SweepConfig, TrialSpec
-    from service.worker import run_training
+    from service.train import run_training
 
     torch.set_num_threads(1)
     imported = time.time()
@@ -132,17 +132,17 @@ def run_bare(cfg, trial, workdir: Path) -> dict:
 
 
 def timed_train_loop(config: dict) -> None:
-    """service.worker.train_loop_per_worker, with timestamps around it and around run_training
+    """service.train.ray_entry.train_loop_per_worker, with timestamps around it and around run_training
     (pickled by value into the Ray workers; writes one JSON per rank into $BENCH_OVERHEAD_MARKS_DIR)."""
     import time as _time
 
     enter = _time.time()
     import ray.train
 
-    import service.worker as worker
+    import service.train.ray_entry as entry
 
     marks = {"enter": enter}
-    original = worker.run_training
+    original = entry.run_training
 
     def timed(*args, **kwargs):
         marks["run_start"], cpu0 = _time.time(), _time.process_time()
@@ -151,11 +151,11 @@ def timed_train_loop(config: dict) -> None:
         finally:
             marks["run_end"], marks["run_cpu_s"] = _time.time(), _time.process_time() - cpu0
 
-    worker.run_training = timed
+    entry.run_training = timed
     try:
-        worker.train_loop_per_worker(config)
+        entry.train_loop_per_worker(config)
     finally:
-        worker.run_training = original
+        entry.run_training = original
         marks["exit"] = _time.time()
         rank = ray.train.get_context().get_world_rank()
         out = Path(os.environ[MARKS_ENV]) / f"{config['run_id']}-rank{rank}.json"
@@ -330,10 +330,10 @@ def run_actor_start() -> dict:
 
 # Every process a trial starts imports some of these; Ray Train's processes import ray.train,
 # which pulls in ray.data and pandas.
-IMPORTS = {"python (nothing)": "pass", "torch": "import torch", "service.worker (bare rank)": "import service.worker",
+IMPORTS = {"python (nothing)": "pass", "torch": "import torch", "service.train (bare rank)": "import service.train",
            "ray": "import ray", "ray.train": "import ray.train",
-           "ray.train.torch + service.worker + service.tracking (Train rank)":
-               "import ray.train.torch, service.worker, service.tracking",
+           "ray.train.torch + service.train + service.tracking (Train rank)":
+               "import ray.train.torch, service.train, service.tracking",
            "mlflow": "import mlflow"}
 
 

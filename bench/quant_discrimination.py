@@ -5,7 +5,7 @@
         --lr 0.003 --steps 200 --batch 64 --world-sizes 2 --seeds 0 1 \
         --hooks allreduce bf16_compress quantization_pertensor quantization_perchannel:512
 
-Runs ``service.worker.run_training`` (the service's own training loop, no Ray) in a real gloo
+Runs ``service.train.run_training`` (the service's own training loop, no Ray) in a real gloo
 group of each ``--world-sizes`` ranks (spawned processes, one thread each). For every seed the
 hooks run one after the other (seed-major, so the hooks alternate in time and the machine's
 load falls on all of them alike), with the same seed, data order and steps. A hook is
@@ -51,7 +51,7 @@ def _cfg(args, spec: str, seed: int, world_size: int):
 
 
 def _rank(rank: int, world_size: int, args) -> list[dict]:
-    from service.worker import run_training
+    from service.train import run_training
 
     out = []
     for seed in args.seeds:

@@ -3,7 +3,7 @@
     python bench/workload_sizing.py            # 2 alternating rounds, 25 steps per trial
     python bench/workload_sizing.py --quick    # 1 round, 6 steps (smoke test)
 
-The service's own loop (``service.worker.run_training``, allreduce hook, NaN checks on, no
+The service's own loop (``service.train.run_training``, allreduce hook, NaN checks on, no
 MLflow) trains each workload for a few steps at world size 1 (this process, a 1-rank gloo
 group) and at world size 2 (two spawned gloo processes on 127.0.0.1), in alternating rounds:
 each round runs every workload at W=1, then every workload at W=2, so all of them see the
@@ -48,7 +48,7 @@ def run_all(rank: int, world_size: int, names: list[str], steps: int, warmup: in
     """Each workload's step_time_ms_median (and per-sample figure) on this rank."""
     import torch
 
-    from service.worker import run_training
+    from service.train import run_training
 
     torch.set_num_threads(1)
     out = {}

@@ -8,11 +8,11 @@
 
 See docs/hooks.md for each hook's algorithm, wire cost and error.
 """
-from . import cost
+from . import cost, wire
 from .fidelity import with_fidelity
 from .quantize import kernel_backend
 from .registry import BASELINE, available, build, validate
 from .spec import HookSpec, Param
 from .state import HookState, NonfiniteBucket
 
-__all__ = ["BASELINE", "HookSpec", "Param", "HookState", "NonfiniteBucket", "available", "build", "kernel_backend", "validate", "with_fidelity", "cost"]
+__all__ = ["BASELINE", "HookSpec", "Param", "HookState", "NonfiniteBucket", "available", "build", "kernel_backend", "validate", "with_fidelity", "cost", "wire"]

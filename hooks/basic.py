@@ -99,36 +99,39 @@ def bf16_compress(state: CastState, bucket: dist.GradBucket) -> torch.futures.Fu
     return cast_compress(state, bucket)
 
 
-def _exact_state(process_group=None) -> HookState:
+def _exact_state(process_group) -> HookState:
     return HookState(process_group)
 
 
 def _cast_state(dtype: torch.dtype):
-    def make_state(process_group=None, error_feedback: bool = False) -> CastState:
+    def make_state(process_group, error_feedback: bool) -> CastState:
         return CastState(dtype, process_group, error_feedback=error_feedback)
 
     return make_state
 
 
-def _fp32_allreduce(n, world_size, element_size=4, **_):
+def _fp32_allreduce(n, world_size, element_size):
     return [("allreduce", n * element_size)]
 
 
-def _fp32_allgather(n, world_size, element_size=4, **_):
+def _fp32_allgather(n, world_size, element_size):
     return [("allgather", n * element_size)]
 
 
-def _16bit_allreduce(n, world_size, element_size=4, **_):
+def _16bit_allreduce(n, world_size, element_size, **_):
     return [("allreduce", 2 * n)]
 
 
 SPECS = [
-    HookSpec("allreduce", allreduce, _exact_state, _fp32_allreduce, {}, False,
-             "fp32 ring allreduce of the mean (exact; DDP's default)", "black", "o"),
-    HookSpec("allgather_then_aggregate", allgather_then_aggregate, _exact_state, _fp32_allgather, {}, False,
-             "allgather every rank's bucket, average locally (exact)", "tab:gray", "s"),
-    HookSpec("fp16_compress", fp16_compress, _cast_state(torch.float16), _16bit_allreduce, error_feedback(), True,
-             "allreduce in float16 (2 bytes/float)", "tab:orange", "^"),
-    HookSpec("bf16_compress", bf16_compress, _cast_state(torch.bfloat16), _16bit_allreduce, error_feedback(), True,
-             "allreduce in bfloat16 (2 bytes/float)", "tab:brown", "v"),
+    HookSpec(name="allreduce", hook=allreduce, make_state=_exact_state, collectives=_fp32_allreduce,
+             doc="fp32 ring allreduce of the mean (exact; DDP's default)", colour="black", marker="o"),
+    HookSpec(name="allgather_then_aggregate", hook=allgather_then_aggregate, make_state=_exact_state,
+             collectives=_fp32_allgather, doc="allgather every rank's bucket, average locally (exact)",
+             colour="tab:gray", marker="s"),
+    HookSpec(name="fp16_compress", hook=fp16_compress, make_state=_cast_state(torch.float16),
+             collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
+             doc="allreduce in float16 (2 bytes/float)", colour="tab:orange", marker="^"),
+    HookSpec(name="bf16_compress", hook=bf16_compress, make_state=_cast_state(torch.bfloat16),
+             collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
+             doc="allreduce in bfloat16 (2 bytes/float)", colour="tab:brown", marker="v"),
 ]

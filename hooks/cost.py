@@ -1,27 +1,10 @@
-"""Bytes on the wire per collective (the standard algorithms), used by every hook's accounting.
-
-For a payload of ``n`` bytes per rank in a group of ``W`` ranks, each rank sends:
-
-* ring allreduce:  2(W-1)/W * n    (reduce-scatter then allgather, 2(W-1) rounds of n/W)
-* ring allgather:  (W-1) * n       (W-1 rounds of n)
-* all_to_all:      (W-1)/W * n     (W-1 rounds of n/W: every other rank gets its shard)
-
-At W = 1 nothing is sent.
+"""Pricing a hook's communication: an alpha-beta model of its collectives (from its spec), and a
+measured step re-priced on a slower link. Bytes per collective live in hooks/wire.py.
 """
 from __future__ import annotations
 
-
-def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
-    """Bytes one rank sends for one collective of ``kind`` with ``nbytes`` of payload."""
-    w = world_size
-    if kind == "allreduce":
-        return 2.0 * (w - 1) / w * nbytes
-    if kind == "allgather":
-        return float((w - 1) * nbytes)
-    if kind == "all_to_all":
-        return (w - 1) / w * nbytes
-    raise ValueError(f"unknown collective {kind!r}; known: allreduce, allgather, all_to_all")
-
+from .registry import spec
+from .wire import KINDS, Collective, check_kind, wire_bytes
 
 # ----------------------------------------------------------------------------- alpha-beta model
 # An alpha-beta model of each hook's collectives, to price a run on networks we do not have.
@@ -39,66 +22,62 @@ def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
 DEFAULT_LATENCY_S = 5e-6  # a typical one-hop datacenter latency per message
 
 
-def collective_seconds(kind: str, nbytes: float, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S) -> float:
-    """Seconds for one collective of ``kind`` with ``nbytes`` of payload per rank."""
+def collective_seconds(kind: str, nbytes: float, world_size: int, link_gbps: float,
+                       latency_s: float = DEFAULT_LATENCY_S, count: float = 1.0) -> float:
+    """Seconds for ``count`` collectives of ``kind`` carrying ``nbytes`` of payload per rank in all."""
+    check_kind(kind)
     w = world_size
     beta = link_gbps * 1e9 / 8  # bytes per second
     if w <= 1:
         return 0.0
     if kind == "allreduce":
-        return 2 * (w - 1) * (latency_s + nbytes / w / beta)
+        return 2 * (w - 1) * (count * latency_s + nbytes / w / beta)
     if kind == "allgather":
-        return (w - 1) * (latency_s + nbytes / beta)
-    if kind == "all_to_all":
-        return (w - 1) * (latency_s + nbytes / w / beta)
-    raise ValueError(f"unknown collective {kind!r}; known: allreduce, allgather, all_to_all")
+        return (w - 1) * (count * latency_s + nbytes / beta)
+    return (w - 1) * (count * latency_s + nbytes / w / beta)
 
 
-def hook_collectives(name: str, n: int, world_size: int, element_size: int = 4, **params) -> list[tuple[str, int]]:
-    """The collectives one call of hook ``name`` issues on a bucket of ``n`` elements: [(kind, payload bytes)].
+def hook_collectives(name: str, n: int, world_size: int, element_size: int = 4, **params) -> list[Collective]:
+    """The collectives one call of hook ``name`` issues on a bucket of ``n`` elements of
+    ``element_size`` bytes, from its spec (``HookSpec.collectives``) with its defaults filled in.
 
-    From the hook's spec (``HookSpec.collectives``), with its parameter defaults filled in.
-    PowerSGD depends on the bucket's matrix shapes: give ``compressed_fraction`` (payload bytes /
-    raw bytes once compressing, e.g. from measured stats; default 1 = before start_iter).
+    Inputs a size does not give (``HookSpec.from_stats``) may be passed too, e.g. PowerSGD's
+    ``compressed_fraction`` (payload bytes / raw bytes once compressing; default 1 = before
+    start_iter).
     """
-    from .registry import spec  # local import: the registry imports the hooks, which import this module
-
     s = spec(name)
-    return s.collectives(n, world_size, element_size=element_size, **{**s.params, **params})
+    return [Collective(*c) for c in s.collectives(n, world_size, element_size, **{**s.params, **params})]
 
 
 def hook_wire_bytes(name: str, n: int, world_size: int, element_size: int = 4, **params) -> float:
     """Bytes one rank sends for one call of hook ``name`` on ``n`` elements (as its accounting counts)."""
-    return sum(wire_bytes(k, b, world_size) for k, b in hook_collectives(name, n, world_size, element_size, **params))
+    return sum(wire_bytes(c.kind, c.nbytes, world_size) for c in hook_collectives(name, n, world_size, element_size, **params))
 
 
 def hook_seconds(name: str, n: int, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S, element_size: int = 4, **params) -> float:
     """Projected communication seconds of one call of hook ``name`` on ``n`` elements."""
     return sum(
-        collective_seconds(k, b, world_size, link_gbps, latency_s)
-        for k, b in hook_collectives(name, n, world_size, element_size, **params)
+        collective_seconds(c.kind, c.nbytes, world_size, link_gbps, latency_s, c.count)
+        for c in hook_collectives(name, n, world_size, element_size, **params)
     )
 
 
-def projected_comm_seconds(name: str, stats: dict, steps: int, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S, **params) -> float:
+def projected_comm_seconds(name: str, stats: dict, steps: int, world_size: int, link_gbps: float,
+                           latency_s: float = DEFAULT_LATENCY_S, element_size: int = 4, **params) -> float:
     """Projected communication seconds per step at ``world_size`` from a measured ``stats`` delta.
 
-    Uses the measured calls and raw bytes (the mean bucket) of ``steps`` training steps; buckets
-    do not depend on the world size. For PowerSGD the measured payload/raw ratio stands in for
-    the compressed fraction (the matrix split does not depend on the world size either).
+    Uses the measured calls and raw bytes (the mean bucket, of ``element_size``-byte gradients) of
+    ``steps`` training steps; buckets do not depend on the world size. What the hook's spec reads
+    from measured stats (``HookSpec.from_stats``: PowerSGD's payload/raw ratio and allreduces per
+    call) does not depend on the world size either.
     """
     calls = stats.get("calls", 0)
     if not calls or not steps:
         return 0.0
-    mean_n = stats["raw_bytes"] / calls / 4
-    if name == "powersgd":
-        params = {**params, "compressed_fraction": stats["payload_bytes"] / max(stats["raw_bytes"], 1)}
-        # three allreduces per call once compressing: add their latency
-        per_call = hook_seconds(name, int(mean_n), world_size, link_gbps, latency_s, **params)
-        extra_rounds = (stats.get("allreduce_calls", calls) - calls) / calls
-        per_call += extra_rounds * 2 * max(world_size - 1, 0) * latency_s
-    else:
-        per_call = hook_seconds(name, int(mean_n), world_size, link_gbps, latency_s, **params)
+    s = spec(name)
+    measured = s.from_stats(stats) if s.from_stats is not None else {}
+    mean_n = stats["raw_bytes"] / calls / element_size
+    per_call = hook_seconds(name, int(mean_n), world_size, link_gbps, latency_s, element_size, **{**params, **measured})
     return per_call * calls / steps
 
 
@@ -123,7 +102,6 @@ def projected_step_seconds(compute_seconds: float, name: str, stats: dict, steps
 #   least their CPU time of the fast link (1.1-1.8x the model's wire time at 1 Gbit/s). Their
 #   fast-link time stays in the step, less its wire time there.
 OVERLAPPING_KINDS = ("allreduce",)
-KINDS = ("allreduce", "allgather", "all_to_all")
 
 
 def wire_seconds_by_kind(stats: dict, steps: int, world_size: int, link_gbps: float,

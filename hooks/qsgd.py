@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from . import chunks
 from .spec import HookSpec, error_feedback, int_between, positive_int
-from .state import SeededState, allgather_message, as_float32, decode_gathered, start_call
+from ._helpers import allgather_message, as_float32, decode_gathered, start_call
+from .state import SeededState
 
 MAX_LEVELS = 127  # codes are int8: -levels .. levels
 _SEED_BASE = 0x95D_0000_0000
@@ -85,18 +86,20 @@ def qsgd(state: QSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torc
 
     return state.finish(fut, t0, average)
 
-def _state(process_group=None, levels: int = MAX_LEVELS, chunk_size: int = 512, error_feedback: bool = False) -> QSGDState:
+
+def _state(process_group, levels: int, chunk_size: int, error_feedback: bool) -> QSGDState:
     return QSGDState(levels, chunk_size, process_group, error_feedback=error_feedback)
 
 
-def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+def _collectives(n, world_size, element_size, *, chunk_size, **_):
     return [("allgather", n + 4 * chunks.num_chunks(n, chunk_size))]
 
 
 SPEC = HookSpec(
-    "qsgd", qsgd, _state, _collectives,
-    {"levels": int_between(MAX_LEVELS, 1, MAX_LEVELS, "codes are int8"), "chunk_size": positive_int(512),
-     **error_feedback()}, True,
-    "QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
-    "navy", "8",
+    name="qsgd", hook=qsgd, make_state=_state, collectives=_collectives,
+    parameters={"levels": int_between(MAX_LEVELS, 1, MAX_LEVELS, "codes are int8"), "chunk_size": positive_int(512),
+                **error_feedback()},
+    wire_bits=8, chunked=True, lossy=True,
+    doc="QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
+    colour="navy", marker="8",
 )

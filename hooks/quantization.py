@@ -15,7 +15,8 @@ import torch.distributed as dist
 
 from . import quantize as q
 from .spec import HookSpec, error_feedback, positive_int
-from .state import HookState, allgather_message, float32_out, into_bucket, start_call
+from ._helpers import allgather_message, float32_out, into_bucket, start_call
+from .state import HookState
 
 
 class QuantizationState(HookState):
@@ -74,26 +75,28 @@ def quantization_perchannel(state: QuantizationState, bucket: dist.GradBucket) -
     return _quantize_allgather(state, bucket)
 
 
-def _pertensor_state(process_group=None, error_feedback: bool = False) -> QuantizationState:
+def _pertensor_state(process_group, error_feedback: bool) -> QuantizationState:
     return QuantizationState(None, process_group, error_feedback=error_feedback)
 
 
-def _perchannel_state(process_group=None, chunk_size: int = 512, error_feedback: bool = False) -> QuantizationState:
+def _perchannel_state(process_group, chunk_size: int, error_feedback: bool) -> QuantizationState:
     return QuantizationState(chunk_size, process_group, error_feedback=error_feedback)
 
 
-def _pertensor_collectives(n, world_size, element_size=4, **_):
+def _pertensor_collectives(n, world_size, element_size, **_):
     return [("allgather", q.message_bytes(n, n))]
 
 
-def _perchannel_collectives(n, world_size, element_size=4, chunk_size=512, **_):
+def _perchannel_collectives(n, world_size, element_size, *, chunk_size, **_):
     return [("allgather", q.message_bytes(n, chunk_size))]
 
 
 SPECS = [
-    HookSpec("quantization_pertensor", quantization_pertensor, _pertensor_state, _pertensor_collectives,
-             error_feedback(), True, "uint8 min/max, one scale per bucket, by allgather", "tab:blue", "D"),
-    HookSpec("quantization_perchannel", quantization_perchannel, _perchannel_state, _perchannel_collectives,
-             {"chunk_size": positive_int(512), **error_feedback()}, True,
-             "uint8 min/max, one scale per chunk of chunk_size floats, by allgather", "tab:green", "p"),
+    HookSpec(name="quantization_pertensor", hook=quantization_pertensor, make_state=_pertensor_state,
+             collectives=_pertensor_collectives, parameters=error_feedback(), wire_bits=8, lossy=True,
+             doc="uint8 min/max, one scale per bucket, by allgather", colour="tab:blue", marker="D"),
+    HookSpec(name="quantization_perchannel", hook=quantization_perchannel, make_state=_perchannel_state,
+             collectives=_perchannel_collectives, parameters={"chunk_size": positive_int(512), **error_feedback()},
+             wire_bits=8, chunked=True, lossy=True,
+             doc="uint8 min/max, one scale per chunk of chunk_size floats, by allgather", colour="tab:green", marker="p"),
 ]

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from . import quantize as q
 from .quantization import QuantizationState
 from .spec import HookSpec, error_feedback, positive_int
-from .state import _param_layout, allgather_message, float32_out, into_bucket, start_call
+from ._helpers import allgather_message, float32_out, into_bucket, param_layout, start_call
 
 
 class QuantizedAllreduceState(QuantizationState):
@@ -105,7 +105,7 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
         q.dequantize(r_codes[r], r_meta[r], chunk, out=reduced, accumulate=r > 0)
     reduced.div_(w)
     if state.error_feedback:
-        idx, layout = bucket.index(), _param_layout(bucket.parameters())
+        idx, layout = bucket.index(), param_layout(bucket.parameters())
         carried = state._shard_residuals.get(idx)
         # A shard is a range of bucket positions: its residual only means something if the
         # bucket still holds the same parameters in the same order (DDP rebuilds buckets once).
@@ -134,19 +134,19 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     return state.finish(fut, t0, dequantize_shards)
 
 
-def _state(process_group=None, chunk_size: int = 512, error_feedback: bool = False) -> QuantizedAllreduceState:
+def _state(process_group, chunk_size: int, error_feedback: bool) -> QuantizedAllreduceState:
     return QuantizedAllreduceState(chunk_size, process_group, error_feedback=error_feedback)
 
 
-def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+def _collectives(n, world_size, element_size, *, chunk_size, **_):
     s, _padded = shard_layout(n, chunk_size, world_size)
     shard = 8 * s + s * chunk_size
     return [("all_to_all", world_size * shard), ("allgather", shard)]
 
 
 SPEC = HookSpec(
-    "quantized_allreduce", quantized_allreduce, _state, _collectives,
-    {"chunk_size": positive_int(512), **error_feedback()}, True,
-    "uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
-    "tab:red", "h",
+    name="quantized_allreduce", hook=quantized_allreduce, make_state=_state, collectives=_collectives,
+    parameters={"chunk_size": positive_int(512), **error_feedback()}, wire_bits=8, chunked=True, lossy=True,
+    doc="uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
+    colour="tab:red", marker="h",
 )

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from . import chunks
 from .spec import HookSpec, error_feedback, flag, positive_int
-from .state import HookState, allgather_message, as_float32, decode_gathered, start_call
+from ._helpers import allgather_message, as_float32, decode_gathered, start_call
+from .state import HookState
 
 # 8 bytes holding 0/1 each, read as one little-endian int64 v = sum_j b_j 2^(8j): v * _GATHER puts
 # b_j at bit 56 + j and every cross term b_j 2^(8j + 56 - 7i), i != j, either past bit 63 (j > i)
@@ -67,7 +68,7 @@ def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
 class SignState(HookState):
     """State of signsgd: ``chunk_size`` (elements per scale) and ``majority_vote``."""
 
-    def __init__(self, chunk_size: int, majority_vote: bool = False, process_group=None, error_feedback: bool = False):
+    def __init__(self, chunk_size: int, majority_vote: bool, process_group=None, error_feedback: bool = False):
         super().__init__(process_group, error_feedback)
         self.chunk_size = chunk_size
         self.majority_vote = bool(majority_vote)
@@ -109,18 +110,19 @@ def signsgd(state: SignState, bucket: dist.GradBucket) -> torch.futures.Future[t
 
     return state.finish(fut, t0, decode)
 
-def _state(process_group=None, chunk_size: int = 512, majority_vote: bool = False,
-           error_feedback: bool = False) -> SignState:
+
+def _state(process_group, chunk_size: int, majority_vote: bool, error_feedback: bool) -> SignState:
     return SignState(chunk_size, majority_vote, process_group, error_feedback=error_feedback)
 
 
-def _collectives(n, world_size, element_size=4, chunk_size=512, **_):
+def _collectives(n, world_size, element_size, *, chunk_size, **_):
     return [("allgather", -(-n // 8) + 4 * chunks.num_chunks(n, chunk_size))]
 
 
 SPEC = HookSpec(
-    "signsgd", signsgd, _state, _collectives,
-    {"chunk_size": positive_int(512), "majority_vote": flag(False), **error_feedback()}, True,
-    "1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
-    "tab:pink", "d",
+    name="signsgd", hook=signsgd, make_state=_state, collectives=_collectives,
+    parameters={"chunk_size": positive_int(512), "majority_vote": flag(False), **error_feedback()},
+    wire_bits=1, chunked=True, lossy=True,
+    doc="1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
+    colour="tab:pink", marker="d",
 )

@@ -16,9 +16,14 @@ docs/hooks.md, "Benchmark"). Because the index set is shared, no indices travel:
 values suffices. Wire per rank: 2(W-1)/W * 4k bytes. Biased (no N/k rescaling, as GRACE's
 RandomK): the result is the exact mean on the kept indices and 0 elsewhere; exact at ratio 1.
 
+``wire_dtype: fp16 | bf16`` (both hooks): the k values travel in 16 bits (topk: (W-1) * 6k bytes,
+int32 indices + 16-bit values; randomk: 2(W-1)/W * 2k, cast then divided by W then summed in the
+16-bit dtype, as ``fp16_compress``: at ratio 1 it equals that hook bit for bit); the mean is
+summed in float32 from the decoded values.
+
 The densified result is written into the bucket (float32 buckets; others through a float32
 temporary). With error feedback each rank keeps what it did not send (its bucket with the sent
-indices zeroed) for the next step.
+indices zeroed; under a 16-bit wire, their rounding error) for the next step.
 """
 import math
 
@@ -26,7 +31,8 @@ import torch
 import torch.distributed as dist
 
 from .spec import HookSpec, error_feedback, real
-from .state import HookState, SeededState, as_float32, float32_out, into_bucket, start_call
+from ._helpers import WIRE_DTYPES, as_float32, float32_out, into_bucket, start_call, wire_dtype_param, wire_element_size
+from .state import HookState, SeededState
 
 # randomk's index draws: seed = _SEED_BASE + calls so far, the same on every rank.
 _SEED_BASE = 0x5EED_0000
@@ -42,14 +48,20 @@ class SparsifyState(SeededState):
     """State of topk / randomk: ``ratio`` and, for randomk, the number of index draws so far
     (it seeds the next draw; kept in checkpoints so a resumed run draws the same indices)."""
 
-    def __init__(self, ratio: float, process_group=None, error_feedback: bool = False):
+    def __init__(self, ratio: float, wire_dtype: str, process_group=None, error_feedback: bool = False):
         super().__init__(process_group, error_feedback)
         self.ratio = float(ratio)
+        self.wire_dtype = WIRE_DTYPES[wire_dtype] or torch.float32  # the values are sent as float32 by default
 
 
-def _store_unsent(state: HookState, bucket, x: torch.Tensor, idx: torch.Tensor) -> None:
+def _store_unsent(state: HookState, bucket, x: torch.Tensor, idx: torch.Tensor, carried=None) -> None:
+    """The residual: ``x`` where nothing was sent; where ``carried`` (float32) was, ``x`` minus it
+    (None: sent exactly, 0 there)."""
     residual = x.reshape(-1).clone()
-    residual.index_fill_(0, idx, 0)
+    if carried is None:
+        residual.index_fill_(0, idx, 0)
+    else:
+        residual.index_copy_(0, idx, (residual.index_select(0, idx).to(torch.float32) - carried).to(residual.dtype))
     state.store_residual(bucket, residual)
 
 
@@ -62,25 +74,28 @@ def topk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Future[
     k = num_selected(n, state.ratio)
     xf = as_float32(x)
     idx = xf.abs().topk(k, sorted=False).indices
-    # One int32 message: k indices, then the k float32 values bit for bit.
-    message = torch.empty(2 * k, dtype=torch.int32, device=buf.device)
-    message[:k].copy_(idx)
-    torch.index_select(xf, 0, idx, out=message[k:].view(torch.float32))
+    # One uint8 message: k int32 indices, then the k values in the wire dtype (float32: bit for bit).
+    message = torch.empty(k * (4 + state.wire_dtype.itemsize), dtype=torch.uint8, device=buf.device)
+    message[: 4 * k].view(torch.int32).copy_(idx)
+    values = message[4 * k :].view(state.wire_dtype)
+    values.copy_(xf.index_select(0, idx))
     if state.error_feedback:
-        _store_unsent(state, bucket, x, idx)
-    gathered = message.new_empty((w * 2 * k,))
-    state.account("allgather", 8 * k)
+        _store_unsent(state, bucket, x, idx, None if state.wire_dtype == torch.float32 else values.to(torch.float32))
+    gathered = message.new_empty((w * message.numel(),))
+    state.account("allgather", message.numel())
     fut = dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
 
     def densify(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allgather failed
-        parts = gathered.view(w, 2, k)
+        rows = gathered.view(w, -1)
+        # copied out: row r's indices start at r * row bytes, not always 4-byte aligned
+        indices = rows[:, : 4 * k].contiguous().view(torch.int32)
         total = float32_out(buf)
         flat = total.view(-1).zero_()
         # Rank by rank: a rank's indices are distinct, so each index_add_ has no colliding adds
         # and the sum order is the same on every rank and device (atomics on GPUs included).
         for r in range(w):
-            flat.index_add_(0, parts[r, 0].long(), parts[r, 1].view(torch.float32))
+            flat.index_add_(0, indices[r].long(), rows[r, 4 * k :].view(state.wire_dtype).to(torch.float32))
         flat.div_(w)
         return into_bucket(buf, total)
 
@@ -107,44 +122,49 @@ def randomk(state: SparsifyState, bucket: dist.GradBucket) -> torch.futures.Futu
     g.manual_seed(_SEED_BASE + state.draws)
     state.draws += 1
     idx = strata_indices(n, k, g, device=buf.device)
-    values = xf.index_select(0, idx)
+    # as the allreduce hook (fp16_compress under a 16-bit wire): cast, divide, then sum; at ratio 1
+    # it equals that hook bit for bit
+    values = xf.index_select(0, idx).to(state.wire_dtype).div_(w)
     if state.error_feedback:
-        _store_unsent(state, bucket, x, idx)
-    values.div_(w)  # as the allreduce hook: divide, then sum (ratio 1 equals it bit for bit)
-    state.account("allreduce", 4 * k)
+        _store_unsent(state, bucket, x, idx, None if state.wire_dtype == torch.float32 else values.to(torch.float32) * w)
+    state.account("allreduce", values.numel() * values.element_size())
     fut = dist.all_reduce(values, group=state.group, async_op=True).get_future()
 
     def densify(done: torch.futures.Future) -> torch.Tensor:
         done.value()  # re-raises if the allreduce failed
         total = float32_out(buf)
-        total.view(-1).zero_().index_copy_(0, idx, values)
+        total.view(-1).zero_().index_copy_(0, idx, values.to(torch.float32))
         return into_bucket(buf, total)
 
     return state.finish(fut, t0, densify)
 
 
-def _state(process_group=None, ratio: float = 0.01, error_feedback: bool = False) -> SparsifyState:
-    return SparsifyState(ratio, process_group, error_feedback=error_feedback)
+def _state(process_group, ratio: float, wire_dtype: str, error_feedback: bool) -> SparsifyState:
+    return SparsifyState(ratio, wire_dtype, process_group, error_feedback=error_feedback)
 
 
-def _topk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
-    return [("allgather", 8 * num_selected(n, ratio))]  # k int32 indices + k float32 values
+def _topk_collectives(n, world_size, element_size, *, ratio, wire_dtype, **_):
+    # k int32 indices + k values (float32, or 16-bit)
+    return [("allgather", (4 + wire_element_size(wire_dtype, 4)) * num_selected(n, ratio))]
 
 
-def _randomk_collectives(n, world_size, element_size=4, ratio=0.01, **_):
-    return [("allreduce", 4 * num_selected(n, ratio))]  # shared indices: only the k values travel
+def _randomk_collectives(n, world_size, element_size, *, ratio, wire_dtype, **_):
+    # shared indices: only the k values travel
+    return [("allreduce", wire_element_size(wire_dtype, 4) * num_selected(n, ratio))]
 
 
 def _ratio() -> dict:
     return {"ratio": real(0.01, lambda v: 0 < v <= 1, "a number in (0, 1] (the fraction of values each rank sends)"),
-            **error_feedback()}
+            **wire_dtype_param(), **error_feedback()}
 
 
 SPECS = [
-    HookSpec("topk", topk, _state, _topk_collectives, _ratio(), True,
-             "each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
-             "tab:cyan", ">"),
-    HookSpec("randomk", randomk, _state, _randomk_collectives, _ratio(), True,
-             "the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
-             "tab:olive", "<"),
+    HookSpec(name="topk", hook=topk, make_state=_state, collectives=_topk_collectives, parameters=_ratio(),
+             wire_bits=None, lossy=True,
+             doc="each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
+             colour="tab:cyan", marker=">"),
+    HookSpec(name="randomk", hook=randomk, make_state=_state, collectives=_randomk_collectives, parameters=_ratio(),
+             wire_bits=None, lossy=True,
+             doc="the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
+             colour="tab:olive", marker="<"),
 ]

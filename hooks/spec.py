@@ -3,8 +3,8 @@
 Each hook module declares its ``HookSpec`` next to its hook function; hooks/registry.py only
 collects them. Everything the rest of the code knows about a hook comes from its spec: how to
 build it (``hook``, ``make_state``), its parameters (:class:`Param`: default and check),
-whether it is lossy, which collectives one call issues (for the accounting's cost model,
-hooks/cost.py), and how plots draw it.
+whether it is lossy, what it puts on the wire (``wire_bits``, ``chunked``, the collectives one
+call issues, for the cost model in hooks/cost.py) and how plots draw it.
 """
 from __future__ import annotations
 
@@ -58,21 +58,40 @@ def real(default: float, ok: Callable[[float], bool], allowed: str) -> Param:
     return Param(default, lambda v: _is_real(v) and ok(v), allowed, float)
 
 
+def choice(default: str, options: tuple, why: str) -> Param:
+    return Param(default, lambda v: isinstance(v, str) and v in options, f"one of {', '.join(options)} ({why})")
+
+
 def error_feedback(default: bool = False) -> dict[str, Param]:
     """The ``error_feedback`` parameter most lossy hooks take."""
     return {"error_feedback": flag(default)}
 
 
-@dataclass(frozen=True)
+# The parameter a chunked hook's chunk size is (HookSpec.chunked).
+CHUNK_SIZE = "chunk_size"
+
+
+@dataclass(frozen=True, kw_only=True)
 class HookSpec:
-    """Everything about one hook.
+    """Everything about one hook, built with keywords.
 
     * ``hook``: the function ``(state, bucket) -> Future[Tensor]``;
-    * ``make_state(process_group, **params)``: its state (a ``HookState``), from validated params;
+    * ``make_state(process_group, **params)``: its state (a ``HookState``), from validated params
+      (every parameter given: a default lives in its ``Param`` only);
     * ``parameters``: ``{name: Param}``; ``params`` is the ``{name: default}`` view of it;
     * ``check(params)``: a check across parameters (raises ValueError), after each one's own;
-    * ``collectives(n, world_size, element_size=4, **params)``: ``[(kind, payload bytes)]`` one
-      call issues on a bucket of ``n`` elements (kinds as hooks.cost.wire_bytes knows them);
+    * ``collectives(n, world_size, element_size, **params)``: what one call hands to collectives
+      on a bucket of ``n`` elements of ``element_size`` bytes, every parameter given:
+      ``[(kind, payload bytes)]`` or ``[hooks.wire.Collective]`` (kinds: ``hooks.wire.KINDS``);
+    * ``from_stats(stats)``: the ``collectives`` inputs a bucket's size alone does not give, read
+      from a measured ``stats()`` delta (PowerSGD: its compressed fraction, which depends on the
+      bucket's matrix shapes, and its extra allreduce rounds); None when the size is enough;
+    * ``wire_bits``: bits each gradient value takes on the wire at the hook's defaults, scales
+      aside (32 for fp32, 16 for a 16-bit cast, 8 for uint8 codes, 1 for signs); None where the
+      wire is not one code per value (sparse or low-rank hooks);
+    * ``chunked``: one scale per chunk of ``chunk_size`` values (its parameter ``chunk_size``,
+      which names the hook's configurations: run names, line styles); read it with
+      :meth:`chunk_size`;
     * ``lossy``, ``doc`` (one line);
     * ``colour`` (a matplotlib colour) and ``marker`` (a matplotlib marker; not "X" or "P",
       which mark where a trial went NaN or failed): every registered hook has its own pair, so
@@ -84,13 +103,25 @@ class HookSpec:
     make_state: Callable[..., Any]
     collectives: Callable[..., list]
     parameters: dict[str, Param] = field(default_factory=dict)
+    check: Optional[Callable[[dict], None]] = None
+    from_stats: Optional[Callable[[dict], dict]] = None
+    wire_bits: Optional[int] = 32
+    chunked: bool = False
     lossy: bool = False
     doc: str = ""
     colour: str = "grey"
     marker: str = "o"
-    check: Optional[Callable[[dict], None]] = None
+
+    def __post_init__(self):
+        if self.chunked and CHUNK_SIZE not in self.parameters:
+            raise ValueError(f"hook {self.name!r} is chunked but has no {CHUNK_SIZE!r} parameter")
 
     @property
     def params(self) -> dict[str, Any]:
         """``{parameter: default}``."""
         return {k: p.default for k, p in self.parameters.items()}
+
+    def chunk_size(self, params: dict) -> Optional[int]:
+        """The chunk size of a configuration with ``params`` (defaults filled in when missing);
+        None for a hook that is not chunked."""
+        return params.get(CHUNK_SIZE, self.parameters[CHUNK_SIZE].default) if self.chunked else None

@@ -23,8 +23,9 @@ The parts, each usable and tested through HookState's methods:
 * :class:`Residuals`: error feedback's per-bucket residuals, moved across DDP's bucket rebuild
   and keyed by parameter ordinal in checkpoints.
 
-Accounting follows the standard algorithm of each collective (see ``hooks.cost``):
+Accounting follows the standard algorithm of each collective (``hooks.wire``):
 ring allreduce sends 2(W-1)/W * n bytes per rank, ring allgather (W-1) * n, all_to_all (W-1)/W * n.
+The helpers hooks are written with (``start_call``, ``allgather_message``, ...) are in hooks/_helpers.py.
 """
 from __future__ import annotations
 
@@ -35,12 +36,8 @@ from typing import Any, NamedTuple, Optional, Union
 import torch
 import torch.distributed as dist
 
-from . import cost
 from .finite import nonfinite
-
-# Collective kinds whose payload bytes and call counts are kept separately, so that the
-# cost model (hooks.cost) can re-price a measured run on another network.
-COLLECTIVES = ("allreduce", "allgather", "all_to_all")
+from .wire import KINDS, wire_bytes
 
 
 class NonfiniteBucket(NamedTuple):
@@ -48,11 +45,6 @@ class NonfiniteBucket(NamedTuple):
 
     bucket_index: int
     parameters: list  # list[torch.Tensor]: the model parameters whose gradients share the bucket
-
-
-def _param_layout(params: list) -> tuple:
-    """A process-independent description of a bucket's layout: the parameter shapes in order."""
-    return tuple(tuple(p.shape) for p in params)
 
 
 class Accounting:
@@ -72,7 +64,7 @@ class Accounting:
             self._seconds = 0.0
             if self._fidelity is not None:
                 self._fidelity = [0.0, 0.0, 0]
-        self.per_kind = {kind: [0, 0] for kind in COLLECTIVES}
+        self.per_kind = {kind: [0, 0] for kind in KINDS}
 
     def call(self, raw_bytes: int) -> None:
         self.calls += 1
@@ -80,7 +72,7 @@ class Accounting:
 
     def collective(self, kind: str, nbytes: int, world_size: int) -> None:
         self.payload_bytes += nbytes
-        self.wire_bytes += cost.wire_bytes(kind, nbytes, world_size)
+        self.wire_bytes += wire_bytes(kind, nbytes, world_size)
         self.per_kind[kind][0] += 1
         self.per_kind[kind][1] += nbytes
 
@@ -108,7 +100,7 @@ class Accounting:
             "wire_bytes": self.wire_bytes,
             "seconds": seconds,
         }
-        for kind in COLLECTIVES:
+        for kind in KINDS:
             out[f"{kind}_calls"] = self.per_kind[kind][0]
             out[f"{kind}_bytes"] = self.per_kind[kind][1]
         if fidelity is not None:
@@ -421,67 +413,6 @@ class SeededState(HookState):
     def load_state_dict(self, d: dict[str, Any]) -> None:
         super().load_state_dict(d)
         self.draws = int(d.get("draws", 0))
-
-
-class Call(NamedTuple):
-    """What a hook starts from (:func:`start_call`)."""
-
-    t0: float  # hook entry (for finish)
-    buf: torch.Tensor  # the bucket's flat buffer
-    world_size: int
-    n: int  # elements in the bucket
-    x: torch.Tensor  # what this rank contributes: the bucket, plus its residual under error feedback
-
-
-def start_call(state: HookState, bucket, check_input: bool = True) -> Call:
-    """The opening every compressing hook shares: ``begin`` (count, flag the input unless the hook
-    will), then the bucket with the previous step's residual added under error feedback."""
-    t0 = state.begin(bucket, check_input)
-    buf = bucket.buffer()
-    return Call(t0, buf, state.world_size(), buf.numel(), state.add_residual(bucket, buf))
-
-
-def as_float32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` flat in float32 (itself when it already is)."""
-    flat = x.reshape(-1)
-    return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
-
-
-def decode_gathered(buf: torch.Tensor, gathered: torch.Tensor, world_size: int, scale_count: int, fill) -> torch.Tensor:
-    """The bucket holding the result decoded from W gathered messages, each ``scale_count``
-    float32 scales followed by a payload: ``fill(payloads (W, bytes), scales (W, C), out)``
-    writes the result into ``out`` (flat float32; the bucket itself when it can be)."""
-    rows = gathered.view(world_size, -1)
-    total = float32_out(buf)
-    fill(rows[:, 4 * scale_count :], leading_floats(rows, scale_count), total.view(-1))
-    return into_bucket(buf, total)
-
-
-def allgather_message(state: HookState, message: torch.Tensor) -> tuple[torch.Tensor, torch.futures.Future]:
-    """Issue the allgather of this rank's uint8 ``message`` (accounted): ``(gathered, future)``,
-    gathered flat (gloo wants a 1-D output), row r = rank r's message once the future is done."""
-    gathered = message.new_empty((state.world_size() * message.numel(),))
-    state.account("allgather", message.numel())
-    return gathered, dist.all_gather_single(gathered, message, group=state.group, async_op=True).get_future()
-
-
-def float32_out(buf: torch.Tensor) -> torch.Tensor:
-    """Where to sum a decoded mean: the bucket itself when it is contiguous float32 (no
-    temporary), else a float32 scratch to copy back."""
-    if buf.dtype == torch.float32 and buf.is_contiguous():
-        return buf
-    return torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
-
-
-def into_bucket(buf: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
-    """The bucket holding the mean summed in ``total`` (from :func:`float32_out`)."""
-    return total if total is buf else buf.copy_(total.view_as(buf))
-
-
-def leading_floats(rows: torch.Tensor, count: int) -> torch.Tensor:
-    """The first ``count`` float32 values of each uint8 row of a gathered message, (W, count):
-    copied out, since row r's bytes start at r * row length, not always 4-byte aligned."""
-    return rows.new_empty((rows.shape[0], 4 * count)).copy_(rows[:, : 4 * count]).view(torch.float32)
 
 
 def _gather_counts(counts: list) -> torch.Tensor:

@@ -94,22 +94,7 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
             _empty(ax, "no trial has logged a loss yet")
             continue
         for c in curves[world_size]:
-            (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
-            legend.setdefault(c.config, (colour, ls, marker))
-            if len(c.steps) == 0:
-                continue
-            ax.plot(c.steps, c.mean, color=colour, linestyle=ls, lw=1.5, alpha=0.9, marker=marker,
-                    markevery=max(1, len(c.steps) // 8), ms=5)
-            band = c.count > 1
-            if band.any():
-                ax.fill_between(c.steps, np.where(band, c.mean - c.std, np.nan),
-                                np.where(band, c.mean + c.std, np.nan), color=colour, alpha=0.15,
-                                lw=0)
-            for _, step, value, kind in c.stops:
-                any_stop[kind] = True
-                ax.plot([step], [value], marker="X" if kind == "nan" else "P", ms=11,
-                        color=colour, markeredgecolor="red" if kind == "nan" else "black",
-                        markeredgewidth=1.5, linestyle="none", zorder=5)
+            _plot_curve(ax, c, chunk_style, legend, any_stop)
         ax.set_title(f"world size {world_size}")
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -120,6 +105,37 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
     axes[0][0].set_ylabel("training loss" + (" (log scale)" if log_y else ""))
     if with_delta:
         axes[1][0].set_ylabel(f"loss minus {BASELINE}'s")
+    handles = _legend_handles(legend, any_stop)
+    if handles:
+        fig.legend(handles, list(legend), loc="outside lower center",
+                   ncol=min(4, len(handles)), frameon=False, fontsize=9)
+    fig.suptitle(f"{title}: loss against step" if title else "loss against step")
+    return _save(fig, path)
+
+
+def _plot_curve(ax, c, chunk_style, legend: dict, any_stop: dict) -> None:
+    """One configuration's mean loss (a band of one standard deviation over seeds where there are
+    several) and where its trials stopped; its legend entry and stop kinds recorded."""
+    (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
+    legend.setdefault(c.config, (colour, ls, marker))
+    if len(c.steps) == 0:
+        return
+    ax.plot(c.steps, c.mean, color=colour, linestyle=ls, lw=1.5, alpha=0.9, marker=marker,
+            markevery=max(1, len(c.steps) // 8), ms=5)
+    band = c.count > 1
+    if band.any():
+        ax.fill_between(c.steps, np.where(band, c.mean - c.std, np.nan),
+                        np.where(band, c.mean + c.std, np.nan), color=colour, alpha=0.15,
+                        lw=0)
+    for _, step, value, kind in c.stops:
+        any_stop[kind] = True
+        ax.plot([step], [value], marker="X" if kind == "nan" else "P", ms=11,
+                color=colour, markeredgecolor="red" if kind == "nan" else "black",
+                markeredgewidth=1.5, linestyle="none", zorder=5)
+
+
+def _legend_handles(legend: dict, any_stop: dict) -> list:
+    """The legend's lines (``legend`` gains the stop markers that occurred), in its order."""
     if any_stop["nan"]:
         legend["went NaN: stopped here"] = None
     if any_stop["failed"]:
@@ -133,11 +149,7 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
                                   markeredgewidth=1.5))
         else:
             handles.append(Line2D([], [], color=style[0], linestyle=style[1], marker=style[2], lw=2))
-    if handles:
-        fig.legend(handles, list(legend), loc="outside lower center",
-                   ncol=min(4, len(handles)), frameon=False, fontsize=9)
-    fig.suptitle(f"{title}: loss against step" if title else "loss against step")
-    return _save(fig, path)
+    return handles
 
 
 def _plot_delta(ax, curves_at_w: list, world_size, chunk_style) -> None:

@@ -37,6 +37,7 @@ class ProgressBoard:
         self._already_done = already_done
         self._trials: dict[str, dict[str, Any]] = {}
         self._interrupted = False
+        self._round: tuple[int, int] | None = None   # adaptive seeds: (round, at most this many)
 
     def trial_started(self, key: str, name: str, steps: int) -> None:
         self._trials[key] = {"name": name, "steps": steps, "step": 0, "loss": None,
@@ -54,6 +55,12 @@ class ProgressBoard:
         trial["state"] = "done"
         trial["status"] = status
 
+    def round_started(self, round_: int, rounds: int, planned: int) -> None:
+        """Adaptive seeds: round ``round_`` of at most ``rounds`` is planned, bringing the
+        trials planned so far (those already done included) to ``planned``."""
+        self._round = (round_, rounds)
+        self._total = planned
+
     def interrupt(self) -> None:
         """The sweep was interrupted (Ctrl-C/SIGTERM): trials whose fit fails from now on were
         torn down by it, and end KILLED rather than FAILED."""
@@ -63,7 +70,7 @@ class ProgressBoard:
         return self._interrupted
 
     def snapshot(self) -> dict[str, Any]:
-        return {"total": self._total, "already_done": self._already_done,
+        return {"total": self._total, "already_done": self._already_done, "round": self._round,
                 "trials": {k: dict(v) for k, v in self._trials.items()}}
 
 
@@ -95,11 +102,14 @@ class Publisher:
 
 
 def format_progress(snapshot: dict[str, Any], now: float | None = None) -> str:
-    """One line: trials done/total and, for each running trial, its step and loss."""
+    """One line: trials done/total (with adaptive seeds: of those planned so far, and the
+    round) and, for each running trial, its step and loss."""
     now = time.time() if now is None else now
     trials = snapshot["trials"].values()
     done = snapshot.get("already_done", 0) + sum(1 for t in trials if t.get("state") == "done")
-    parts = [f"[{done}/{snapshot['total']} trials done]"]
+    round_ = snapshot.get("round")
+    parts = [f"[{done}/{snapshot['total']} trials done, round {round_[0]} of at most {round_[1]}]" if round_
+             else f"[{done}/{snapshot['total']} trials done]"]
     running = [t for t in trials if t.get("state") == "running"]
     for t in running:
         step = t.get("step")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import hooks
+from service import hook_facts
 from service.text import format_bytes
 
 WORLD_SIZES = (8, 64, 512)
@@ -244,4 +245,4 @@ def plot(projections: list[Projection], path: Path, title: str = "") -> Path:
 
 
 def _chunk(p: Projection):
-    return p.hook_params.get("chunk_size")
+    return hook_facts.chunk_size(p.hook, p.hook_params)

@@ -1,10 +1,12 @@
-"""How the service writes numbers and errors for people: one home for byte counts and one-line errors.
+"""How the service writes numbers and errors for people: one home for byte counts, one-line errors,
+quoted values and "did you mean" hints.
 
 Every table, report, plot and message that shows bytes or an error uses these, so the same
 metric reads the same everywhere (binary units: KiB = 1024 B).
 """
 from __future__ import annotations
 
+import difflib
 import math
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
@@ -52,3 +54,18 @@ def one_line(err: BaseException | str, *, with_type: bool = True, every_line: bo
 def count(n: int, noun: str) -> str:
     """"1 trial", "3 trials"."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def short_value(value: object, limit: int = 60) -> str:
+    """A value as an error message quotes it: its repr on one line, at most ``limit`` characters."""
+    text = one_line(repr(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def did_you_mean(word: str, options) -> str:
+    """" (did you mean 'x'?)" for the option closest to a mistyped ``word``, or ""."""
+    options = [str(o) for o in options]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close and len(word) >= 3:  # a shortened name: `fp16` for fp16_compress
+        close = [o for o in options if word.lower() in o.lower()][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,6 +1,6 @@
 """The training-realism options of ``workload:``: precision, gradient clipping, LR schedule.
 
-Each is a small pure piece the worker loop (service/worker.py) calls at one place:
+Each is a small pure piece the worker loop (service/train/loop.py) calls at one place:
 
     precision = Precision(wl_cfg.precision, device)
     model = precision.cast(model)                    # bf16: weights (so DDP buckets) in bf16

@@ -87,7 +87,7 @@ def _run(base: nn.Module, name: str, kw: dict, feedback: bool, resume_at: int | 
         ddp = DDP(model, **kw)
         state, hook = _hook(name, feedback)
         ddp.register_comm_hook(state, hook)
-        (nn.functional.cross_entropy(ddp(x), y) * 0.0).backward()  # service.worker.prime_buckets
+        (nn.functional.cross_entropy(ddp(x), y) * 0.0).backward()  # service.train.checkpoint.prime_buckets
         state.load_state_dict(saved)
         _steps(ddp, model, x, y, resume_at + 1, STEPS, total, exact, errors)
     identity = None
@@ -138,12 +138,12 @@ def _recording(build_hook, calls: list, views: list):
 
 
 def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
-    """Every trial of each config through service.worker.run_training, with the hook recorded
+    """Every trial of each config through service.train.run_training, with the hook recorded
     and the DDP model kept: per-step bucket counts, the view check, the buffers each training
     forward started from."""
     from service.config import SweepConfig
     from service.nan import NanMonitor
-    from service.worker import run_training
+    from service.train import run_training
 
     out = {}
     for key, dump in dumps.items():

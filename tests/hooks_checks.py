@@ -9,11 +9,13 @@ NaN, huge values, layers of very different scales) reach the hooks through real 
 import contextlib
 import copy
 import math
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
@@ -60,6 +62,11 @@ class Bucket:
 
     def gradients(self):
         return self._grads
+
+    def set_buffer(self, tensor):  # as DDP's GradBucket: the gradients become views of the new buffer
+        params = self._params
+        self.__init__(tensor, self._index, [tuple(g.shape) for g in self._grads])
+        self._params = params
 
 
 def layered(seed: int, sizes=(3000, 1537, 400, 100), scales=(1e-4, 1e-1, 1.0, 30.0)) -> torch.Tensor:
@@ -163,13 +170,23 @@ def qsgd_bound(inputs: torch.Tensor, chunk: int, levels: int) -> torch.Tensor:
     return norms.sum(0) / inputs.shape[0] / levels * (1 + 1e-5)
 
 
+def wire_rounding(inputs: torch.Tensor, wire_dtype: str) -> torch.Tensor:
+    """What a 16-bit wire adds to a hook's bound: a rounding per value and per addition (as
+    fp16_compress's bound), plus fp16's subnormal spacing; 0 for fp32."""
+    if wire_dtype == "fp32":
+        return torch.zeros(inputs.shape[1])
+    w = inputs.shape[0]
+    unit = 2.0**-11 if wire_dtype == "fp16" else 2.0**-8
+    return unit * (w + 1) * inputs.abs().sum(0) / w + (w * 6e-8 if wire_dtype == "fp16" else 0.0)
+
+
 def compressor_bound(name: str, inputs: torch.Tensor, params: dict) -> torch.Tensor:
     """Per-element |result - exact mean| bound of the issue-18 hooks (params: the full dict)."""
     if name == "topk":
-        return topk_bound(inputs, params["ratio"])
+        return topk_bound(inputs, params["ratio"]) + wire_rounding(inputs, params["wire_dtype"])
     if name == "randomk":  # the exact mean on the kept indices, 0 elsewhere
         mean = inputs.sum(0) / inputs.shape[0]
-        return mean.abs() + 2e-7 * inputs.abs().sum(0)
+        return mean.abs() + 2e-7 * inputs.abs().sum(0) + wire_rounding(inputs, params["wire_dtype"])
     if name == "signsgd":
         if params["majority_vote"]:  # sign(vote) * mean scale: never further than mean scale + |mean|
             scales = _chunk_reference(inputs, params["chunk_size"], lambda v: v.abs().mean())
@@ -653,6 +670,8 @@ def check_resume(rank: int, w: int) -> dict:
 
     cases = [(n, {"error_feedback": True, **TEST_PARAMS.get(n, {})}) for n in LOSSY_WITH_FEEDBACK]
     cases.append(("powersgd", {"start_iter": 2}))
+    cases.append(("powersgd", {"start_iter": 2, "batched": True, "wire_dtype": "bf16"}))  # issue 27's variants
+    cases.append(("topk", {"error_feedback": True, "ratio": 0.1, "wire_dtype": "fp16"}))
     cases.append(("signsgd", {"error_feedback": True, "majority_vote": True, **TEST_PARAMS["signsgd"]}))
     cases.append(("qsgd", {"error_feedback": False, **TEST_PARAMS["qsgd"]}))  # the call count alone seeds the draws
     cases.append(("randomk", {"error_feedback": False, **TEST_PARAMS["randomk"]}))
@@ -803,6 +822,7 @@ def check_collective_failure_propagates(rank: int, w: int) -> dict:
     checked = []
     cases = [(name, dict(TEST_PARAMS.get(name, {}))) for name in ALL_HOOKS]
     cases.append(("powersgd", {"start_iter": 2}))  # 2 exact calls first, then the compressing phase
+    cases.append(("powersgd", {"start_iter": 2, "batched": True, "wire_dtype": "fp16"}))  # issue 27's variants
     for name, params in cases:
         state, hook = hooks.build(name, **params)
         shapes = [(40, 30), (300,)]
@@ -948,15 +968,15 @@ def check_compressors(rank: int, w: int) -> dict:
     return out
 
 
-def check_feedback_across_no_sync(rank: int, w: int, iterations: int = 20) -> dict:
+def check_feedback_across_no_sync(rank: int, w: int, iterations: int = 20, cases=None) -> dict:
     """Error feedback under DDP with no_sync alternating (10 synced steps of 20): each rank's
     residual survives the no_sync iterations and DDP's bucket rebuild. With feedback a rank's
     compressed contribution is c_t = x_t + e_{t-1} - e_t, so over the synced steps
     sum_t result_t = (1/W) sum_r (sum_t x_{r,t} - e_{r,T}) per parameter: a residual dropped or
     applied twice breaks the identity by its size. Both gradient_as_bucket_view modes."""
     out = {}
-    for name in COMPRESSORS:
-        params = {**TEST_PARAMS[name], "error_feedback": True}
+    for name, params in cases or [(name, TEST_PARAMS[name]) for name in COMPRESSORS]:
+        params = {**params, "error_feedback": True}
         for as_view in (False, True):
             torch.manual_seed(0)
             ddp = DDP(_mlp(), bucket_cap_mb=0.004, gradient_as_bucket_view=as_view)
@@ -1046,6 +1066,139 @@ def check_topk_feedback_direction(rank: int, w: int, seeds=(0, 1, 2)) -> dict:
         on = _train_small(rank, "topk", {"ratio": 0.01, "error_feedback": True}, seed)
         out[seed] = {"allreduce": ref, "topk": off, "topk_feedback": on}
         assert on < 0.5 * off and on < 1.5 * ref, (seed, out[seed])
+    return out
+
+
+# --------------------------------------------------------------------------- issue 27: PowerSGD's knobs, 16-bit wires
+@contextlib.contextmanager
+def torch_batched_powersgd():
+    """torch's ``batched_powerSGD_hook`` with the one change it needs to run on torch >= 1.12: its
+    2-D P and Q orthogonalized as a batch of one (its ``_orthogonalize`` takes 3-D batches since
+    pytorch #75157 and raises AssertionError on 2-D). Everything else is torch's own code."""
+    module = sys.modules[powerSGD_hook.__module__]
+    real = module._orthogonalize
+    module._orthogonalize = lambda m, epsilon=0: real(m.unsqueeze(0) if m.dim() == 2 else m, epsilon)
+    try:
+        yield module.batched_powerSGD_hook
+    finally:
+        module._orthogonalize = real
+
+
+def torch_powersgd(params: dict, batched_hook=None):
+    """(state, hook): torch's own composition for our powersgd ``params`` (full): ``PowerSGDState``,
+    ``powerSGD_hook`` or ``batched_powerSGD_hook``, inside ``fp16/bf16_compress_wrapper`` for a
+    16-bit ``wire_dtype``. The hook waits for its future, as ours does once compressing (several
+    buckets' callbacks would race each other's collectives, hooks/powersgd.py): no value changes."""
+    state = PowerSGDState(None, matrix_approximation_rank=params["rank"], start_powerSGD_iter=params["start_iter"],
+                          min_compression_rate=params["min_compression_rate"],
+                          use_error_feedback=params["error_feedback"], warm_start=params["warm_start"],
+                          orthogonalization_epsilon=params["orthogonalization_epsilon"], random_seed=0)
+    hook = batched_hook if params["batched"] else powerSGD_hook
+    wrap = {"fp32": None, "fp16": default_hooks.fp16_compress_wrapper, "bf16": default_hooks.bf16_compress_wrapper}
+    composed = hook if wrap[params["wire_dtype"]] is None else wrap[params["wire_dtype"]](hook)
+
+    def in_order(st, bucket):
+        fut = composed(st, bucket)
+        fut.wait()
+        return fut
+
+    return state, in_order
+
+
+def _synced_grads(rank: int, build, as_view: bool, iterations: int) -> list:
+    """Every synced step's gradients of a DDP model trained with the hook ``build()`` gives,
+    no_sync on every other iteration (the accumulated gradients reach the hook)."""
+    torch.manual_seed(0)
+    ddp = DDP(_mlp(), bucket_cap_mb=0.004, gradient_as_bucket_view=as_view)
+    ddp.register_comm_hook(*build())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    out = []
+    for it in range(iterations):
+        x, y = _batch(it, rank)
+        if it % 2 == 0:
+            with ddp.no_sync():
+                nn.functional.cross_entropy(ddp(x), y).backward()
+            continue
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        out.append([p.grad.clone() for p in ddp.module.parameters()])
+        opt.step()
+        opt.zero_grad()
+    return out
+
+
+POWERSGD_CASES = [{}, {"wire_dtype": "fp16"}, {"wire_dtype": "bf16"}, {"min_compression_rate": 0.5},
+                  {"min_compression_rate": 8.0}, {"rank": 2, "wire_dtype": "fp16", "min_compression_rate": 1.0},
+                  {"batched": True}, {"batched": True, "wire_dtype": "bf16"}, {"batched": True, "error_feedback": False,
+                                                                               "warm_start": False}]
+
+
+def check_powersgd_vs_torch(rank: int, w: int, iterations: int = 14) -> dict:
+    """powersgd's wire_dtype, min_compression_rate and batched equal torch's own compositions bit
+    for bit under DDP with no_sync accumulation, past start_iter, both gradient_as_bucket_view
+    modes; every case compresses (the comparison is not of plain allreduces)."""
+    compared = []
+    for case in POWERSGD_CASES:
+        params = hooks.validate("powersgd", start_iter=2, **case)
+        for as_view in (False, True):
+            built = {}
+
+            def ours():
+                built["state"], hook = hooks.build("powersgd", **params)
+                return built["state"], hook
+
+            mine = _synced_grads(rank, ours, as_view, iterations)
+            with torch_batched_powersgd() as batched:
+                theirs = _synced_grads(rank, lambda: torch_powersgd(params, batched), as_view, iterations)
+            assert built["state"].powersgd.iter > params["start_iter"] + 2, (case, built["state"].powersgd.iter)
+            for step, (a, b) in enumerate(zip(mine, theirs)):
+                for pa, pb in zip(a, b):
+                    assert torch.equal(pa, pb), (case, as_view, step, float((pa - pb).abs().max()))
+            compared.append((case, as_view, len(mine)))
+    return {"compared": compared}
+
+
+def check_wire_dtype(rank: int, w: int) -> dict:
+    """The 16-bit wire of topk and randomk: accounting (and hooks.cost) follow it; randomk at
+    ratio 1 is fp16/bf16_compress bit for bit, error feedback included; topk within its bound
+    plus a rounding per value; powersgd's bytes halve once compressing; the no_sync regression
+    and the feedback identity under a 16-bit wire."""
+    n = 5037
+    x = layered(seed=30 + rank)
+    xs = _gather(x)
+    exact = _sequential_mean(xs)
+    for wire, cast in (("fp16", "fp16_compress"), ("bf16", "bf16_compress")):
+        for name, ratio in (("topk", 0.1), ("randomk", 0.3)):
+            state, got = run_hook(name, x.clone(), ratio=ratio, wire_dtype=wire)
+            s = state.stats()
+            k = hooks.sparsify.num_selected(n, ratio)
+            payload = 6 * k if name == "topk" else 2 * k
+            assert s["payload_bytes"] == payload, (name, wire, s)
+            assert math.isclose(hooks.cost.hook_wire_bytes(name, n, w, ratio=ratio, wire_dtype=wire), s["wire_bytes"])
+            if name == "topk":
+                params = hooks.validate(name, ratio=ratio, wire_dtype=wire)
+                assert bool(((got - exact).abs() <= compressor_bound(name, xs, params)).all()), wire
+        ours, ref = hooks.build("randomk", ratio=1.0, wire_dtype=wire, error_feedback=True), hooks.build(cast, error_feedback=True)
+        for call in range(3):
+            a = ours[1](ours[0], Bucket(x.clone())).wait()
+            b = ref[1](ref[0], Bucket(x.clone())).wait()
+            assert torch.equal(a, b), (wire, call)
+        ra, rb = ours[0].state_dict()["residuals"], ref[0].state_dict()["residuals"]
+        assert ra.keys() == rb.keys() and all(torch.equal(ra[i], rb[i]) for i in ra), wire
+    # powersgd: past start_iter its P, Q and uncompressed values travel in 16 bits
+    shapes = [(48, 64), (64,), (20, 98)]
+    xs5096 = layered(seed=10 + rank, sizes=(5096,), scales=(1.0,))
+    stats = {}
+    for wire in ("fp32", "fp16"):
+        state, hook = hooks.build("powersgd", start_iter=2, wire_dtype=wire)
+        for it in range(3):
+            hook(state, Bucket(xs5096.clone(), shapes=shapes)).wait()
+        stats[wire] = state.stats()
+    # before start_iter the cost model prices the bucket in the wire dtype
+    assert math.isclose(hooks.cost.hook_wire_bytes("powersgd", 5096, w, wire_dtype="fp16"), 2 * (w - 1) / w * 2 * 5096)
+    assert stats["fp16"]["payload_bytes"] * 2 == stats["fp32"]["payload_bytes"], stats
+    assert stats["fp16"]["raw_bytes"] == stats["fp32"]["raw_bytes"], stats
+    out = check_accumulation(rank, w, names=["topk", "randomk"], iterations=10, overrides={"wire_dtype": "fp16"})
+    check_feedback_across_no_sync(rank, w, cases=[("topk", {"ratio": 0.1, "wire_dtype": "bf16"})])
     return out
 
 

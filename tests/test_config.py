@@ -138,6 +138,15 @@ BAD_CONFIGS = [
      ["search.hooks[1].chunk_size", "positive integer"]),
     ("signsgd majority_vote text", changed("search.hooks.1", {"name": "signsgd", "majority_vote": "maybe"}),
      ["search.hooks[1].majority_vote", "true or false"]),
+    ("powersgd wire_dtype unknown", changed("search.hooks.1", {"name": "powersgd", "wire_dtype": "fp8"}),
+     ["search.hooks[1].wire_dtype", "one of fp32, fp16, bf16", "'fp8'"]),
+    ("topk wire_dtype list with a bad value", changed("search.hooks.1", {"name": "topk", "wire_dtype": ["fp16", "int8"]}),
+     ["search.hooks[1].wire_dtype", "one of fp32, fp16, bf16", "'int8'"]),
+    ("powersgd min_compression_rate negative", changed("search.hooks.1", {"name": "powersgd", "min_compression_rate": -1}),
+     ["search.hooks[1].min_compression_rate", "non-negative"]),
+    ("powersgd batched with a knob it ignores", changed("search.hooks.1", {"name": "powersgd", "batched": True,
+                                                                          "min_compression_rate": 4}),
+     ["search.hooks[1]", "'min_compression_rate' has no effect with batched"]),
     ("powersgd rank zero", changed("search.hooks.1", {"name": "powersgd", "rank": 0}), ["search.hooks[1].rank"]),
     ("hook entry without a name", changed("search.hooks.1", {"chunk_size": 512}), ["search.hooks[1].name: missing"]),
     ("hook entry a number", changed("search.hooks.1", 5), ["search.hooks[1]", "a hook name or a mapping"]),
@@ -272,11 +281,10 @@ def test_quant_preset_is_the_designed_grid():
     cfg, _ = load_config("quant")
     assert cfg.workload.name == "char_lm" and cfg.workload.optimizer == "adamw" and cfg.workload.steps == 300
     names = [t.run_name for t in cfg.trials()]
-    expected = [f"{h}-w{w}-s{s}" for h in ("allreduce", "bf16_compress", "quantization_pertensor")
-                for w in (2, 4) for s in (0, 1)]
-    expected += [f"{h}-c512-w{w}-s{s}" for h in ("quantization_perchannel", "quantized_allreduce")
-                 for w in (2, 4) for s in (0, 1)]
-    assert names == expected
+    configs = ["allreduce", "bf16_compress", "quantization_pertensor", "quantization_perchannel-c512",
+               "quantized_allreduce-c512"]
+    expected = [f"{c}-w{w}-s{s}" for w, s in ((2, 0), (2, 1), (4, 0), (4, 1)) for c in configs]
+    assert sorted(names) == sorted(expected)
 
 
 def test_smoke_preset_is_small():
@@ -294,6 +302,21 @@ def test_faults_preset_injects_both_gradient_faults():
     assert kinds["scale_grad"].factor == 1.0e7  # YAML 1.1 would have read `1.0e7` as a string
 
 
+def test_powersgd_preset_reaches_torchs_own_knobs():
+    """PyTorch's PowerSGD recipes (issue 27): the 16-bit wrapper, min_compression_rate and the
+    batched variant arrive as validated hook parameters, named by what differs from the default."""
+    cfg, _ = load_config("powersgd")
+    trials = cfg.trials()
+    assert [t.run_name for t in trials] == [
+        "allreduce-w2-s0", "fp16_compress-w2-s0", "powersgd-rank4-w2-s0", "powersgd-rank4-wire_dtypefp16-w2-s0",
+        "powersgd-rank4-min_compression_rate1.0-w2-s0", "powersgd-rank4-batched-w2-s0"]
+    for t in trials:
+        assert t.hook_params == hooks.validate(t.hook, **t.hook_params)
+    assert [(t.hook_params["wire_dtype"], t.hook_params["min_compression_rate"], t.hook_params["batched"])
+            for t in trials[2:]] == [("fp32", 2.0, False), ("fp16", 2.0, False), ("fp32", 1.0, False), ("fp32", 2.0, True)]
+    assert len({t.key for t in trials}) == len(trials)
+
+
 def test_all_hooks_preset_covers_every_hook_of_the_library():
     cfg, _ = load_config("all_hooks")
     assert {t.hook for t in cfg.trials()} == set(hooks.available())
@@ -306,22 +329,42 @@ def test_grid_order_run_names_and_full_params(tmp_path):
     data = changed("search.seed", [0, 1])
     cfg, _ = load_config(str(write(tmp_path, data)))
     trials = cfg.trials()
+    # world size x seed blocks; within each, the configurations rotated one place per block
     assert [t.run_name for t in trials] == [
-        "allreduce-w1-s0", "allreduce-w1-s1", "allreduce-w2-s0", "allreduce-w2-s1",
-        "quantization_perchannel-c128-w1-s0", "quantization_perchannel-c128-w1-s1",
-        "quantization_perchannel-c128-w2-s0", "quantization_perchannel-c128-w2-s1",
-        "quantization_perchannel-c512-w1-s0", "quantization_perchannel-c512-w1-s1",
-        "quantization_perchannel-c512-w2-s0", "quantization_perchannel-c512-w2-s1",
+        "allreduce-w1-s0", "quantization_perchannel-c128-w1-s0", "quantization_perchannel-c512-w1-s0",
+        "quantization_perchannel-c128-w1-s1", "quantization_perchannel-c512-w1-s1", "allreduce-w1-s1",
+        "quantization_perchannel-c512-w2-s0", "allreduce-w2-s0", "quantization_perchannel-c128-w2-s0",
+        "allreduce-w2-s1", "quantization_perchannel-c128-w2-s1", "quantization_perchannel-c512-w2-s1",
     ]
     for t in trials:  # hook_params is the full dict the library validates, defaults included
         assert t.hook_params == hooks.validate(t.hook, **t.hook_params)
-    assert trials[4].hook_params["chunk_size"] == 128
+    assert trials[1].hook_params["chunk_size"] == 128
+
+
+def test_no_configurations_trials_cluster_in_time():
+    """Issue 23: the quant preset ran hook by hook (allreduce's four trials first), so a job
+    that shared the machine for the sweep's first minutes slowed only the baseline. Rotated,
+    every block of (world size, seed) runs each configuration once, each configuration leads
+    a block in turn, and each one's trials spread over the whole sweep."""
+    cfg, _ = load_config("quant")
+    trials = cfg.trials()
+    label = {t.key: t.run_name.rpartition(f"-w{t.world_size}")[0] for t in trials}
+    n = 5
+    blocks = [trials[i:i + n] for i in range(0, len(trials), n)]
+    assert all(len({label[t.key] for t in b}) == n for b in blocks)          # each once per block
+    assert all(len({(t.world_size, t.seed) for t in b}) == 1 for b in blocks)
+    leaders = [label[b[0].key] for b in blocks]
+    assert len(set(leaders)) == len(blocks)                                   # a different one leads each
+    positions = {c: [i for i, t in enumerate(trials) if label[t.key] == c] for c in set(label.values())}
+    middle = (len(trials) - 1) / 2
+    for c, where in positions.items():  # hook by hook, allreduce's mean position was 1.5 of 0..19
+        assert abs(sum(where) / len(where) - middle) <= n / 2, (c, where)
 
 
 def test_default_params_are_filled_in(tmp_path):
     data = changed("search.hooks", ["quantization_perchannel", "powersgd"])
     cfg, _ = load_config(str(write(tmp_path, data)))
-    per_channel, powersgd = cfg.trials()[0], cfg.trials()[2]
+    per_channel, powersgd = cfg.trials()[0], cfg.trials()[1]
     assert per_channel.hook_params == hooks.validate("quantization_perchannel")
     assert per_channel.run_name == f"quantization_perchannel-c{per_channel.hook_params['chunk_size']}-w1-s0"
     assert powersgd.hook_params == hooks.validate("powersgd") and powersgd.run_name == "powersgd-w1-s0"
@@ -347,7 +390,7 @@ def test_scalars_for_world_size_and_seed(tmp_path):
 
 def test_describe_is_the_dry_run_line(tmp_path):
     cfg, _ = load_config(str(write(tmp_path, BASE)))
-    line = cfg.trials()[2].describe()
+    line = cfg.trials()[1].describe()
     assert "\n" not in line
     assert line.split()[0] == "quantization_perchannel"
     assert "chunk_size=128" in line and "world_size=1" in line and "seed=0" in line
@@ -408,3 +451,27 @@ def test_global_batch_size_and_lr_default_to_the_workloads(tmp_path):
                             "search": {"hooks": ["allreduce"], "world_size": [1]}})
     cfg, _ = load_config(str(path))
     assert (cfg.workload.global_batch_size, cfg.workload.lr) == (64, 0.2)  # given values win
+
+
+def test_adaptive_seeds_are_a_range_and_a_list_keeps_the_fixed_grid(tmp_path):
+    cfg, _ = load_config(str(write(tmp_path, changed("search.seed", {"min": 2, "max": 4}))))
+    assert (cfg.search.adaptive.min, cfg.search.adaptive.max) == (2, 4) and cfg.search.seeds == [0, 1, 2, 3]
+    assert len(cfg.trials()) == 3 * 2 * 4   # the grid at max: what capacity and resume check against
+    fixed, _ = load_config(str(write(tmp_path, changed("search.seed", [0, 1]))))
+    assert fixed.search.adaptive is None and fixed.search.seeds == [0, 1]
+    assert fixed.fingerprint() != cfg.fingerprint()
+    assert SweepConfig.model_validate(cfg.model_dump()) == cfg   # it travels to the workers
+
+
+@pytest.mark.parametrize("value, expected", [
+    ({"min": 3, "max": 2}, "search.seed.max: 2 is below min 3; allowed: 3 to 20"),
+    ({"min": 1, "max": 3}, "search.seed.min: must be greater than or equal to 2 (got 1)"),
+    ({"min": 2}, "search.seed.max: missing: this field is required"),
+    ({"min": 2, "max": 30}, "search.seed.max: must be less than or equal to 20 (got 30)"),
+    ({"min": 2, "max": 4, "step": 1}, "search.seed.step: unknown key; allowed: min, max"),
+    ("x", "search.seed[0]: must be a whole number (got 'x')"),
+])
+def test_a_bad_seed_range_is_one_line_naming_the_field(tmp_path, value, expected):
+    with pytest.raises(ConfigError) as e:
+        load_config(str(write(tmp_path, changed("search.seed", value))))
+    assert [line.split(": ", 1)[1] for line in e.value.lines()] == [expected]

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.worker import Start, load_checkpoint_dir, run_training, save_checkpoint_dir
+from service.train import Start, load_checkpoint_dir, run_training, save_checkpoint_dir
 from tests.dist_utils import free_port, run_distributed
 from tests.test_worker import make_cfg, trial_of
 
@@ -88,16 +88,16 @@ def test_nan_grad_is_model_grad_at_exactly_that_step_for_every_hook(two_ranks, h
         result = two_ranks[rank]["nan"][hook]
         assert result.status == "nan" and result.steps_done == 5
         report = result.nan_report
-        assert (report["nan_source"], report["first_nan_step"], report["nan_rank"]) == ("model_grad", 5, 1)
-        assert report["bucket_index"] is not None and report["param_names"]
-        assert report["per_rank"][1]["flags"]["model_grad"] == 1
-        assert report["per_rank"][0]["flags"]["model_grad"] == 0  # rank 0's own gradient was fine
+        assert (report.nan_source, report.first_nan_step, report.nan_rank) == ("model_grad", 5, 1)
+        assert report.bucket_index is not None and report.param_names
+        assert report.per_rank[1]["flags"]["model_grad"] == 1
+        assert report.per_rank[0]["flags"]["model_grad"] == 0  # rank 0's own gradient was fine
 
 
 def test_scale_grad_overflows_fp16_in_the_hook_while_allreduce_stays_finite(two_ranks):
     fp16 = two_ranks[0]["scale"]["fp16_compress"]
-    assert fp16.status == "nan" and fp16.nan_report["nan_source"] == "hook"
-    assert fp16.nan_report["first_nan_step"] == 4
+    assert fp16.status == "nan" and fp16.nan_report.nan_source == "hook"
+    assert fp16.nan_report.first_nan_step == 4
     fp32 = two_ranks[0]["scale"]["allreduce"]
     assert fp32.status == "ok" and fp32.summary["nan_detected"] == 0 and fp32.steps_done == 4
 

@@ -39,7 +39,7 @@ CASES = {  # name -> (hook, fidelity_every)
 
 def _ranks(rank, world_size, store, run_ids):
     from service import tracking
-    from service.worker import run_training
+    from service.train import run_training
 
     out = {}
     for name, (hook, every) in CASES.items():

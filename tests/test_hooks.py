@@ -1,6 +1,7 @@
 """hooks library, single process: registry and validation, the quantization kernel, the byte
 formulas, NaN flags, checkpoints, and that `import hooks` needs only torch.
 Collective behaviour on real process groups: tests/test_hooks_dist.py."""
+import dataclasses
 import math
 import pickle
 import subprocess
@@ -75,6 +76,17 @@ def test_validate_fills_defaults_without_a_process_group():
         ("signsgd", {"chunk_size": -8}, ["chunk_size", "positive integer"]),
         ("signsgd", {"majority_vote": "yes"}, ["majority_vote", "true or false"]),
         ("signsgd", {"error_feedback": None}, ["error_feedback", "true or false"]),
+        ("powersgd", {"wire_dtype": "fp8"}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("powersgd", {"wire_dtype": 16}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("topk", {"wire_dtype": "float16"}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("randomk", {"wire_dtype": None}, ["wire_dtype", "one of fp32, fp16, bf16"]),
+        ("powersgd", {"min_compression_rate": -1}, ["min_compression_rate", "non-negative"]),
+        ("powersgd", {"min_compression_rate": "2"}, ["min_compression_rate", "non-negative"]),
+        ("powersgd", {"batched": 1}, ["batched", "true or false"]),
+        ("powersgd", {"batched": True, "min_compression_rate": 4}, ["min_compression_rate", "no effect with batched"]),
+        ("powersgd", {"batched": True, "orthogonalization_epsilon": 0.0},
+         ["orthogonalization_epsilon", "no effect with batched"]),
+        ("qsgd", {"wire_dtype": "fp16"}, ["no parameter 'wire_dtype'"]),
     ],
 )
 def test_validate_rejects_bad_input_in_one_line(name, params, words):
@@ -89,8 +101,8 @@ def test_validate_rejects_bad_input_in_one_line(name, params, words):
 
 
 def test_compressor_defaults_and_coercion():
-    assert hooks.validate("topk") == {"ratio": 0.01, "error_feedback": False}
-    assert hooks.validate("randomk", ratio=1) == {"ratio": 1.0, "error_feedback": False}
+    assert hooks.validate("topk") == {"ratio": 0.01, "wire_dtype": "fp32", "error_feedback": False}
+    assert hooks.validate("randomk", ratio=1) == {"ratio": 1.0, "wire_dtype": "fp32", "error_feedback": False}
     assert hooks.validate("signsgd") == {"chunk_size": 512, "majority_vote": False, "error_feedback": False}
     assert hooks.validate("qsgd") == {"levels": 127, "chunk_size": 512, "error_feedback": False}
     for name in ("topk", "randomk", "signsgd", "qsgd"):
@@ -242,11 +254,11 @@ def test_pack_unpack_roundtrip():
 # ------------------------------------------------------------------ byte formulas
 def test_wire_bytes_follow_the_standard_algorithms():
     for w in (1, 2, 3, 4, 8):
-        assert hooks.cost.wire_bytes("allreduce", 1000, w) == pytest.approx(2 * (w - 1) / w * 1000)
-        assert hooks.cost.wire_bytes("allgather", 1000, w) == (w - 1) * 1000
-        assert hooks.cost.wire_bytes("all_to_all", 1000, w) == pytest.approx((w - 1) / w * 1000)
+        assert hooks.wire.wire_bytes("allreduce", 1000, w) == pytest.approx(2 * (w - 1) / w * 1000)
+        assert hooks.wire.wire_bytes("allgather", 1000, w) == (w - 1) * 1000
+        assert hooks.wire.wire_bytes("all_to_all", 1000, w) == pytest.approx((w - 1) / w * 1000)
     with pytest.raises(ValueError):
-        hooks.cost.wire_bytes("broadcast", 1, 2)
+        hooks.wire.wire_bytes("broadcast", 1, 2)
 
 
 # ------------------------------------------------------------------ NaN flags and checkpoints
@@ -333,7 +345,7 @@ def test_hook_collectives_match_the_documented_wire_formulas():
         assert hooks.cost.hook_wire_bytes("signsgd", n, w, chunk_size=c) == pytest.approx(
             (w - 1) * (math.ceil(n / 8) + 4 * math.ceil(n / c)))
         assert hooks.cost.hook_wire_bytes("qsgd", n, w, chunk_size=c) == pytest.approx((w - 1) * (n + 4 * math.ceil(n / c)))
-        assert hooks.cost.hook_collectives("randomk", n, w) == [("allreduce", 4 * k)]  # defaults: ratio 0.01
+        assert hooks.cost.hook_collectives("randomk", n, w) == [hooks.wire.Collective("allreduce", 4 * k)]  # defaults: ratio 0.01
     # about a quarter of fp32 ring allreduce at every world size, for buckets >> W * chunk_size
     big = 25_000_000 // 4
     for w in (2, 4, 8, 64, 512):
@@ -400,3 +412,17 @@ def test_error_feedback_residuals_follow_their_parameters_through_a_bucket_rebui
     # steady state afterwards: each bucket gets exactly its own residual back
     again0 = bucket(0, [p3])
     assert torch.equal(state.add_residual(again0, again0.buffer()), torch.full((5,), 100.0))
+
+
+def test_what_a_hook_is_on_the_wire_is_data_on_its_spec():
+    specs = hooks.available()
+    # a chunk_size parameter names the hook's configurations only if the spec says it is chunked
+    assert {n for n, s in specs.items() if "chunk_size" in s.parameters} == {n for n, s in specs.items() if s.chunked}
+    assert specs["quantization_perchannel"].chunk_size({}) == 512
+    assert specs["qsgd"].chunk_size({"chunk_size": 64}) == 64
+    assert specs["quantization_pertensor"].chunk_size({}) is None
+    assert sorted(n for n, s in specs.items() if s.wire_bits == 16) == ["bf16_compress", "fp16_compress"]
+    with pytest.raises(ValueError, match="chunked but has no 'chunk_size'"):
+        dataclasses.replace(specs["allreduce"], chunked=True)
+    with pytest.raises(TypeError):  # built with keywords only
+        hooks.HookSpec("x", specs["allreduce"].hook, specs["allreduce"].make_state, specs["allreduce"].collectives)

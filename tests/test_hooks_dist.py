@@ -25,6 +25,8 @@ def test_world_size_2_buckets_accumulation_bit_exactness_feedback_fidelity_resum
                 "check_feedback_across_no_sync",
                 "check_accumulation_compressors",
                 "check_topk_feedback_direction",
+                "check_powersgd_vs_torch",
+                "check_wire_dtype",
             ],
         ),
     )
@@ -38,7 +40,8 @@ def test_world_size_3_odd():
         run_checks,
         world_size=3,
         args=(["check_buckets", "check_accumulation_quantized_allreduce", "check_error_feedback",
-               "check_compressors", "check_feedback_across_no_sync", "check_accumulation_compressors"],),
+               "check_compressors", "check_feedback_across_no_sync", "check_accumulation_compressors",
+               "check_powersgd_vs_torch", "check_wire_dtype"],),
     )
 
 

@@ -189,7 +189,7 @@ def test_gloo_group_on_hosts_computes_and_sends_through_the_shaped_links(world_s
 
 def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
     from service.config import SweepConfig
-    from service.worker import run_training
+    from service.train import run_training
     from tests.tiny_workload import TINY
 
     cfg = SweepConfig.model_validate({
@@ -206,7 +206,7 @@ def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
 
 @pytest.mark.parametrize("hook", ["allreduce", "quantized_allreduce"])
 def test_run_training_on_the_hosts_group_sends_its_gradients_through_the_links(hook):
-    """service.worker.run_training with the group train_loop_per_worker makes (no Ray): DDP's
+    """service.train.run_training with the group train_loop_per_worker makes (no Ray): DDP's
     and the hook's bytes all leave through the hosts' shaped qdiscs."""
     from tests.dist_utils import run_distributed
 

@@ -38,7 +38,7 @@ def store(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
     from service import tracking
-    from service.worker import run_training
+    from service.train import run_training
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
     torch.set_num_threads(1)

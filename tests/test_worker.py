@@ -1,4 +1,4 @@
-"""service.worker.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
+"""service.train.run_training for real: gloo process groups (1 in-process rank, or 2 spawned
 processes), the real mlp_digits workload, the real hooks, a temporary SQLite MLflow store
 read back with MlflowClient. No Ray here (the sweep's end-to-end tests cover Ray)."""
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.worker import GlobalBatches, run_training
+from service.train import GlobalBatches, run_training
 from tests.dist_utils import free_port, run_distributed
 from tests.tiny_workload import TINY
 
@@ -125,6 +125,13 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
         cfg = SweepConfig.model_validate(cfg_dict)
         results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
                                      device="cpu")
+    # Paired timing (service/train/paired_timing.py): the same fp16 trial with baseline windows every
+    # 2nd step and with none must train the same trajectory, bit for bit.
+    for every in (0, 2):
+        cfg = SweepConfig.model_validate({**clean_cfg, "tracking": {**clean_cfg["tracking"],
+                                                                    "paired_timing_every": every}})
+        fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
+        results[f"paired_{every}"] = run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
     # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
     # and hand back this rank's own bucket as the mean) must end the trial with that error.
     from tests.hooks_checks import build_with_failing_collectives
@@ -159,12 +166,27 @@ def test_two_ranks_train_the_same_model_as_one(single_rank_group, two_ranks):
     assert one.summary["comm_bytes_per_step"] == 0  # nothing on the wire at world size 1
 
 
+def test_paired_baseline_windows_leave_the_trial_untouched_and_give_the_ratio(two_ranks):
+    for ranks in two_ranks:
+        plain, paired = ranks["paired_0"], ranks["paired_2"]
+        assert paired.losses == plain.losses  # every step's agreed loss, exactly
+        for metric in ("final_loss", "final_eval_loss", "comm_bytes_per_step"):
+            assert paired.summary.get(metric) == plain.summary.get(metric), metric
+        assert "step_ratio_vs_baseline" not in plain.summary
+    summary = two_ranks[0]["paired_2"].summary
+    assert summary["paired_windows"] == 2  # steps 4 and 6: after the 2 warm-up steps
+    assert summary["step_ratio_vs_baseline"] > 0 and summary["step_ratio_vs_baseline_iqr"] >= 0
+    assert summary["cpu_share"] > 0 and summary["load_avg_1m"] >= 0
+    # the baseline trial is not timed against itself
+    assert "step_ratio_vs_baseline" not in two_ranks[0]["clean"].summary
+
+
 def test_two_ranks_stop_together_at_an_injected_nan(two_ranks):
     """A NaN in rank 1's gradient at step 4: both ranks stop at step 4, status nan."""
     for r in (ranks["nan"] for ranks in two_ranks):
         assert r.status == "nan" and r.steps_done == 4
         assert r.summary["nan_detected"] == 1 and r.summary["first_nan_step"] == 4
-        assert r.nan_report["nan_source"] == "model_grad" and r.nan_report["nan_rank"] == 1
+        assert r.nan_report.nan_source == "model_grad" and r.nan_report.nan_rank == 1
         assert all(math.isfinite(v) for v in r.losses[:3]) and len(r.losses) == 4
     assert "final_eval_accuracy" not in two_ranks[0]["nan"].summary  # the final weights are NaN
 

@@ -1,6 +1,6 @@
 """Issue 17 for real: the batch_loss contract (dict batches, plain-dict workloads), the hf_gpt2
 built-in, precision (bf16 weights -> bf16 DDP buckets through every hook), gradient clipping,
-LR schedules, and the start-of-trial checks. Multi-process parts run service.worker's
+LR schedules, and the start-of-trial checks. Multi-process parts run service.train's
 run_training on real 2-rank gloo groups (one spawn for all of them: starting a process that
 imports torch, sklearn and transformers is most of the cost on a busy 2-core machine)."""
 
@@ -21,7 +21,7 @@ import hooks
 from service.config import ConfigError, SweepConfig, load_config
 from service.preflight import WorkloadError
 from service.training_options import clip_gradients, lr_at
-from service.worker import run_training
+from service.train import run_training
 from service.workloads import (
     DictTensorDataset,
     Workload,
@@ -99,7 +99,7 @@ def test_the_default_eval_of_batch_loss_is_its_mean_weighted_by_samples():
      "eval_fn is not callable"),
 ])
 def test_bad_dict_workloads_fail_build_with_one_line(result, fragment):
-    from service.workloads import _as_workload
+    from service.workloads.registry import _as_workload
 
     with pytest.raises(ValueError) as info:
         _as_workload("mine:build", result)
@@ -373,9 +373,9 @@ def test_a_nan_in_a_bf16_gradient_is_found_at_its_step_rank_and_bucket(two_ranks
         result = two_ranks[rank][f"{workload}_nan", hook]
         assert result.status == "nan" and result.steps_done == 3
         report = result.nan_report
-        assert (report["nan_source"], report["first_nan_step"], report["nan_rank"]) == ("model_grad", 3, 1)
-        assert report["bucket_index"] is not None and report["param_names"]
-        assert report["per_rank"][0]["flags"]["model_grad"] == 0
+        assert (report.nan_source, report.first_nan_step, report.nan_rank) == ("model_grad", 3, 1)
+        assert report.bucket_index is not None and report.param_names
+        assert report.per_rank[0]["flags"]["model_grad"] == 0
 
 
 @pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="the .[hf] extra")

@@ -117,18 +117,18 @@ USER_MODELS = {"eval_only_head": eval_only_head, "branchy": branchy, "tiny_moe":
 
 
 def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
-    """Every trial of each config through service.worker.run_training on this rank: its status,
+    """Every trial of each config through service.train.run_training on this rank: its status,
     steps, losses and the worker's log lines, or a start-of-trial refusal's message."""
     import logging
 
     from service.config import SweepConfig
     from service.preflight import WorkloadError
-    from service.worker import run_training
+    from service.train import run_training
 
     lines: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
-    logging.getLogger("service.worker").addHandler(handler)
+    logging.getLogger("service.train").addHandler(handler)
     out = {}
     for key, dump in dumps.items():
         cfg = SweepConfig.model_validate(dump)

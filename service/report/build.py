@@ -49,7 +49,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     projected = projection.plot(projections, out_dir / projection.IMAGE, title=sweep.experiment)
     if projections:  # trials from before the accounting was logged: the table says so, no plot
         images["projected_throughput"] = projected
-    write_summary_csv(rows, out_dir / "summary.csv")
+    write_summary_csv(rows, recs, out_dir / "summary.csv")
     (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs)
                                         + projection.markdown(projections))
     report = out_dir / "report.html"
@@ -67,12 +67,16 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
 def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) -> None:
     """Into MLflow: each trial's time_to_target_s (absent when never reached) and
     time_to_target_interpolated, and on the parent run the answer per world size and link as
-    tags recommended.w{W}.{link} = configuration, so the UI shows it without the report."""
+    tags recommended.w{W}.{link} = configuration and each configuration's quality verdict as
+    verdict.w{W}.{link}.{configuration} = matches | worse | undecided | nan | failed | baseline,
+    so the UI shows them without the report."""
     for t in sweep.trials:
         if t.time_to_target is not None and t.time_to_target.seconds is not None:
             reader.record(t.run_id, metrics={
                 "time_to_target_s": t.time_to_target.seconds,
                 "time_to_target_interpolated": float(t.time_to_target.interpolated)})
     tags = {r.key: r.choice.config for r in recs if r.choice is not None}
+    tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{c.config}": c.verdict.value
+                 for r in recs for c in r.candidates})
     tags["target_tolerance"] = repr(sweep.tolerance)
     reader.record(sweep.parent_run_id, tags=tags)

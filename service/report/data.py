@@ -1,11 +1,11 @@
 """The sweep as data: trial records read from MLflow, aggregated into the typed rows every plot,
 table and recommendation is drawn from (tests compare these with what MLflow holds).
 
-    open_store()      service.tracking.SweepReader (tracking.py is the only MLflow module)
+    open_store()      service.tracking.SweepReader (service/tracking/ is the only MLflow package)
     load_sweep()      -> Sweep: the parent run and one Trial per trial record, histories included
     *_data(), summary_rows(), recommendations()   the numbers of the plots, tables and answer
 
-Everything comes from what the sweep recorded (service/tracking.py's contract): one parent run
+Everything comes from what the sweep recorded (service/tracking/'s contract): one parent run
 per sweep, one nested child run per trial carrying its identity as tags (tracking.TrialRecord),
 step metrics ``loss``, ``eval_loss``, ``eval_accuracy``, ``step_time_ms``, summary metrics
 ``samples_per_s``, ``comm_bytes_per_step``, ...; tag ``status`` (ok | nan | failed). So a report
@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from service import hook_facts
 from service.report import recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.sequential import Rule
 
 if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
     from service.tracking import TrialRecord
@@ -31,7 +33,8 @@ if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
 SUMMARY_METRICS = (
     "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
     "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
-    "nan_detected", "first_nan_step",
+    "nan_detected", "first_nan_step", "step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr",
+    "load_avg_1m", "cpu_share",
 )
 _HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
 _EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))
@@ -85,7 +88,7 @@ class Trial:
 
     @property
     def chunk_size(self) -> int | None:
-        return self.hook_params.get("chunk_size")
+        return hook_facts.chunk_size(self.hook, self.hook_params)
 
     def metric(self, key: str) -> float:
         """A summary metric as logged (latest value); NaN when never logged."""
@@ -114,6 +117,7 @@ class Sweep:
     config_text: str | None
     trials: list[Trial] = field(default_factory=list)
     tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
+    rule: Rule = Rule()            # the gaps' interval: a fixed grid's, or the adaptive seeds' schedule
 
     @property
     def world_sizes(self) -> list[int]:
@@ -147,11 +151,21 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
         config_name=config[0] if config else None,
         config_text=config[1] if config else None,
         tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
+        rule=sequential_rule(parent.data.tags),
         trials=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
     )
     sweep.trials.sort(key=_trial_order)
     _time_to_target(sweep)
     return sweep
+
+
+def sequential_rule(tags: dict[str, str]) -> Rule:
+    """The parent run's seeds_min / seeds_max tags (an adaptive sweep's seed range) as the
+    rule its gaps are judged by; a sweep without them ran a fixed grid."""
+    try:
+        return Rule(int(tags["seeds_min"]), int(tags["seeds_max"]))
+    except (KeyError, ValueError):
+        return Rule()
 
 
 def _time_to_target(sweep: Sweep) -> None:
@@ -168,7 +182,7 @@ def _time_to_target(sweep: Sweep) -> None:
 
 def _config_order(hook: str, hook_params: dict):
     """allreduce first, then by hook, chunk size, the other parameters (as text: any type)."""
-    chunk = hook_params.get("chunk_size")
+    chunk = hook_facts.chunk_size(hook, hook_params)
     return (hook != BASELINE_HOOK, hook, -1 if chunk is None else chunk,
             sorted((k, str(v)) for k, v in hook_params.items()))
 
@@ -279,7 +293,7 @@ class SummaryRow:
 
     @property
     def chunk_size(self) -> int | None:
-        return self.hook_params.get("chunk_size")
+        return hook_facts.chunk_size(self.hook, self.hook_params)
 
     def mean(self, key: str) -> float:
         return self.stats.get(key, (math.nan, math.nan, 0))[0]
@@ -395,7 +409,7 @@ def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
     out = []
     for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
         candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
-        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance))
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance, sweep.rule))
     return out
 
 
@@ -407,13 +421,20 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
     return recommend.Candidate(
         config=config, hook=trials[0].hook, ok=len(ok) == len(trials),
         states=", ".join(f"{n} {s}" for s, n in sorted(states.items())) + f" of {len(trials)} trial(s)",
+        state_counts=dict(states),
         final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
         time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
         spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
+        step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
+        step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
         samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
         bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
     )
+
+
+def _finite_by_seed(trials: list[Trial], metric: str) -> dict[int, float]:
+    return {t.seed: t.metric(metric) for t in trials if math.isfinite(t.metric(metric))}
 
 
 def _measured_ms(t: Trial) -> np.ndarray:

@@ -12,11 +12,13 @@ size and link:
    the cumulated step times (``TimeToTarget.interpolated`` says so); a target met at the first
    eval is dated there (an upper bound).
 3. **Quality** of a configuration: its final eval loss relative to the baseline's, paired per
-   seed, as a mean with a 95% t-interval over seeds. It *matches* when the interval's upper end
-   is within ``+tolerance`` (no worse than the baseline by more than the tolerance); with one
-   seed the gap itself decides and the verdict says it is a single-seed one.
+   seed, as a mean with a t-interval over seeds (95% for a fixed grid of seeds; the sequential
+   rule's level when seeds were added adaptively: service/report/sequential.py). Its verdict:
+   *matches* when the interval's upper end is within ``+tolerance``, *worse* when its lower end
+   is beyond it, *undecided* otherwise, *nan* / *failed* when a trial went NaN or failed; with
+   one seed the gap itself decides and the verdict says it is a single-seed one.
 4. **Ranking** among configurations whose every trial ended ok, matched, and reached the
-   target in every seed: mean time to target, then throughput, then bytes per step. A
+   target in every seed (undecided ones are *open*, shown worse ones *avoid*): mean time to target, then throughput, then bytes per step. A
    configuration is called faster than another only when the difference exceeds the spread of
    the two times (:func:`spread`); otherwise they run at the same speed here, and when nothing
    beats the baseline that way the answer is "keep the baseline".
@@ -34,10 +36,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 import hooks
+from service import hook_facts
+from service.config.limits import DEFAULT_TARGET_TOLERANCE
+from service.report.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
 
 BASELINE_HOOK = hooks.BASELINE
-SIXTEEN_BIT_HOOKS = ("bf16_compress", "fp16_compress")
-DEFAULT_TOLERANCE = 0.01
+DEFAULT_TOLERANCE = DEFAULT_TARGET_TOLERANCE
 LOOPBACK = "loopback"
 
 
@@ -99,9 +103,10 @@ class Gap:
     """A configuration's final eval loss relative to a reference's, paired per seed."""
 
     mean: float                # mean relative gap (+0.02: 2% higher loss than the reference)
-    low: float                 # 95% t-interval; equal to mean with one seed
+    low: float                 # the rule's t-interval; equal to mean with one seed
     high: float
     seeds: int
+    sd: float = 0.0            # sample std of the per-seed gaps
 
     @property
     def single_seed(self) -> bool:
@@ -110,14 +115,19 @@ class Gap:
     def matches(self, tolerance: float) -> bool:
         return self.high <= tolerance
 
+    def verdict(self, tolerance: float) -> Verdict:
+        """matches / worse / undecided (one seed: the gap itself decides)."""
+        return verdict(self.low, self.high, tolerance)
+
     def text(self) -> str:
         if self.seeds == 1:
             return f"{self.mean:+.2%} (1 seed)"
         return f"{self.mean:+.2%} [{self.low:+.2%}, {self.high:+.2%}] ({self.seeds} seeds)"
 
 
-def paired_gap(values: dict[int, float], reference: dict[int, float]) -> Gap | None:
-    """The mean relative gap over the seeds both have, with its 95% t-interval."""
+def paired_gap(values: dict[int, float], reference: dict[int, float], rule: Rule = Rule()) -> Gap | None:
+    """The mean relative gap over the seeds both have, with the rule's t-interval (a fixed
+    grid's: 95%)."""
     gaps = [(values[s] - reference[s]) / abs(reference[s]) for s in sorted(set(values) & set(reference))
             if math.isfinite(values[s]) and math.isfinite(reference[s]) and reference[s] != 0]
     if not gaps:
@@ -125,10 +135,9 @@ def paired_gap(values: dict[int, float], reference: dict[int, float]) -> Gap | N
     mean = statistics.fmean(gaps)
     if len(gaps) == 1:
         return Gap(mean, mean, mean, 1)
-    from scipy.stats import t  # scipy comes with scikit-learn
-
-    half = float(t.ppf(0.975, len(gaps) - 1)) * statistics.stdev(gaps) / math.sqrt(len(gaps))
-    return Gap(mean, mean - half, mean + half, len(gaps))
+    sd = statistics.stdev(gaps)
+    half = rule.quantile(len(gaps)) * sd / math.sqrt(len(gaps))
+    return Gap(mean, mean - half, mean + half, len(gaps), sd)
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,8 +157,13 @@ class Candidate:
     spread_s: dict[int, float]                 # seed -> spread of that time
     samples_per_s: float
     bytes_per_step: float
+    step_ratio: dict[int, float] = field(default_factory=dict)      # seed -> paired step time / baseline's
+    step_ratio_iqr: dict[int, float] = field(default_factory=dict)  # seed -> its spread over the windows
+    state_counts: dict[str, int] = field(default_factory=dict)   # ok / nan / failed / ... -> trials
     gap: Gap | None = None                     # vs the fp32 baseline
     gap_16bit: Gap | None = None               # vs the best 16-bit hook
+    verdict: Verdict = Verdict.UNDECIDED       # quality vs the baseline (set by recommend)
+    paired_seconds: dict[int, float] | None = None   # seed -> time to target from the paired ratio
 
     @property
     def is_baseline(self) -> bool:
@@ -161,22 +175,44 @@ class Candidate:
 
     @property
     def seconds(self) -> float:
-        """Mean time to target over seeds (inf when some seed never reached it)."""
+        """Mean time to target over seeds (inf when some seed never reached it): paired with
+        the baseline's step time when the trials timed it (:func:`pair_with_baseline`)."""
         if not self.reached_every_seed:
             return math.inf
+        if self.paired_seconds is not None:
+            return statistics.fmean(self.paired_seconds.values())
         return statistics.fmean(t.seconds for t in self.time_to_target.values())
 
     @property
     def seconds_spread(self) -> float:
-        """The spread of the mean time: step-time noise, and the seeds' own scatter."""
-        noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
-        times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
+        """The spread of the mean time: step-time noise (paired: the ratio's spread over its
+        windows), and the seeds' own scatter."""
+        if self.paired_seconds is not None:
+            noise = statistics.fmean(self.paired_seconds[s] * self.step_ratio_iqr.get(s, 0.0) / self.step_ratio[s]
+                                     for s in self.paired_seconds)
+            times = list(self.paired_seconds.values())
+        else:
+            noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
+            times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
         scatter = statistics.stdev(times) if len(times) > 1 else 0.0
         return max(noise, scatter)
 
     @property
     def interpolated(self) -> bool:
         return any(t.interpolated for t in self.time_to_target.values())
+
+
+def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
+    """Time to target from the paired step ratio: the candidate's crossing step times its step
+    time measured against the baseline's in the same trial (service/train/paired_timing.py), in
+    the baseline trial's seconds per step at that seed. The machine's load while each trial
+    ran cancels out of the ratio; it would not out of two trials' own step times."""
+    if c is baseline or not c.reached_every_seed or not baseline.reached_every_seed:
+        return
+    per_step = {s: t.seconds / t.step for s, t in baseline.time_to_target.items() if t.step}
+    seeds = c.time_to_target.keys()
+    if all(s in c.step_ratio and s in per_step for s in seeds):
+        c.paired_seconds = {s: c.time_to_target[s].step * c.step_ratio[s] * per_step[s] for s in seeds}
 
 
 def faster(a: Candidate, b: Candidate) -> bool:
@@ -195,7 +231,8 @@ class Recommendation:
     reason: str
     ranked: list[Candidate] = field(default_factory=list)   # eligible, best first
     candidates: list[Candidate] = field(default_factory=list)  # all, as given
-    avoid: list[tuple[str, str]] = field(default_factory=list)  # (config, why)
+    avoid: list[tuple[str, str]] = field(default_factory=list)  # (config, why): shown bad
+    open: list[tuple[str, str]] = field(default_factory=list)   # (config, why undecided, what decides)
     single_seed: bool = False
 
     @property
@@ -209,22 +246,28 @@ def tag_safe(link: str) -> str:
 
 
 def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
-              tolerance: float = DEFAULT_TOLERANCE) -> Recommendation:
-    """Rank the candidates of one (world size, link) as the module doc says."""
+              tolerance: float = DEFAULT_TOLERANCE, rule: Rule = Rule()) -> Recommendation:
+    """Rank the candidates of one (world size, link) as the module doc says; ``rule`` sets the
+    gaps' interval (service/report/sequential.py)."""
     candidates = list(candidates)
     baseline = next((c for c in candidates if c.is_baseline), None)
-    sixteen = [c for c in candidates if c.hook in SIXTEEN_BIT_HOOKS and c.ok]
+    for c in candidates if baseline is not None else []:
+        pair_with_baseline(c, baseline)
+    sixteen = [c for c in candidates if hook_facts.sixteen_bit(c.hook) and c.ok]
     best_16bit = min(sixteen, key=lambda c: (c.seconds, -c.samples_per_s), default=None)
     for c in candidates:
-        c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss) if baseline else None
-        c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss) if best_16bit else None
-    eligible, avoid = [], []
+        c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss, rule) if baseline else None
+        c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss, rule) if best_16bit else None
+        c.verdict = quality_verdict(c, tolerance)
+    eligible, avoid, open_ = [], [], []
     for c in candidates:
-        if not c.ok:
+        if c.verdict in (Verdict.NAN, Verdict.FAILED):
             avoid.append((c.config, c.states))
-        elif c.gap is not None and not c.gap.matches(tolerance) and not c.is_baseline:
+        elif c.verdict is Verdict.WORSE:
             avoid.append((c.config, f"final eval loss {c.gap.text()} vs {BASELINE_HOOK}, beyond the "
                                     f"{tolerance:.0%} tolerance"))
+        elif c.verdict is Verdict.UNDECIDED:
+            open_.append((c.config, _open_reason(c, tolerance)))
         elif c.time_to_target and not c.reached_every_seed:
             never = [s for s, t in sorted(c.time_to_target.items()) if t.seconds is None]
             avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
@@ -233,7 +276,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     ranked = sorted(eligible, key=lambda c: (c.seconds, -_finite(c.samples_per_s), c.bytes_per_step))
     single = any(c.gap is not None and c.gap.single_seed for c in candidates)
     rec = Recommendation(world_size, link, None, None, baseline, best_16bit, "", ranked, candidates,
-                         avoid, single)
+                         avoid, open_, single)
     if not ranked:
         rec.reason = "no configuration finished cleanly at a quality matching the baseline"
         return rec
@@ -244,6 +287,32 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     rec.runner_up = next((c for c in ranked if c is not best), None)
     rec.reason = _reason(rec, tolerance)
     return rec
+
+
+def quality_verdict(c: Candidate, tolerance: float) -> Verdict:
+    """The candidate's verdict from its trials' states and its gap to the baseline."""
+    if c.state_counts.get("nan"):
+        return Verdict.NAN
+    if c.state_counts.get("failed") or (not c.ok and not c.state_counts):
+        return Verdict.FAILED
+    if not c.ok:  # trials still running or killed: not decided yet
+        return Verdict.UNDECIDED
+    if c.is_baseline:
+        return Verdict.BASELINE
+    return c.gap.verdict(tolerance) if c.gap is not None else Verdict.UNDECIDED
+
+
+def _open_reason(c: Candidate, tolerance: float) -> str:
+    """Why a candidate is undecided, and what would decide it."""
+    if not c.ok:
+        return f"{c.states}: not every trial has finished; rerun with --resume"
+    if c.gap is None:
+        return f"no seed paired with a finished {BASELINE_HOOK} trial: run {BASELINE_HOOK} at its seeds"
+    needed = seeds_to_decide(c.gap.mean, c.gap.sd, tolerance)
+    decide = (f"about {needed} seeds at this scatter would decide it" if needed is not None
+              else f"more than {MAX_SEEDS_TO_SUGGEST} seeds at this scatter would: its mean is too "
+                   f"close to the tolerance for seeds to decide it")
+    return f"final eval loss {c.gap.text()} vs {BASELINE_HOOK} holds +{tolerance:.0%}; {decide}"
 
 
 def _finite(x: float) -> float:

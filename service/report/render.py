@@ -23,26 +23,45 @@ from service.text import format_bytes
 # The answer in a sentence
 # --------------------------------------------------------------------------------------------
 
-def headline(recs: list[recommend.Recommendation]) -> str:
+def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None) -> str:
     """The answer in a sentence: the choice at the largest world size that communicates, on
-    the slowest link measured."""
+    the slowest link measured; with adaptive seeds, how many trials they saved."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
     top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
     where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
+    saved = _trials_saved(recs, sweep) if sweep is not None else ""
     if top.choice is None:
-        return f"At {where}: {top.reason}."
-    return f"Use {top.choice.config} at {where}: {top.reason}."
+        return f"At {where}: {top.reason}.{saved}"
+    return f"Use {top.choice.config} at {where}: {top.reason}.{saved}"
+
+
+def _trials_saved(recs: list[recommend.Recommendation], sweep: Sweep) -> str:
+    """' Adaptive seeds: 14 trials of 25 ...' (nothing for a fixed grid of seeds)."""
+    rule = sweep.rule
+    if rule.looks == 1:
+        return ""
+    everyone = sum(len(r.candidates) for r in recs) * rule.max_seeds
+    return (f" Adaptive seeds ({rule.min_seeds} to {rule.max_seeds}): {len(sweep.trials)} trials, "
+            f"{everyone - len(sweep.trials)} fewer than {rule.max_seeds} seeds for every configuration "
+            f"({everyone}).")
 
 
 _RULE = ("Time to target: training seconds (the sum of measured step times, eval excluded) until "
          "the eval loss first reaches allreduce's final eval loss at the same world size, link and "
-         "seed plus {tolerance:.0%}. The recommendation ranks by that time among configurations whose "
-         "every trial ended ok and whose paired eval-loss gap to allreduce has its 95% interval "
-         "within +{tolerance:.0%}; then by throughput, then bytes. A configuration is called faster "
-         "only by more than the spread of the times (step-time IQR, seed scatter); otherwise it is "
-         "the same speed here and allreduce is kept.")
+         "seed plus {tolerance:.0%}. Quality verdict of a configuration's paired eval-loss gap to "
+         "allreduce: matches (its interval within +{tolerance:.0%}), worse (wholly beyond it: listed "
+         "under avoid), undecided (the interval holds +{tolerance:.0%}: listed as open, with what "
+         "would decide it), nan / failed. The interval: {rule}. The recommendation ranks by time to "
+         "target among configurations whose every trial ended ok and that match; then by "
+         "throughput, then bytes. A configuration is called faster only by more than the spread "
+         "of the times (step-time IQR, seed scatter); otherwise it is the same speed here and "
+         "allreduce is kept.")
+
+
+def rule_text(sweep: Sweep) -> str:
+    return _RULE.format(tolerance=sweep.tolerance, rule=sweep.rule.text())
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,50 +97,71 @@ def _states_text(row: SummaryRow) -> str:
                      for s, n in sorted(row.states.items()))
 
 
-_VERSUS = ["speed-up vs allreduce", "eval-loss gap vs allreduce (95% CI)",
-           "speed-up vs best 16-bit", "eval-loss gap vs best 16-bit (95% CI)"]
-
-
-def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None) -> list[str]:
-    """Time-to-target speed-up and paired eval-loss gap against fp32 allreduce and the best
-    16-bit hook of the same world size and link."""
+def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation | None,
+                  part: str) -> list[str]:
+    """Against fp32 allreduce and the best 16-bit hook of the same world size and link: the
+    time-to-target speed-up (``part`` speed) or the paired eval-loss gap (quality)."""
     if c is None or rec is None:
-        return [""] * 4
+        return ["", ""]
     cells = []
     for ref, gap in ((rec.baseline, c.gap), (rec.best_16bit, c.gap_16bit)):
         if ref is None:
-            cells += ["", ""]
-            continue
-        speedup = (f"{ref.seconds / c.seconds:.2f}x" if math.isfinite(ref.seconds) and math.isfinite(c.seconds)
-                   else "")
-        cells += ["ref" if ref is c else speedup, "ref" if ref is c else (gap.text() if gap else "")]
+            cells.append("")
+        elif ref is c:
+            cells.append("ref")
+        elif part == "speed":
+            cells.append(f"{ref.seconds / c.seconds:.2f}x"
+                         if math.isfinite(ref.seconds) and math.isfinite(c.seconds) else "")
+        else:
+            cells.append(gap.text() if gap else "")
     return cells
 
 
-def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation] | None = None
+def _candidate_of(row: SummaryRow, recs: list[recommend.Recommendation]
+                  ) -> tuple[recommend.Candidate | None, recommend.Recommendation | None]:
+    rec = next((r for r in recs if (r.world_size, r.link) == (row.world_size, row.link)), None)
+    return (next((c for c in rec.candidates if c.config == row.config), None) if rec else None), rec
+
+
+def _verdict(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
+    candidate, _ = _candidate_of(row, recs)
+    return candidate.verdict.value if candidate is not None else ""
+
+
+# The summary is two tables that each fit a page: quality (the verdicts) and speed.
+_PARTS = {
+    "quality": (["final_eval_loss", "final_loss", "loss_gap", "final_eval_accuracy"],
+                ["eval-loss gap vs allreduce (CI)", "eval-loss gap vs best 16-bit (CI)"]),
+    "speed": (["time_to_target_s", "samples_per_s", "step_time_ms_median", "step_time_ms_iqr",
+               "comm_bytes_per_step", "compression_ratio", "hook_time_ms"],
+              ["speed-up vs allreduce", "speed-up vs best 16-bit"]),
+}
+
+
+def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation], part: str
                 ) -> tuple[list[str], list[list[str]]]:
-    header = (["configuration", "world size", "link", "seeds", "status"] + [c[0] for c in _COLUMNS]
-              + (_VERSUS if recs is not None else []))
-    by_group = {(r.world_size, r.link): r for r in recs or []}
+    """The ``part`` ("quality" or "speed") table of the summary: its header and rows."""
+    metrics, versus = _PARTS[part]
+    columns = [c for m in metrics for c in _COLUMNS if c[1] == m]
+    lead = (["seeds", "status", "verdict"] if part == "quality" else [])
+    header = ["configuration", "world size", "link"] + lead + [c[0] for c in columns] + versus
     body = []
     for r in rows:
-        cells = ([r.config, str(r.world_size), r.link, str(len(r.seeds)), _states_text(r)]
-                 + [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in _COLUMNS])
-        if recs is not None:
-            rec = by_group.get((r.world_size, r.link))
-            candidate = next((c for c in rec.candidates if c.config == r.config), None) if rec else None
-            cells += _versus_cells(candidate, rec)
-        body.append(cells)
+        cells = [r.config, str(r.world_size), r.link]
+        cells += [str(len(r.seeds)), _states_text(r), _verdict(r, recs)] if part == "quality" else []
+        cells += [_cell(r, metric, fmt, fmt_std) for _, metric, fmt, fmt_std in columns]
+        body.append(cells + _versus_cells(*_candidate_of(r, recs), part))
     return header, body
 
 
-def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
-    """Machine-readable: every mean and std as its own column (empty when not recorded)."""
-    metrics = [c[1] for c in _COLUMNS] + ["first_nan_step"]
+def write_summary_csv(rows: list[SummaryRow], recs: list[recommend.Recommendation], path: Path) -> None:
+    """Machine-readable: the quality verdict, the seeds used (space-separated), every mean and
+    std as its own column (empty when not recorded)."""
+    metrics = [c[1] for c in _COLUMNS] + list(_CSV_ONLY)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "seeds", "trials",
-                         "ok", "nan", "failed", "other"]
+        writer.writerow(["configuration", "hook", "hook_params", "world_size", "link", "verdict", "seeds",
+                         "trials", "ok", "nan", "failed", "other", "speedup_vs_baseline"]
                         + [f"{m}_{s}" for m in metrics for s in ("mean", "std")])
         for r in rows:
             other = sum(n for s, n in r.states.items() if s not in ("ok", "nan", "failed"))
@@ -131,20 +171,38 @@ def write_summary_csv(rows: list[SummaryRow], path: Path) -> None:
                 values += [repr(mean) if n else "", repr(std) if n > 1 else ""]
             writer.writerow([r.config, r.hook,
                              ";".join(f"{k}={v}" for k, v in sorted(r.hook_params.items())),
-                             r.world_size, r.link, " ".join(map(str, r.seeds)), len(r.run_ids),
+                             r.world_size, r.link, _verdict(r, recs), " ".join(map(str, r.seeds)),
+                             len(r.run_ids),
                              r.states.get("ok", 0), r.states.get("nan", 0),
-                             r.states.get("failed", 0), other] + values)
+                             r.states.get("failed", 0), other, _speedup(r, recs)] + values)
+
+
+# Per trial, in summary.csv only: the step time paired with the baseline's in the same trial
+# (service/train/paired_timing.py; > 1 slower) and its spread, the load the trial ran under.
+_CSV_ONLY = ("step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr", "load_avg_1m", "cpu_share",
+             "first_nan_step")
+
+
+def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
+    """The baseline's time to target over this configuration's (paired when the trials timed
+    the baseline); empty when either never reached it."""
+    c, rec = _candidate_of(row, recs)
+    if c is None or rec.baseline is None or not math.isfinite(c.seconds) or not math.isfinite(rec.baseline.seconds):
+        return ""
+    return repr(rec.baseline.seconds / c.seconds)
 
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
-    header, body = table_cells(rows, recs)
     lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
-             f"**{headline(recs)}**", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
+             f"**{headline(recs, sweep)}**"]
+    for part in _PARTS:
+        header, body = table_cells(rows, recs, part)
+        lines += ["", f"## {part.capitalize()}", "",
+                  "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
     lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
               f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
-              f"{_RULE.format(tolerance=sweep.tolerance)}", ""]
+              f"{rule_text(sweep)}", ""]
     return "\n".join(lines)
 
 
@@ -178,12 +236,15 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``projections`` from service.projection.project."""
     from service import projection  # imports hooks (torch): only when a report is built
-    header, body = table_cells(rows, recs)
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
-    summary = [{"cells": cells, "pick": (row.config, row.world_size, row.link) in picks,
-                "status": None if row.all_ok else next(s for s in row.states if s != "ok")}
-               for row, cells in zip(rows, body)]
+    summary = []
+    for part in _PARTS:
+        header, body = table_cells(rows, recs, part)
+        summary.append({"part": part, "header": header, "rows": [
+            {"cells": cells, "pick": (row.config, row.world_size, row.link) in picks,
+             "status": None if row.all_ok else next(s for s in row.states if s != "ok")}
+            for row, cells in zip(rows, body)]})
     trials = [{"name": t.run_name, "state": t.state, "run_id": t.run_id, "nan_source": t.nan_source or "",
                "final_loss": _number(t.metric("final_loss"), "{:.4g}"),
                "accuracy": _number(t.metric("final_eval_accuracy"), "{:.3f}"),
@@ -197,8 +258,8 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     projected = projection.table(projections) if projections else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
-        headline=headline(recs), recs=recs, rule=_RULE.format(tolerance=sweep.tolerance),
-        baseline=BASELINE_HOOK, header=header, summary=summary, images=images_, trials=trials,
+        headline=headline(recs, sweep), recs=recs, rule=rule_text(sweep),
+        baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",

@@ -7,7 +7,7 @@ The shape of a sweep:
       -> MLflow parent run (tracking.start_parent_run)
       -> Ray Tune, one function trial per grid point (run._run_trial), max_concurrent_trials at once
            -> MLflow child run (opened by the sweep's TrialRuns actor, service/trial_runs.py)
-           -> TorchTrainer(service.worker.train_loop_per_worker).fit(): world_size workers,
+           -> TorchTrainer(service.train.train_loop_per_worker).fit(): world_size workers,
               rank 0 logs the trial into the child run
            -> the child run ends FINISHED, or FAILED with the error text (TrialRuns again)
       -> the parent run ends FINISHED; a table of the trials, read back from MLflow
@@ -26,8 +26,8 @@ The modules, by what they hold:
     paths.py     where the sweep writes: storage root, local directory, Tune's trial directories
     errors.py    SweepError: a problem the user can fix, said in one line
 
-Ray is only here: the workers see plain PyTorch (service/worker.py) and MLflow is only behind
-service/tracking.py. The Tune trial's process never imports MLflow (a CPU-heavy import on the
+Ray is only here: the workers see plain PyTorch (service/train/) and MLflow is only behind
+service/tracking/. The Tune trial's process never imports MLflow (a CPU-heavy import on the
 trial's critical path, docs/performance.md): it asks the TrialRuns actor, which imported it
 once for the sweep.
 """

@@ -15,7 +15,7 @@ from service.config import ConfigError, load_config
 from service.sweep.errors import SweepError
 from service.sweep.logs import start_log_file
 from service.sweep.results import format_table, mlflow_ui_hint, trial_rows, write_report
-from service.sweep.run import run_sweep
+from service.sweep.run import adaptive_range, run_sweep, seed_rounds
 from service.text import count, one_line
 
 log = logging.getLogger("service.sweep")
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.dry_run:
-        for trial in trials:
-            print(trial.describe())
-        print(f"{len(trials)} trial{'s' if len(trials) != 1 else ''}")
+        print_dry_run(cfg, trials)
         return 0
 
     log_path = start_log_file(cfg)
@@ -86,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     report_line = write_report(cfg, outcome)  # first: it records each trial's time to target
-    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, trials)
+    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, trials,
+                      ran_only=cfg.search.adaptive is not None)
     print()
     print(format_table(rows))
     print()
@@ -98,3 +97,26 @@ def main(argv: list[str] | None = None) -> int:
               f"python -m service.sweep {args.config} --resume")
         return 130
     return 1 if outcome.failed else 0
+
+
+def print_dry_run(cfg, trials) -> None:
+    """The trials, one line each, and how many; with adaptive seeds the first round's, the
+    range of trials and the rule that adds seeds."""
+    if cfg.search.adaptive is None:
+        for trial in trials:
+            print(trial.describe())
+        print(count(len(trials), "trial"))
+        return
+    rounds = seed_rounds(cfg, trials)
+    first = rounds.plan({})
+    seeds = cfg.search.adaptive
+    print(f"round 1: every configuration at seeds 0 to {seeds.min - 1}")
+    for trial in first:
+        print(trial.describe())
+    if seeds.max > seeds.min:
+        which = (f"round 2: seed {seeds.min}" if seeds.max == seeds.min + 1 else
+                 f"rounds 2 to {rounds.rule.looks}: seed {seeds.min}, then the next, up to {seeds.max - 1},")
+        print(f"{which} for each configuration (per world size and link) whose quality verdict is "
+              f"still undecided, and for the baseline at that seed")
+    print(f"{adaptive_range(cfg, trials)} (adaptive seeds {seeds.min} to {seeds.max}); the rule: "
+          f"{rounds.rule.text()}")

@@ -32,14 +32,18 @@ class SweepOutcome:
         return sum(1 for r in self.rows if r["status"] not in ("ok", "nan"))
 
 
-def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec]) -> list[dict[str, Any]]:
-    """One row per trial of the sweep, from its MLflow child run (trials in grid order)."""
+def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec],
+               ran_only: bool = False) -> list[dict[str, Any]]:
+    """One row per trial of the sweep, from its MLflow child run (trials in grid order).
+    ``ran_only``: leave out trials without a run (adaptive seeds: those never proposed)."""
     from service import tracking
 
     by_key = {r.key: r for r in tracking.SweepReader(tracking_uri).trials(parent_run_id)}
     rows = []
     for trial in trials:
         record = by_key.get(trial.key)
+        if record is None and ran_only:
+            continue
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
                                "params": " ".join([f"{k}={v}" for k, v in {**trial.non_default_params(), **trial.non_default_knobs()}.items()]
                                                   + ([f"link={trial.link_gbps:g}Gbit/s"]

@@ -6,7 +6,10 @@ with its checkpoints; FINISHED and FAILED trials are not run again.
 
 from __future__ import annotations
 
+import math
+
 from service.config import SweepConfig, TrialSpec
+from service.sweep.adaptive import Outcome
 from service.sweep.errors import SweepError
 
 
@@ -37,3 +40,13 @@ def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
     reusable = {r.key: r.run_id for r in records if not r.ended}
     pending = [t for t in trials if t.key not in done]
     return parent.info.run_id, reusable, pending
+
+
+def done_outcomes(parent_run_id: str, tracking_uri: str) -> dict[str, Outcome]:
+    """The ended trials of an adaptive sweep, by key, as its rounds see them: how each ended
+    and its final eval loss (an interrupted trial is not among them: it runs again)."""
+    from service import tracking
+
+    records = tracking.SweepReader(tracking_uri).trials(parent_run_id)
+    return {r.key: Outcome(r.state, r.metrics.get("final_eval_loss", math.nan))
+            for r in records if r.ended}

@@ -15,19 +15,23 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep import logs
+from service.sweep.adaptive import SeedRounds
 from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
 from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
-from service.sweep.resume import plan_resume
+from service.sweep.resume import done_outcomes, plan_resume
 from service.sweep.signals import signals_raise_keyboard_interrupt
 from service.text import one_line
 from service.uris import join
+
+if TYPE_CHECKING:  # it imports Ray Tune: only when a sweep runs
+    from service.sweep.searcher import SeedSearcher
 
 log = logging.getLogger("service.sweep")
 
@@ -41,99 +45,134 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     ``resume``: continue the experiment's latest sweep (its parent run) and run only the
     trials without a FINISHED or FAILED run, reusing the runs of interrupted ones.
     ``train_loop`` is the per-worker function given to TorchTrainer (default:
-    ``service.worker.train_loop_per_worker``). ``init_ray(cfg, trials)`` connects to Ray (default:
+    ``service.train.ray_entry.train_loop_per_worker``). ``init_ray(cfg, trials)`` connects to Ray (default:
     ``_init_ray``; a bench that started Ray itself passes one that does nothing).
 
     SIGINT/SIGTERM while trials run: the running trials are stopped, their runs and the
     parent end KILLED, and the outcome says ``interrupted`` (resume with ``resume=True``).
     """
-    import ray
-
     from service import tracking
-    from service.progress import ProgressBoard, ProgressPrinter
-    from service.trial_runs import TrialRuns
 
     logs.route_library_logs_to_file()  # with main()'s log file: the terminal keeps the sweep's own lines
-
     trials = cfg.trials() if trials is None else trials
-    # first of all, before MLflow or Ray is touched: refuses in one line and leaves nothing
+    # plan: first of all, before MLflow or Ray is touched (refuses in one line, leaves nothing)
     links = prepare_network(cfg, trials, out)
     tracking_uri = tracking.resolve_tracking_uri()
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
-
-    if train_loop is None:
-        from service.worker import train_loop_per_worker as train_loop
-
-    parent_run_id, reusable_runs, pending = None, {}, trials
+    adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
+    parent_run_id, reusable_runs, pending, done = None, {}, trials, {}
     if resume:
         parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
+        done = done_outcomes(parent_run_id, tracking_uri) if adaptive else {}
         print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
-              f"{len(trials)} trials already finished, {len(pending)} to run", file=out, flush=True)
+              + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
+                 if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),
+              file=out, flush=True)
         if not pending:
-            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials))
-
+            return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
+                                                                        ran_only=adaptive))
+    # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
     (init_ray or _init_ray)(cfg, pending)
     log.info("ray ready in %.1f s", time.monotonic() - started)
     check_cluster(cfg, pending, tracking_uri, storage)
-
-    # Tune's console reporter (a config box, per-trial error banners) would interleave with
-    # the progress lines; the legacy reporter at verbose=0 prints nothing.
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
-    # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
-    # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED. It is
-    # in place before the parent run exists, so no signal can leave that run RUNNING.
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
-    interrupted, interrupted_at_ms = False, None
-    parent_status = "FAILED"
-    board = printer = None
-    with signals_raise_keyboard_interrupt() as signal_received:
-        try:
-            if parent_run_id is None:
-                parent_run_id = tracking.start_parent_run(cfg, str(config_path), tracking_uri=tracking_uri)
-                print(f"Sweep {cfg.name!r}: {len(trials)} trials; MLflow parent run {parent_run_id} at {tracking_uri}",
-                      file=out, flush=True)
-            else:
-                tracking.reopen_run(parent_run_id, tracking_uri)
-            # Started before Tune, so its process start and MLflow import overlap Tune's own start.
-            trial_runs = TrialRuns.remote(cfg, parent_run_id, tracking_uri)
-            board = ProgressBoard.remote(len(trials), already_done=len(trials) - len(pending))
-            printer = ProgressPrinter(board, out=out).start()
-            _make_tuner(cfg, pending, parent_run_id, tracking_uri, storage, train_loop, reusable_runs,
-                        resume, board, trial_runs, links).fit()
-            parent_status = "FINISHED"
-        except KeyboardInterrupt:
-            interrupted = True
-            interrupted_at_ms = signal_received["at_ms"] or int(time.time() * 1000)
-            parent_status = "KILLED"
-            print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
-        finally:
-            if printer is not None:
-                printer.stop()
-            if interrupted:
-                _tell_trials_interrupted(board)
-                ray.shutdown()  # ends the trial actors, their Train controllers and workers
-            if links is not None:  # the trials' emulated hosts, also of trials that were killed
-                remove_networks()
-            if parent_run_id is not None:
-                _close_leftover_runs(parent_run_id, tracking_uri, killed=parent_status != "FINISHED",
-                                     interrupted_at_ms=interrupted_at_ms)
-                tracking.end_run(parent_run_id, parent_status, tracking_uri=tracking_uri)
-            log.info("sweep ended %s after %.1f s", parent_status, time.monotonic() - started)
-    if parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
+    # open the record, run the trials, close every run (whatever happens)
+    run = _SweepRun(cfg, trials, pending, tracking_uri, storage, parent_run_id, reusable_runs, links)
+    run.go(config_path, train_loop or _default_train_loop(), resume, out, done)
+    log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
+    if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
+    # report: the table, read back from MLflow
+    rows = trial_rows(run.parent_run_id, tracking_uri, trials, ran_only=adaptive)
+    return SweepOutcome(run.parent_run_id, tracking_uri, rows, run.status == "KILLED")
 
-    rows = trial_rows(parent_run_id, tracking_uri, trials)
-    return SweepOutcome(parent_run_id, tracking_uri, rows, interrupted)
+
+def seed_rounds(cfg: SweepConfig, trials: list[TrialSpec]) -> SeedRounds:
+    """The rounds of an adaptive sweep over ``trials`` (every configuration at max seeds)."""
+    seeds = cfg.search.adaptive
+    return SeedRounds(trials, seeds.min, seeds.max, cfg.report.target_tolerance)
+
+
+def adaptive_range(cfg: SweepConfig, trials: list[TrialSpec]) -> str:
+    """'8 to 20 trials': every configuration at min seeds, to every one at max."""
+    return seed_rounds(cfg, trials).range_text(len(trials))
+
+
+def _default_train_loop() -> Callable[[dict], None]:
+    from service.train import train_loop_per_worker
+
+    return train_loop_per_worker
+
+
+class _SweepRun:
+    """The Tune experiment of one sweep between its parent run's opening and closing."""
+
+    def __init__(self, cfg: SweepConfig, trials: list[TrialSpec], pending: list[TrialSpec], tracking_uri: str,
+                 storage: str, parent_run_id: str | None, reusable_runs: dict[str, str], links):
+        self.cfg, self.trials, self.pending, self.tracking_uri = cfg, trials, pending, tracking_uri
+        self.storage, self.parent_run_id, self.reusable_runs, self.links = storage, parent_run_id, reusable_runs, links
+        self.status = "FAILED"  # FINISHED | FAILED | KILLED (interrupted)
+
+    def go(self, config_path: Path, train_loop: Callable[[dict], None], resume: bool, out: TextIO,
+           done: dict) -> None:
+        """``done``: an adaptive sweep's outcomes so far (--resume), for its seed rounds."""
+        import ray
+
+        from service import tracking
+        from service.progress import ProgressBoard, ProgressPrinter
+        from service.sweep.searcher import SeedSearcher
+        from service.trial_runs import TrialRuns
+
+        # Tune's console reporter (a config box, per-trial error banners) would interleave with
+        # the progress lines; the legacy reporter at verbose=0 prints nothing.
+        os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+        # Tune's own SIGINT handler would wind the experiment down quietly and return as if it
+        # had finished; ours makes SIGINT and SIGTERM one path that ends the runs KILLED. It is
+        # in place before the parent run exists, so no signal can leave that run RUNNING.
+        os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+        cfg, uri, interrupted_at_ms, board = self.cfg, self.tracking_uri, None, None
+        with signals_raise_keyboard_interrupt() as signal_received:
+            printer = None
+            try:
+                self.parent_run_id = tracking.open_sweep_run(cfg, str(config_path), uri, self.parent_run_id)
+                if not resume:
+                    size = (f"{adaptive_range(cfg, self.trials)} (adaptive seeds)" if cfg.search.adaptive is not None
+                            else f"{len(self.trials)} trials")
+                    print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {self.parent_run_id} at {uri}",
+                          file=out, flush=True)
+                # Started before Tune, so its process start and MLflow import overlap Tune's own start.
+                trial_runs = TrialRuns.remote(cfg, self.parent_run_id, uri)
+                board = ProgressBoard.remote(len(self.trials), already_done=len(self.trials) - len(self.pending))
+                printer = ProgressPrinter(board, out=out).start()
+                search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
+                          if cfg.search.adaptive is not None else None)
+                _make_tuner(cfg, self.pending, self.parent_run_id, uri, self.storage, train_loop,
+                            self.reusable_runs, resume, board, trial_runs, self.links, search).fit()
+                self.status = "FINISHED"
+            except KeyboardInterrupt:
+                self.status, interrupted_at_ms = "KILLED", signal_received["at_ms"] or int(time.time() * 1000)
+                print("\ninterrupted: stopping the running trials ...", file=out, flush=True)
+            finally:
+                if printer is not None:
+                    printer.stop()
+                if self.status == "KILLED":
+                    _tell_trials_interrupted(board)
+                    ray.shutdown()  # ends the trial actors, their Train controllers and workers
+                if self.links is not None:  # the trials' emulated hosts, also of trials that were killed
+                    remove_networks()
+                if self.parent_run_id is not None:  # every child run closed, then the parent
+                    tracking.close_sweep_run(self.parent_run_id, uri, self.status, interrupted_at_ms)
 
 
 def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
                 storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board, trial_runs, links=None):
+                resume: bool, board, trial_runs, links=None, search: SeedSearcher | None = None):
     """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
 
-    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section."""
+    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section.
+    ``search``: adaptive seeds; its rounds propose the trials (at most ``pending``), in place
+    of the grid."""
     from ray import tune
 
     # Train's per-trial directories hang off the parent run: a resumed trial finds its
@@ -146,11 +185,13 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
         network=None if links is None else {"links": links, "owner_pid": os.getpid()},
     )
     tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+    grid = {"trial": tune.grid_search([t.to_dict() for t in pending])}
     return tune.Tuner(
         trainable,
-        param_space={"trial": tune.grid_search([t.to_dict() for t in pending])},
+        param_space=grid if search is None else {},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
-                                    trial_dirname_creator=trial_dirname),
+                                    trial_dirname_creator=trial_dirname, search_alg=search,
+                                    num_samples=1 if search is None else max(1, len(pending))),
         run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
     )
@@ -167,14 +208,9 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     Tune result (``trial_process_imported_mlflow``).
     """
     import ray
-    import ray.train
     from ray import tune
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from service import ray_runtime
-    from service.cluster import torch_config as cluster_torch_config
-    from service.progress import Publisher
 
     ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
     trial = TrialSpec.from_dict(config["trial"])
@@ -183,22 +219,60 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
 
     # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
-    # driver removes them if this process is killed; the workers join them (worker.py)
+    # driver removes them if this process is killed; the workers join them (service/train/ray_entry.py)
     try:
         net = trial_network(cfg, trial, network)
     except Exception as exc:  # e.g. a namespace that cannot be created: this trial fails, in one line
-        summary = f"its emulated network: {one_line(exc)}"
-        ray.get(trial_runs.close.remote(run_id, "FAILED", summary))
-        board.trial_ended.remote(trial.key, f"failed: {summary}")
-        tune.report({"status": "failed", "error": summary, "run_id": run_id,
-                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
-        return
+        return _trial_failed(trial, run_id, trial_runs, board, f"its emulated network: {one_line(exc)}")
+    trainer = _trainer(cfg, trial, run_id, tracking_uri, trials_storage, board, train_loop, net)
+    try:
+        try:
+            fitted = trainer.fit()
+        finally:
+            if net is not None:
+                log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
+    except Exception as exc:
+        if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
+            ray.get(trial_runs.close.remote(run_id, "KILLED"))
+            return
+        summary, details = describe_failure(exc)
+        return _trial_failed(trial, run_id, trial_runs, board, summary, details)
+    status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
+    board.trial_ended.remote(trial.key, status)
+    # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py)
+    tune.report({"status": status, "run_id": run_id,
+                 "final_eval_loss": float((fitted.metrics or {}).get("final_eval_loss", math.nan)),
+                 "trial_process_imported_mlflow": "mlflow" in sys.modules})
+
+
+def _trial_failed(trial: TrialSpec, run_id: str, trial_runs, board, summary: str, details: str = "") -> None:
+    """The trial's run ends FAILED with the error text; the board and Tune are told in one line."""
+    import ray
+    from ray import tune
+
+    ray.get(trial_runs.close.remote(run_id, "FAILED", f"{summary}\n{details}".strip()))
+    board.trial_ended.remote(trial.key, f"failed: {summary}")
+    tune.report({"status": "failed", "error": summary, "run_id": run_id,
+                 "trial_process_imported_mlflow": "mlflow" in sys.modules})
+
+
+def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str, trials_storage: str, board,
+             train_loop: Callable[[dict], None], net):
+    """The trial's TorchTrainer: world_size workers running ``train_loop``, restarted from the last
+    checkpoint up to checkpoint.max_failures times, reporting to Tune."""
+    import ray
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from service.cluster import torch_config as cluster_torch_config
+    from service.progress import Publisher
 
     use_gpu = cfg.resources.use_gpu
     resources = {"CPU": cfg.resources.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = 1
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop,
         train_loop_config={
             "trial": trial.to_dict(),
@@ -217,26 +291,6 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
             failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
             callbacks=[TuneReportCallback()]),
     )
-    try:
-        try:
-            trainer.fit()
-        finally:
-            if net is not None:
-                log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
-    except Exception as exc:
-        if _interrupted(board):  # torn down by Ctrl-C/SIGTERM: --resume runs it again
-            ray.get(trial_runs.close.remote(run_id, "KILLED"))
-            return
-        summary, details = describe_failure(exc)
-        ray.get(trial_runs.close.remote(run_id, "FAILED", f"{summary}\n{details}".strip()))
-        board.trial_ended.remote(trial.key, f"failed: {summary}")
-        tune.report({"status": "failed", "error": summary, "run_id": run_id,
-                     "trial_process_imported_mlflow": "mlflow" in sys.modules})
-        return
-    status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
-    board.trial_ended.remote(trial.key, status)
-    tune.report({"status": status, "run_id": run_id,
-                 "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 
 def describe_failure(exc: BaseException) -> tuple[str, str]:
@@ -277,31 +331,6 @@ def _interrupted(board) -> bool:
         return bool(ray.get(board.interrupted.remote(), timeout=5))
     except Exception:
         return True
-
-
-def _close_leftover_runs(parent_run_id: str, tracking_uri: str, *, killed: bool,
-                         interrupted_at_ms: int | None = None) -> None:
-    """No child run is left RUNNING: an interrupted sweep's trials end KILLED; a trial
-    whose process died before it could close its run ends FAILED.
-
-    ``interrupted_at_ms``: when the signal came. A trial whose TorchTrainer was torn down by
-    the interruption may get to close its own run FAILED first (a race with ``ray.shutdown``);
-    a run that ended FAILED after the signal is such a trial, and becomes KILLED, so that
-    ``--resume`` runs it again instead of taking it for a finished failure.
-    """
-    from service import tracking
-
-    for run in tracking.child_runs(parent_run_id, tracking_uri):
-        if (interrupted_at_ms is not None and run.info.status == "FAILED"
-                and (run.info.end_time or 0) >= interrupted_at_ms):
-            tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
-        elif run.info.status == "RUNNING":
-            if killed:
-                tracking.end_run(run.info.run_id, "KILLED", tracking_uri=tracking_uri)
-            else:
-                tracking.end_run(run.info.run_id, "FAILED", tracking_uri=tracking_uri,
-                                 error="the trial's process ended without closing its run "
-                                       "(see the Ray logs of the sweep)")
 
 
 def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:

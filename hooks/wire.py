@@ -1,0 +1,44 @@
+"""Bytes on the wire per collective (the standard algorithms): the leaf the accounting and the
+cost model (hooks/cost.py) both read. Imports nothing of hooks/.
+
+For a payload of ``n`` bytes per rank in a group of ``W`` ranks, each rank sends:
+
+* ring allreduce:  2(W-1)/W * n    (reduce-scatter then allgather, 2(W-1) rounds of n/W)
+* ring allgather:  (W-1) * n       (W-1 rounds of n)
+* all_to_all:      (W-1)/W * n     (W-1 rounds of n/W: every other rank gets its shard)
+
+At W = 1 nothing is sent.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# The collective kinds hooks issue: the accounting keeps each one's calls and bytes apart
+# (``{kind}_calls``, ``{kind}_bytes`` in ``HookState.stats()``) so the cost model can re-price them.
+KINDS = ("allreduce", "allgather", "all_to_all")
+
+
+class Collective(NamedTuple):
+    """What one hook call hands to collectives of one ``kind``: ``nbytes`` of payload per rank,
+    split over ``count`` collectives (PowerSGD's three allreduces once compressing; a mean over
+    calls when read from measured stats). Wire bytes depend on the total only; latency on ``count``."""
+
+    kind: str
+    nbytes: float
+    count: float = 1.0
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+
+
+def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
+    """Bytes one rank sends for collectives of ``kind`` with ``nbytes`` of payload in all."""
+    check_kind(kind)
+    w = world_size
+    if kind == "allreduce":
+        return 2.0 * (w - 1) / w * nbytes
+    if kind == "allgather":
+        return float((w - 1) * nbytes)
+    return (w - 1) / w * nbytes

@@ -1,0 +1,378 @@
+"""The sweep config's schema (pydantic, strict): the workload, the search (hooks, axes, seeds),
+the whole SweepConfig with its cross-section checks, and the trial grid it expands into
+(``SweepConfig.trials``); the plainer sections are in sections.py."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator,
+                      model_validator)
+
+from service.config.errors import FieldProblem, exception_text
+from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH,
+                                   MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
+from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, ReportConfig, ResourcesConfig,
+                                     StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
+from service.config.trial import Scalar, TrialSpec
+from service.text import did_you_mean, short_value
+
+
+
+
+class WorkloadConfig(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(min_length=1, description="built-in workload or 'package.module:function'")
+    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps per trial")
+    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="held fixed across world sizes; "
+                                   "default: the workload's (service.workloads.training_defaults)")
+    grad_accumulation: int = Field(1, ge=1, le=MAX_GRAD_ACCUMULATION, description="micro-batches per step")
+    lr: float = Field(gt=0, le=MAX_LR, description="default: the workload's for the optimizer")
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
+    warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
+    # Training realism (service/training_options.py says what each does, and where).
+    precision: Literal["fp32", "bf16_autocast", "bf16"] = Field(
+        "fp32", description="fp32 | bf16_autocast (fp32 weights, bf16 forward) | bf16 (bf16 weights and DDP buckets)")
+    grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear LR warm-up steps (not warmup_steps)")
+    # DDP's own arguments for the model (the search axes bucket_cap_mb etc. are DDP's too, but
+    # compared; these are the model's needs).
+    find_unused_parameters: Union[Literal["auto"], bool] = Field(
+        "auto", description="auto: on exactly when the start-of-trial probe finds a parameter with no gradient")
+    broadcast_buffers: bool = Field(True, description="DDP broadcasts rank 0's buffers (BatchNorm stats) every forward")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _workload_defaults(cls, raw: Any) -> Any:
+        """A config may leave out global_batch_size and lr: the workload's own fill them in."""
+        if not isinstance(raw, dict) or ("global_batch_size" in raw and "lr" in raw):
+            return raw
+        name, optimizer = raw.get("name"), raw.get("optimizer", "sgd")
+        if not isinstance(name, str) or not isinstance(optimizer, str):
+            return raw  # the field validators name the problem
+        from service.workloads import training_defaults  # imported late: it pulls in torch
+
+        return {**training_defaults(name, optimizer), **raw}
+
+    @field_validator("find_unused_parameters", mode="before")
+    @classmethod
+    def _auto_or_bool(cls, value: Any) -> Any:
+        if value != "auto" and not isinstance(value, bool):
+            raise ValueError(f"{short_value(value)} is not allowed; allowed: auto, true or false")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _known_workload(cls, name: str) -> str:
+        from service.workloads import check_workload  # imported late: it pulls in torch
+
+        try:
+            check_workload(name)
+        except Exception as exc:  # a user's module may raise anything while it imports
+            raise ValueError(exception_text(exc)) from None
+        return name
+
+    @model_validator(mode="after")
+    def _some_steps_are_measured(self) -> "WorkloadConfig":
+        if self.warmup_steps >= self.steps:
+            default = "" if "warmup_steps" in self.model_fields_set else " (the default)"
+            raise FieldProblem(
+                "warmup_steps",
+                f"{self.warmup_steps} warm-up steps{default} leave none of the {self.steps} steps to "
+                f"measure throughput on; allowed: 0 to {self.steps - 1}",
+            )
+        if self.lr_warmup_steps > self.steps:
+            raise FieldProblem("lr_warmup_steps", f"{self.lr_warmup_steps} is more than the {self.steps} steps; "
+                                                  f"allowed: 0 to {self.steps}")
+        return self
+
+
+class HookEntry(BaseModel):
+    """One line of `search.hooks`: a hook name, or {name, param: value-or-list-of-values}."""
+
+    model_config = STRICT
+
+    name: str = Field(min_length=1)
+    params: dict[str, tuple[Scalar, ...]] = Field(default_factory=dict)  # every value as a sweep list
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_yaml_shape(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            return {"name": raw, "params": {}}
+        if not isinstance(raw, dict):
+            raise ValueError(
+                f"a hook entry is a hook name or a mapping {{name: ..., param: value}}, got {short_value(raw)}"
+            )
+        if "name" not in raw:
+            raise FieldProblem("name", "missing: every hook entry needs a name")
+        if set(raw) == {"name", "params"} and isinstance(raw["params"], dict):
+            raw = {"name": raw["name"], **raw["params"]}  # model_dump()'s shape: round trips through Ray
+        params = {}
+        for key, value in raw.items():
+            if key == "name":
+                continue
+            if not isinstance(key, str):
+                raise FieldProblem(str(key), "a hook parameter's name must be a string")
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not values:
+                raise FieldProblem(key, "an empty list sweeps nothing; give a value or a list of values")
+            for v in values:
+                if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
+                    raise FieldProblem(
+                        key, f"{short_value(v)} is not allowed; a parameter is a number, bool or string, or a list of them"
+                    )
+            if len(set(map(repr, values))) != len(values):
+                raise FieldProblem(key, f"the list {short_value(values)} repeats a value")
+            params[key] = tuple(values)
+        return {"name": raw["name"], "params": params}
+
+    @model_validator(mode="after")
+    def _known_hook_and_params(self) -> "HookEntry":
+        import hooks  # imported late: it pulls in torch
+
+        available = hooks.available()
+        if self.name not in available:
+            raise FieldProblem("name", f"unknown hook {self.name!r}{did_you_mean(self.name, available)}; "
+                                       f"allowed: {', '.join(available)}")
+        known = available[self.name].params
+        n_combos = math.prod(len(v) for v in self.params.values())
+        if n_combos > MAX_TRIALS:  # before building them: lists multiply
+            raise FieldProblem(next(iter(self.params)), f"the parameter lists make {n_combos} combinations; "
+                                                        f"allowed: at most {MAX_TRIALS} trials in all")
+        for key, values in self.params.items():
+            if key not in known:
+                allowed = ", ".join(known) if known else f"none ({self.name} takes no parameters)"
+                raise FieldProblem(key, f"unknown parameter of {self.name}{did_you_mean(key, known)}; "
+                                        f"allowed: {allowed}")
+            for value in values:
+                _validate_hook(self.name, {key: value}, field=key)
+        for combo in self.combos():
+            _validate_hook(self.name, combo, field=None)
+        return self
+
+    def combos(self) -> list[dict[str, Scalar]]:
+        """Every combination of this entry's parameter values, in the order the YAML lists them."""
+        keys = list(self.params)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.params[k] for k in keys))]
+
+
+def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None) -> dict[str, Scalar]:
+    import hooks
+
+    try:
+        return dict(hooks.validate(name, **params))
+    except Exception as exc:  # the library promises ValueError; anything else still gets one line
+        raise FieldProblem(field or "", exception_text(exc)) from None
+
+
+class SeedRange(BaseModel):
+    """Adaptive seeds (service/sweep/adaptive.py): every configuration at ``min`` seeds, then one
+    more at a time for those whose quality verdict is undecided, up to ``max``; the seeds are
+    0 to max - 1."""
+
+    model_config = STRICT
+
+    min: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds every configuration runs (an interval needs 2)")
+    max: int = Field(ge=2, le=MAX_ADAPTIVE_SEEDS, description="seeds an undecided configuration may get")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SeedRange":
+        if self.max < self.min:
+            raise FieldProblem("max", f"{self.max} is below min {self.min}; allowed: {self.min} to {MAX_ADAPTIVE_SEEDS}")
+        return self
+
+
+class SearchConfig(BaseModel):
+    model_config = STRICT
+
+    hooks: list[HookEntry] = Field(min_length=1)
+    world_size: list[int] = Field(min_length=1)
+    # a list of seeds (a fixed grid), or {min, max}: adaptive seeds (pydantic tags the form it tried)
+    seed: Annotated[Union[Annotated[list[int], Tag("list")], Annotated[SeedRange, Tag("range")]],
+                    Discriminator(lambda v: "range" if isinstance(v, (dict, SeedRange)) else "list")] = Field(
+        default_factory=lambda: [0], description="a list of seeds (a fixed grid), or {min, max}: adaptive seeds")
+    # DDP's knobs (issue 27): how the gradient is cut into buckets, each a hook call
+    bucket_cap_mb: list[float] = Field(default_factory=lambda: [DDP_BUCKET_CAP_MB], min_length=1,
+                                       description="DDP's bucket size cap, MiB (25: DDP's default)")
+    gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+
+    _scalar_allowed = field_validator("world_size", "bucket_cap_mb", "gradient_as_bucket_view",
+                                      "static_graph", mode="before")(scalar_to_list)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_list_or_range(cls, value: Any) -> Any:
+        return value if isinstance(value, dict) else scalar_to_list(value)
+
+    @field_validator("bucket_cap_mb")
+    @classmethod
+    def _bucket_caps(cls, caps: list[float]) -> list[float]:
+        check_axis(caps, lambda cap: 0 < cap <= MAX_BUCKET_CAP_MB,
+                    f"a bucket cap is above 0 and at most {MAX_BUCKET_CAP_MB:g} MiB (DDP's default: "
+                    f"{DDP_BUCKET_CAP_MB:g})")
+        if len(set(caps)) != len(caps):
+            raise FieldProblem("", f"{short_value(caps)} lists a cap twice; each value runs once")
+        return caps
+
+    @field_validator("gradient_as_bucket_view", "static_graph")
+    @classmethod
+    def _flags(cls, values: list[bool]) -> list[bool]:
+        if len(set(values)) != len(values):
+            raise FieldProblem("", f"{short_value(values)} lists a value twice; each value runs once")
+        return values
+
+    def ddp_knobs(self) -> list[dict[str, Any]]:
+        """Every combination of the DDP axes, in the order the config lists them."""
+        return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
+                for cap in self.bucket_cap_mb for view in self.gradient_as_bucket_view
+                for static in self.static_graph]
+
+    @field_validator("world_size", "seed")
+    @classmethod
+    def _in_range(cls, values, info: ValidationInfo):
+        if isinstance(values, SeedRange):
+            return values
+        if not values:
+            raise FieldProblem("", "an empty list runs nothing; allowed: at least one value")
+        low, high, what = _AXIS_RANGES[info.field_name]
+        check_axis(values, lambda v: low <= v <= high, f"{what} is {low} to {high}")
+        no_repeats(values)
+        return values
+
+    @property
+    def adaptive(self) -> SeedRange | None:
+        """The seed range when seeds are adaptive; None for a fixed list."""
+        return self.seed if isinstance(self.seed, SeedRange) else None
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed a trial may run with: the list, or 0 to max - 1."""
+        return list(range(self.seed.max)) if isinstance(self.seed, SeedRange) else list(self.seed)
+
+
+_AXIS_RANGES = {"world_size": (1, MAX_WORLD_SIZE, "a world size"), "seed": (0, MAX_SEED, "a seed")}
+
+
+class SweepConfig(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(min_length=1, max_length=200, description="MLflow experiment name")
+    workload: WorkloadConfig
+    search: SearchConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+    faults: list[Fault] = Field(default_factory=list)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
+    network: NetworkConfig | None = Field(None, description="emulated hosts on shaped links; absent: the ordinary network")
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, name: str) -> str:
+        if not name.strip() or any(not ch.isprintable() for ch in name):
+            raise ValueError(f"{name!r} is not allowed; an experiment name is printable text on one line")
+        return name
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SweepConfig":
+        wl = self.workload
+        per_step = wl.grad_accumulation
+        for world in self.search.world_size:
+            if wl.global_batch_size % (world * per_step):
+                raise FieldProblem(
+                    "workload.global_batch_size",
+                    f"{wl.global_batch_size} does not split into world_size {world} x grad_accumulation "
+                    f"{per_step} equal micro-batches; allowed: a multiple of {_lcm_of_splits(self)}",
+                )
+        largest = max(self.search.world_size)
+        for i, fault in enumerate(self.faults):
+            if fault.rank >= largest:
+                raise FieldProblem(f"faults[{i}].rank", f"rank {fault.rank} never exists: the largest world size "
+                                                         f"is {largest}; allowed: 0 to {largest - 1}")
+            if fault.step > wl.steps:
+                raise FieldProblem(f"faults[{i}].step", f"step {fault.step} never runs: trials stop after "
+                                                         f"{wl.steps} steps; allowed: 1 to {wl.steps}")
+        if True in self.search.static_graph and per_step > 1:
+            raise FieldProblem("search.static_graph", f"true with grad_accumulation {per_step}: PyTorch's DDP fails "
+                                                       "under no_sync with static_graph (an expect_autograd_hooks_ "
+                                                       "assert, pytorch/pytorch#143580); allowed: static_graph "
+                                                       "false, or grad_accumulation 1")
+        if self.network is not None and self.resources.use_gpu:
+            raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
+                                          "NCCL would bypass them: set resources.use_gpu: false or remove network:")
+        if self.checkpoint.every > wl.steps:
+            raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
+                                                   f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
+        n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
+        n_links = len(self.network.link_gbps) if self.network is not None else 1
+        n_knobs = len(self.search.ddp_knobs())
+        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seeds) * n_links
+        if n_trials > MAX_TRIALS:
+            raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
+        seen: dict[str, int] = {}
+        for i, entry in enumerate(self.search.hooks):
+            for combo in entry.combos():
+                key = _trial_key_prefix(entry.name, combo)
+                if key in seen and seen[key] != i:
+                    raise FieldProblem(f"search.hooks[{i}]", f"repeats the trials of search.hooks[{seen[key]}] "
+                                                             f"({key}); each hook configuration runs once")
+                seen[key] = i
+        return self
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides what the trials compute (not how fast, where
+        they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
+        decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
+                                                         "tracking": {"flush_seconds", "paired_timing_every"},
+                                                         "storage_path": True,
+                                                         "report": True})
+        for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
+            if decisive[section][key] == _ADDED_WITH_DEFAULTS[section, key]:
+                del decisive[section][key]
+        return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
+
+    def trials(self) -> list[TrialSpec]:
+        """The grid (adaptive seeds: every configuration at every seed up to max), in run
+        order: world size x link (network.link_gbps, when set) x seed, and within each of
+        those the configurations (hook entries as listed x parameter combos x DDP's knobs:
+        bucket_cap_mb x gradient_as_bucket_view x static_graph) rotated by one place per block,
+        so no configuration's trials cluster at one end of the sweep: a machine busier for a
+        while then slows every configuration's trials, not one's."""
+        configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
+                          for entry in self.search.hooks for combo in entry.combos()
+                          for knobs in self.search.ddp_knobs()]
+        links = self.network.link_gbps if self.network is not None else [None]
+        blocks = itertools.product(self.search.world_size, links, self.search.seeds)
+        out = []
+        for i, (world, link, seed) in enumerate(blocks):
+            turn = i % len(configurations)
+            for hook, full, knobs in configurations[turn:] + configurations[:turn]:
+                out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
+                                     link_gbps=link, **knobs))
+        return out
+
+
+# Settings added after sweeps were recorded (issue 27), with the value that means what those sweeps ran.
+_ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
+                        ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
+                        ("search", "static_graph"): [False]}
+
+
+def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:
+    full = _validate_hook(hook, combo, field=None)
+    return TrialSpec(hook=hook, hook_params=full, world_size=1, seed=0).config_key
+
+
+def _lcm_of_splits(cfg: SweepConfig) -> int:
+    return math.lcm(*(w * cfg.workload.grad_accumulation for w in cfg.search.world_size))

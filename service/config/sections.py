@@ -1,0 +1,118 @@
+"""The config's plain sections (resources, stop, faults, checkpoint, tracking, report, network)
+and the checks sweep axes share (a scalar for a list, each value in range, no value twice)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.config.errors import FieldProblem
+from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_TARGET_TOLERANCE, MAX_LATENCY_MS, MAX_LINK_GBPS,
+                                   MAX_STEPS, MAX_WORLD_SIZE)
+from service.text import short_value
+
+# Strict types: YAML already yields ints, floats, bools and strings, so "300" for a step count
+# is a mistake worth naming, not something to coerce.
+STRICT = ConfigDict(strict=True, extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def scalar_to_list(value: Any) -> Any:
+    return value if isinstance(value, list) else [value]
+
+
+def check_axis(values: list, ok: Callable[[Any], bool], allowed: str) -> None:
+    """Each value of a sweep axis passes ``ok``; else a FieldProblem at the first that does not."""
+    for i, v in enumerate(values):
+        if not ok(v):
+            raise FieldProblem(f"[{i}]", f"{v:g} is not allowed; {allowed}" if isinstance(v, float)
+                               else f"{v} is not allowed; {allowed}")
+
+
+def no_repeats(values: list[int]) -> None:
+    seen: set[int] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            raise FieldProblem(f"[{i}]", f"{v} is listed twice; each value runs once")
+        seen.add(v)
+
+
+class ResourcesConfig(BaseModel):
+    model_config = STRICT
+
+    cpus_per_worker: float = Field(1.0, gt=0, le=1024, description="logical CPUs per worker; fractional allowed")
+    use_gpu: bool = Field(False, description="true: NCCL backend, one GPU per worker")
+    max_concurrent_trials: int = Field(1, ge=1, le=1024)
+
+
+class StopConfig(BaseModel):
+    model_config = STRICT
+
+    on_nan: bool = Field(True, description="end a trial, all ranks together, at its first non-finite step")
+
+
+class Fault(BaseModel):
+    """A fault injected on purpose (issue 4): off unless the config lists one."""
+
+    model_config = STRICT
+
+    kind: Literal["nan_grad", "scale_grad", "crash"]
+    step: int = Field(ge=1, le=MAX_STEPS, description="optimizer step at which it fires")
+    rank: int = Field(ge=0, lt=MAX_WORLD_SIZE, description="the rank it hits")
+    factor: float | None = Field(None, description="gradient multiplier; scale_grad only")
+
+    @model_validator(mode="after")
+    def _factor_only_for_scale(self) -> "Fault":
+        if self.kind == "scale_grad":
+            if self.factor is None:
+                raise FieldProblem("factor", "missing: scale_grad needs a factor, a finite number such as 1.0e6")
+            if self.factor == 0:
+                raise FieldProblem("factor", "0 is not allowed; scale_grad needs a non-zero factor")
+        elif self.factor is not None:
+            raise FieldProblem("factor", f"only scale_grad takes a factor, not {self.kind}")
+        return self
+
+
+class CheckpointConfig(BaseModel):
+    model_config = STRICT
+
+    every: int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints; 0 = off")
+    max_failures: int = Field(0, ge=0, le=100, description="restarts of a crashed trial from its last checkpoint")
+
+
+class TrackingConfig(BaseModel):
+    model_config = STRICT
+
+    flush_seconds: float = Field(DEFAULT_FLUSH_SECONDS, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
+    fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
+    paired_timing_every: int = Field(5, ge=0, le=MAX_STEPS, description="time the baseline hook beside the trial's own every N-th measured step (step_ratio_vs_baseline; service/train/paired_timing.py); 0 = off")
+
+
+class ReportConfig(BaseModel):
+    model_config = STRICT
+
+    target_tolerance: float = Field(DEFAULT_TARGET_TOLERANCE, gt=0, le=1, description="time to target: the eval loss "
+                                    "target is allreduce's final eval loss times 1 + this; also the "
+                                    "quality gap a configuration may have and still match it")
+
+
+class NetworkConfig(BaseModel):
+    """Emulated hosts joined by shaped links (service/netem.py): every rank of a trial on its
+    own network namespace, DDP's traffic over a tc-shaped veth link. Needs root (CAP_NET_ADMIN)."""
+
+    model_config = STRICT
+
+    link_gbps: list[float] = Field(min_length=1, description="each host's link rate, Gbit/s; a list is a sweep axis")
+    latency_ms: float = Field(0.0, ge=0, le=MAX_LATENCY_MS,
+                              description="delay added to each host's egress (tc netem), ms; 0 = the veth path's own")
+
+    _scalar_allowed = field_validator("link_gbps", mode="before")(scalar_to_list)
+
+    @field_validator("link_gbps")
+    @classmethod
+    def _rates(cls, rates: list[float]) -> list[float]:
+        check_axis(rates, lambda rate: 0 < rate <= MAX_LINK_GBPS,
+                    f"a link rate is above 0 and at most {MAX_LINK_GBPS:g} Gbit/s")
+        if len(set(rates)) != len(rates):
+            raise FieldProblem("", f"{short_value(rates)} lists a rate twice; each value runs once")
+        return rates

@@ -1,0 +1,117 @@
+"""TrialSpec: one trial of the grid (hook, its full parameters, world size, seed, link), its
+run name and its key."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from service import hook_facts
+from service.config.limits import DDP_BUCKET_CAP_MB
+
+Scalar = Union[bool, int, float, str]
+
+
+class TrialSpec(BaseModel):
+    """One trial of the grid. Passed through Ray as a plain dict (to_dict / from_dict)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    hook: str
+    hook_params: dict[str, Union[Scalar, None]]  # full: defaults from hooks.validate included
+    world_size: int = Field(ge=1)
+    seed: int = Field(ge=0)
+    link_gbps: float | None = None  # the emulated link (config network:), None: the ordinary network
+    # DDP's knobs (search axes): their defaults are DDP's own
+    bucket_cap_mb: float = DDP_BUCKET_CAP_MB
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+    @property
+    def run_name(self) -> str:
+        """`{config_label}-w{world_size}-s{seed}`, then `-{G}gbps` on an emulated link."""
+        parts = [self.config_label, f"w{self.world_size}", f"s{self.seed}"]
+        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
+            parts.append(f"{self.link_gbps:g}gbps")
+        return "-".join(parts)
+
+    @property
+    def config_label(self) -> str:
+        """The configuration's label, one per configuration whatever its world size, seed and link:
+        `{hook}-c{chunk_size}`, the -c part only for chunked hooks (e.g. `quantization_perchannel-c512`).
+
+        Other parameters appear only when they differ from the hook's default (e.g. a swept
+        PowerSGD rank: `powersgd-rank4`), so the names in a grid stay distinct; so do
+        DDP's knobs (`-b1` for bucket_cap_mb 1, `-view`, `-static`).
+        """
+        parts = [self.hook]
+        chunk = hook_facts.chunk_size(self.hook, self.hook_params)
+        if chunk is not None:
+            parts.append(f"c{chunk}")
+        for key, value in self.non_default_params().items():
+            if hook_facts.is_chunk_size(self.hook, key):
+                continue
+            if isinstance(value, bool):
+                parts.append(key if value else f"no_{key}")
+            else:
+                parts.append(f"{key}{value}")
+        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items()]
+        return "-".join(parts)
+
+    def non_default_params(self) -> dict[str, Any]:
+        """The hook parameters that differ from the hook's defaults, plus chunk_size always
+        (it names the configuration): what tables show."""
+        defaults = _hook_defaults(self.hook)
+        return {k: v for k, v in self.hook_params.items()
+                if hook_facts.is_chunk_size(self.hook, k) or k not in defaults or defaults[k] != v}
+
+    def knobs(self) -> dict[str, Any]:
+        """DDP's knobs of this trial: bucket_cap_mb, gradient_as_bucket_view, static_graph."""
+        return {k: getattr(self, k) for k in _KNOB_DEFAULTS}
+
+    def non_default_knobs(self) -> dict[str, Any]:
+        return {k: v for k, v in self.knobs().items() if v != _KNOB_DEFAULTS[k]}
+
+    @property
+    def key(self) -> str:
+        """A stable identifier (every parameter spelled out): how --resume tells trials apart.
+        DDP's knobs are spelled out, all three, when any differs from DDP's defaults (a default
+        trial keeps the key it always had)."""
+        link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
+        return f"{self.config_key}-w{self.world_size}-s{self.seed}{link}"
+
+    @property
+    def config_key(self) -> str:
+        """The key's configuration part (``key`` without world size, seed and link): what makes
+        two grid entries the same configuration."""
+        params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
+        knobs = self.knobs()
+        ddp = ("-ddp[" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs)) + "]"
+               if self.non_default_knobs() else "")
+        return f"{self.hook}[{params}]{ddp}"
+
+    def describe(self) -> str:
+        """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""
+        params = " ".join(f"{k}={v}" for k, v in {**self.hook_params, **self.non_default_knobs()}.items()) or "-"
+        link = f" link_gbps={self.link_gbps:g}" if self.link_gbps is not None else ""
+        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrialSpec":
+        return cls.model_validate(data)
+
+
+_KNOB_DEFAULTS = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "gradient_as_bucket_view": False, "static_graph": False}
+_KNOB_NAMES = {"bucket_cap_mb": lambda cap: f"b{cap:g}", "gradient_as_bucket_view": lambda on: "view",
+               "static_graph": lambda on: "static"}
+
+
+def _hook_defaults(name: str) -> dict[str, Any]:
+    import hooks
+
+    spec = hooks.available().get(name)
+    return spec.params if spec is not None else {}

@@ -1,0 +1,114 @@
+"""Adaptive seeds (``search.seed: {min: 2, max: 5}``): which trials run next, from the quality
+verdicts so far (issue 23). Pure planning, no Ray: service/sweep/searcher.py feeds it Tune's
+results.
+
+Round 1 runs every configuration at the first ``min`` seeds. Each later round adds the next
+seed, per (world size, link), to every configuration whose verdict against the baseline is still
+``undecided`` — and to the baseline, so every comparison stays paired — until no verdict is
+undecided or the configurations have ``max`` seeds. The verdicts are the report's own
+(service.report.recommend with the sequential rule of service/report/sequential.py), computed
+from the outcomes of the rounds planned so far only, so replaying the outcomes of an
+interrupted sweep (``--resume``) plans the same rounds again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from service.config import TrialSpec
+from service.report import recommend
+from service.report.sequential import Rule, Verdict
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a trial ended, as far as its verdict goes."""
+
+    state: str                 # ok | nan | failed
+    final_eval_loss: float = math.nan
+
+
+def _group(t: TrialSpec) -> tuple[int, float | None]:
+    return t.world_size, t.link_gbps
+
+
+class SeedRounds:
+    """The rounds of one adaptive sweep over ``grid`` (every configuration at every seed from
+    0 to max - 1, in run order: SweepConfig.trials())."""
+
+    def __init__(self, grid: list[TrialSpec], min_seeds: int, max_seeds: int, tolerance: float):
+        self.rule = Rule(min_seeds, max_seeds)
+        self.tolerance = tolerance
+        self._grid = grid
+        self._planned: list[TrialSpec] = []
+        self.round = 0                         # rounds planned so far
+
+    @property
+    def planned(self) -> list[TrialSpec]:
+        """Every trial of the rounds planned so far, in run order."""
+        return list(self._planned)
+
+    def plan(self, outcomes: dict[str, Outcome]) -> list[TrialSpec]:
+        """The next round's trials (``[]``: the sweep is done). ``outcomes`` by trial key; only
+        those of the rounds planned so far count."""
+        if self.round == 0:
+            seed_count = self.rule.min_seeds
+            chosen = {t.config_label + repr(_group(t)) for t in self._grid}
+        else:
+            seed_count = self.rule.min_seeds + self.round
+            if seed_count > self.rule.max_seeds:
+                return []
+            chosen = {name + repr(group) for group, name in self._to_continue(outcomes)}
+        new_seed = seed_count - 1
+        trials = [t for t in self._grid if t.config_label + repr(_group(t)) in chosen
+                  and (t.seed == new_seed if self.round else t.seed < seed_count)]
+        if not trials:
+            return []
+        self.round += 1
+        self._planned += trials
+        return trials
+
+    def verdicts(self, outcomes: dict[str, Outcome]) -> dict[tuple, dict[str, Verdict]]:
+        """Per (world size, link): each configuration's verdict from the planned rounds."""
+        groups: dict[tuple, dict[str, list[TrialSpec]]] = defaultdict(lambda: defaultdict(list))
+        for t in self._planned:
+            groups[_group(t)][t.config_label].append(t)
+        out = {}
+        for group, configs in groups.items():
+            candidates = [_candidate(name, trials, outcomes) for name, trials in configs.items()]
+            recommend.recommend(group[0], str(group[1]), candidates, self.tolerance, self.rule)
+            out[group] = {c.config: c.verdict for c in candidates}
+        return out
+
+    def _to_continue(self, outcomes: dict[str, Outcome]) -> list[tuple[tuple, str]]:
+        """(group, configuration) pairs that get the next seed: the undecided ones, and the
+        baseline of a group that has any (a group whose baseline broke cannot pair: it stops)."""
+        chosen = []
+        for group, verdicts in self.verdicts(outcomes).items():
+            baseline = verdicts.get(recommend.BASELINE_HOOK)
+            undecided = [name for name, v in verdicts.items() if v is Verdict.UNDECIDED]
+            if undecided and baseline is Verdict.BASELINE:
+                chosen += [(group, name) for name in undecided + [recommend.BASELINE_HOOK]]
+        return chosen
+
+    def range_text(self, grid_size: int) -> str:
+        """'8 to 20 trials' for --dry-run: every configuration at min seeds, to all at max."""
+        low = grid_size // self.rule.max_seeds * self.rule.min_seeds
+        return f"{low} to {grid_size} trials"
+
+
+def _candidate(name: str, trials: list[TrialSpec], outcomes: dict[str, Outcome]) -> recommend.Candidate:
+    """The planned trials of one configuration as a recommend.Candidate (quality only)."""
+    ended = {t.seed: outcomes[t.key] for t in trials if t.key in outcomes}
+    counts: dict[str, int] = defaultdict(int)
+    for o in ended.values():
+        counts[o.state] += 1
+    counts["running"] += len(trials) - len(ended)
+    counts = {k: v for k, v in counts.items() if v}
+    return recommend.Candidate(
+        config=name, hook=trials[0].hook, ok=counts.get("ok", 0) == len(trials),
+        states=", ".join(f"{n} {s}" for s, n in sorted(counts.items())), state_counts=counts,
+        final_eval_loss={s: o.final_eval_loss for s, o in ended.items() if o.state == "ok"},
+        time_to_target={}, spread_s={}, samples_per_s=math.nan, bytes_per_step=math.nan)

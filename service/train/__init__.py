@@ -1,0 +1,26 @@
+"""One trial's training on one rank: plain PyTorch, with Ray only at the entry point.
+
+    loop.py        run_training: the loop, top to bottom (TrialResult, Start; forward/backward, eval)
+    batches.py     GlobalBatches: which samples each rank trains on at each step
+    metrics.py     StepMeter (step times), HookAccounting (the hook's counters), trial_summary
+    fidelity.py    FidelitySampler: gradient fidelity on every N-th step
+    reporter.py    Reporter: rank 0's MLflow step metrics, progress and the trial's end
+    faults.py      FaultInjector: configured NaN / scaled gradients and crashes
+    checkpoint.py  capture / restore a rank's state; the checkpoint directory Ray merges
+    ddp.py         DDP's arguments for a trial (knobs, unused parameters, buffers)
+    ray_entry.py   train_loop_per_worker: the function TorchTrainer runs (pickled by module path)
+
+The names below are the package's interface (the sweep, benches and tests run the loop).
+"""
+
+from service.train.batches import GlobalBatches
+from service.train.checkpoint import load_checkpoint_dir, save_checkpoint_dir
+from service.train.fidelity import FidelitySampler
+from service.train.loop import Start, TrialResult, run_training
+from service.train.metrics import HookAccounting, StepMeter
+from service.train.reporter import Reporter
+from service.train.ray_entry import train_loop_per_worker
+
+__all__ = ["FidelitySampler", "GlobalBatches", "HookAccounting", "Reporter", "Start", "StepMeter",
+           "TrialResult", "load_checkpoint_dir", "run_training", "save_checkpoint_dir",
+           "train_loop_per_worker"]

@@ -1,0 +1,64 @@
+"""Configured fault injection (``faults:`` in the config): NaN or scaled gradients, a crash."""
+
+from __future__ import annotations
+
+import torch
+
+CRASH_EXIT_CODE = 17  # what a crash fault's process exits with (Ray Train sees a dead worker)
+
+
+class FaultInjector:
+    """Configured faults (``cfg.faults``) that hit this rank: off unless configured.
+
+    - ``nan_grad``: this rank's local gradient becomes NaN at that step, *before* the
+      comm hook sees it (a tensor hook on the first parameter's gradient);
+    - ``scale_grad``: this rank's local gradients are multiplied by ``factor`` (large
+      but finite: fp16 overflows, fp32 does not);
+    - ``crash``: this rank's process dies at the start of that step, once: ``arm`` returns
+      True and the loop calls ``os._exit(CRASH_EXIT_CODE)`` where it can be seen;
+      ``on_fault`` records it before, and a restarted trial skips faults in ``fired`` so it
+      can get past the step.
+    """
+
+    def __init__(self, faults, rank: int, fired=frozenset(), on_fault=None):
+        self.faults = [(i, f) for i, f in enumerate(faults or []) if f.rank == rank and i not in fired]
+        # steps where a fault fires on some rank: the same set on every rank
+        self.steps = {f.step for i, f in enumerate(faults or []) if i not in fired}
+        self.on_fault = on_fault
+        self._handles: list = []
+
+    def due(self, step: int) -> bool:
+        """Does a fault fire at ``step`` on any rank?"""
+        return step in self.steps
+
+    def arm(self, step: int, module: torch.nn.Module) -> bool:
+        """This rank's faults of ``step``, in config order: each recorded (``on_fault``), NaN or
+        scaled gradients hooked onto this step's backward; True when a crash is due (the faults
+        after it in the list never fire, as the process ends there)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        for index, fault in self.faults:
+            if fault.step != step:
+                continue
+            if self.on_fault:
+                self.on_fault(index, fault)
+            if fault.kind == "crash":
+                return True
+            params = [p for p in module.parameters() if p.requires_grad]
+            if fault.kind == "nan_grad":
+                self._handles.append(params[0].register_hook(_poison))
+            elif fault.kind == "scale_grad":
+                factor = float(fault.factor)  # the config requires one for scale_grad
+                self._handles += [p.register_hook(_scaler(factor)) for p in params]
+        return False
+
+
+def _poison(grad: torch.Tensor) -> torch.Tensor:
+    return grad + float("nan")  # fills the whole gradient with NaN
+
+
+def _scaler(factor: float):
+    def scale(grad: torch.Tensor) -> torch.Tensor:
+        return grad * factor
+    return scale

@@ -1,0 +1,205 @@
+"""The per-worker training loop of one trial (plain PyTorch; Ray only in service/train/ray_entry.py).
+
+``run_training`` is the loop, readable top to bottom: set up (seed, workload, DDP, the
+trial's comm hook, optimizer), then every optimizer step: inject configured faults,
+forward/backward over ``grad_accumulation`` micro-batches (all but the last under
+``no_sync()``), the previous step's NaN verdict, optimizer step, this step's NaN check
+(``service.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
+read after the next step's backward, or at once before an eval or a checkpoint, and a
+non-finite step stops every rank before the following update is applied), gradient
+fidelity every ``tracking.fidelity_every`` steps (when asked), logging
+(``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
+checkpoints every ``checkpoint.every`` steps. Each verdict is read the same three lines
+wherever the loop needs one, so every side effect shows where it happens (as nanoGPT's
+train.py writes its loop)::
+
+    check = monitor.resolve()   # the pending step's agreed NaN verdict and mean loss (None: none)
+    reporter.log(check)         # rank 0: that step's metrics, with its agreed loss
+    if stops(check, cfg):       # non-finite and stop.on_nan: every rank leaves the loop
+        break
+
+It needs an initialised process group and nothing else, so tests and users can run it
+without Ray; its hook builder, NaN monitor and step timer are parameters (benches swap them).
+``run_training``'s arguments: ``logger`` (rank 0): a ``tracking.MetricLogger`` or None;
+``progress(step, loss)``: called on rank 0 at most every ~2 s; ``start``: resume point
+(``Start``); ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every``
+steps with this rank's training state; ``on_fault(index, fault)``: called just before a
+configured fault fires; ``process_group``: the group DDP and the hook communicate on (None:
+the default group; an emulated network's, service/netem.py); ``build_hook(name,
+process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes NanMonitor's
+arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its NaN checks and
+its step timer (default: hooks.build, NanMonitor, StepMeter; benches and tests pass their own
+instead of replacing module attributes).
+
+Step numbering: step 1 is the first optimizer step, ``workload.steps`` the last; MLflow
+metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import hooks
+from service.nan import NanMonitor, NanReport
+from service.train.checkpoint import capture
+from service.train.faults import CRASH_EXIT_CODE
+from service.train.metrics import StepMeter, trial_summary
+from service.train.setup import TrialParts, set_up
+from service.training_options import Precision, clip_gradients, lr_at, set_lr
+from service.workloads import Workload, evaluate_workload, to_device
+
+
+@dataclass
+class TrialResult:
+    """What one rank's ``run_training`` returns (``summary`` is what rank 0 logged)."""
+
+    status: str  # "ok" | "nan"
+    steps_done: int  # last optimizer step that ran
+    summary: dict[str, float]
+    nan_report: Optional[NanReport] = None  # where the trial first went non-finite (None: never)
+    losses: list[float] = field(default_factory=list)  # mean loss across ranks, per step run
+
+
+@dataclass
+class Start:
+    """Where a (re)started trial begins: a checkpoint to resume from, how many times the
+    trial has been restarted, and which configured faults already fired (by index)."""
+
+    checkpoint: Optional[dict[str, Any]] = None  # {"trainer": ..., "hook_state": ...}
+    restarts: int = 0
+    fired_faults: frozenset[int] = frozenset()
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
+                 start: Optional[Start] = None, checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
+                 on_fault: Optional[Callable[[int, Any], None]] = None, process_group=None,
+                 build_hook: Callable = hooks.build, make_monitor: Callable[..., NanMonitor] = NanMonitor,
+                 make_meter: Optional[Callable[[int, int], StepMeter]] = None) -> TrialResult:
+    """Train one trial on this rank (its process group initialised; arguments: the module doc). Each side
+    effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
+    wl_cfg, start, device = cfg.workload, start or Start(), torch.device(device)
+    t = set_up(trial, cfg, rank=rank, world_size=world_size, device=device, logger=logger, progress=progress,
+               start=start, on_fault=on_fault, process_group=process_group, build_hook=build_hook,
+               make_monitor=make_monitor, make_meter=make_meter or StepMeter)
+    monitor, reporter, model = t.monitor, t.reporter, t.model
+    eval_metrics: dict[str, float] = {}
+    for step in range(t.first_step, wl_cfg.steps + 1):
+        t.meter.begin()
+        t.fidelity.begin(step)  # a sampled step: DDP runs the fidelity hook (+1 fp32 all-reduce per bucket)
+        if t.faults.due(step):  # no configured fault fires after the trial went non-finite
+            check = monitor.resolve()  # waits for the pending step's cross-rank NaN agreement
+            reporter.log(check)  # rank 0: that step's metrics (the logger may write to MLflow now)
+            if stops(check, cfg):
+                break
+        if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
+            os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
+        # the backward runs the comm hook: every bucket's collectives, across the ranks
+        with t.pairing.own():  # timed: paired timing compares it with the baseline's
+            loss = forward_backward(model, t.optimizer, t.wl, t.batches.micro_batches(step), device, t.precision)
+        # The previous step's NaN verdict, read only now: its all-reduce travelled beside
+        # this backward's gradient collectives instead of adding a rendezvous of its own.
+        check = monitor.resolve()
+        reporter.log(check)  # the previous step's metrics, with its agreed loss
+        if stops(check, cfg):
+            break  # this step's update is never applied: the weights stay the NaN step's
+        clip_gradients(model.parameters(), wl_cfg.grad_clip_norm)  # the hook's averaged gradient
+        if wl_cfg.lr_schedule != "constant" or wl_cfg.lr_warmup_steps:
+            set_lr(t.optimizer, lr_at(step, wl_cfg.lr, wl_cfg.steps, wl_cfg.lr_schedule, wl_cfg.lr_warmup_steps))
+        t.optimizer.step()
+        monitor.submit(step, loss)  # local checks now, the cross-rank agreement's all-reduce in flight
+        t.meter.end(step)
+        t.accounting.step_ended(step)
+        reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
+        if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, t.batches.micro_batches(step),
+                                                                device, t.precision))
+        evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
+        checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
+                             and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
+        # Nothing leaves the loop (an eval, a checkpoint, the summary) before its step is agreed finite
+        if evaluating or checkpointing:
+            check = monitor.resolve()
+            reporter.log(check)
+            if stops(check, cfg):
+                break
+        if rank == 0 and evaluating:
+            eval_metrics = run_eval(model.module, t.wl, device, t.precision)
+            reporter.eval(step, eval_metrics)
+        if checkpointing:
+            reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
+            # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
+            checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, rank))
+    return finish(t, trial, cfg, rank, start, eval_metrics, device)
+
+
+def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dict[str, float],
+           device) -> TrialResult:
+    """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
+    so none after a NaN stop."""
+    if check_stopped_on_nan(t.monitor, cfg):
+        eval_metrics = {}
+    elif rank == 0 and not eval_metrics:
+        eval_metrics = run_eval(t.model.module, t.wl, device, t.precision)
+    report = t.monitor.report
+    summary = trial_summary(t.meter, t.accounting, trial, cfg.workload.global_batch_size,
+                            t.reporter.last_loss, eval_metrics, report, start.restarts)
+    summary.update(t.fidelity.summary())
+    summary.update(t.pairing.summary(t.meter.times_ms))
+    summary.update(t.load.summary(t.process_group, device))  # a collective: every rank gets here
+    status = "nan" if report else "ok"
+    t.reporter.finish(summary, status, report)  # rank 0: the summary and tags into MLflow, flushed
+    return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses)
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
+    return monitor.report is not None and cfg.stop.on_nan
+
+
+def stops(check, cfg) -> bool:
+    """Does this agreed step check (or None: nothing was pending) stop the trial?"""
+    return check is not None and check.nonfinite and cfg.stop.on_nan
+
+
+def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
+                     precision: Optional[Precision] = None) -> torch.Tensor:
+    """One step's gradients; returns this rank's mean loss over its micro-batches (a tensor).
+
+    All micro-batches but the last run under ``no_sync()`` (gradients accumulate locally);
+    the last backward runs the comm hook, bucket by bucket, and waits for it. The optimizer
+    step is the caller's (the loop reads the previous step's NaN verdict in between).
+    Either workload form goes through ``wl.fetch`` and ``wl.step_loss``; the forward runs
+    in ``precision``'s autocast, floating inputs in its dtype.
+    """
+    precision = precision or Precision("fp32", device)
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for i, indices in enumerate(micro_batches):
+        batch = to_device(wl.fetch(wl.train_set, indices), device, precision.input_dtype)
+        last = i == len(micro_batches) - 1
+        with (nullcontext() if last else model.no_sync()):
+            with precision.autocast():
+                loss = wl.step_loss(model, batch) / len(micro_batches)
+            loss.backward()
+        total += loss.detach()
+    return total
+
+
+def run_eval(module: torch.nn.Module, wl: Workload, device,
+             precision: Optional[Precision] = None) -> dict[str, float]:
+    """The workload's eval metrics of the bare module (no DDP collectives): eval_loss and
+    eval_accuracy (loss_fn form), eval_loss (batch_loss form), or its eval_fn's metrics."""
+    dtype = precision.input_dtype if precision else None
+    with (precision.autocast() if precision else nullcontext()):
+        return evaluate_workload(wl, module, device=device, float_dtype=dtype)

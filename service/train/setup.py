@@ -1,0 +1,95 @@
+"""What a trial's loop runs with, built the same on every rank: the workload (checked), DDP with
+the trial's comm hook, optimizer, batches, the restored checkpoint, NaN checks, timers, reporter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from service import preflight
+from service.nan import NanMonitor
+from service.train.batches import GlobalBatches
+from service.train.checkpoint import restore
+from service.train.ddp import ddp_arguments, say_find_unused_is_on
+from service.train.faults import FaultInjector
+from service.train.fidelity import FidelitySampler
+from service.train.metrics import HookAccounting, LoadMeter, StepMeter
+from service.train.paired_timing import PairedTimer, is_baseline
+from service.train.reporter import Reporter
+from service.training_options import Precision
+from service.workloads import Workload, build_workload
+
+
+@dataclass
+class TrialParts:
+    """The loop's parts (``set_up``); the loop calls each where its side effect happens."""
+
+    wl: Workload
+    precision: Precision
+    model: DDP
+    hook_state: Any
+    fidelity: FidelitySampler
+    optimizer: torch.optim.Optimizer
+    batches: GlobalBatches
+    first_step: int
+    monitor: NanMonitor
+    faults: FaultInjector
+    meter: StepMeter
+    accounting: HookAccounting
+    pairing: PairedTimer
+    load: LoadMeter
+    reporter: Reporter
+    process_group: Any
+
+
+def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logger, progress, start,
+           on_fault, process_group, build_hook: Callable, make_monitor: Callable,
+           make_meter: Callable) -> TrialParts:
+    """Same weights and data on every rank, DDP with the trial's hook. Cross-rank: the
+    preflight's weights-and-data comparison, DDP's construction (twice with paired timing) and,
+    with a checkpoint, restore's bucket priming."""
+    wl_cfg = cfg.workload
+    torch.manual_seed(trial.seed)
+    wl = build_workload(wl_cfg.name, trial.seed)
+    precision = Precision(wl_cfg.precision, device)
+    # the start-of-trial checks (service.preflight): one line naming the workload, on every
+    # rank alike (the cross-rank one first: the others are then local and deterministic)
+    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
+    preflight.check_items(wl_cfg.name, wl)
+    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
+    find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
+    if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
+        say_find_unused_is_on(wl_cfg.name, unused, logger)
+    ddp_kwargs = ddp_arguments(trial, find_unused, wl_cfg.broadcast_buffers)
+    model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
+                process_group=process_group, **ddp_kwargs)
+    hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
+    fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
+    model.register_comm_hook(hook_state, fidelity.hook)
+    optimizer = make_optimizer(wl_cfg, model.parameters())
+    batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
+                            rank, world_size, wl_cfg.grad_accumulation)
+    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
+    monitor = make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
+                           hook_name=trial.hook)
+    faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
+    meter = make_meter(wl_cfg.warmup_steps, first_step)
+    accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
+    # the baseline hook timed beside this trial's own: same ranks, model, batches (paired_timing.py);
+    # its DDP wrapper broadcasts rank 0's parameters at construction (a collective)
+    pairing = PairedTimer(wl.model, every=0 if is_baseline(trial) else cfg.tracking.paired_timing_every,
+                          warmup_steps=wl_cfg.warmup_steps, device=device, process_group=process_group,
+                          ddp_kwargs=ddp_kwargs)
+    return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
+                      faults, meter, accounting, pairing, LoadMeter(), Reporter(logger, progress, rank),
+                      process_group)
+
+
+def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
+    if wl_cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=wl_cfg.lr)
+    return torch.optim.SGD(params, lr=wl_cfg.lr)
