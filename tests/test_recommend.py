@@ -202,3 +202,16 @@ def test_the_headline_says_how_many_trials_adaptive_seeds_saved():
     assert line.endswith("Adaptive seeds (2 to 5): 5 trials, 5 fewer than 5 seeds for every configuration (10).")
     sweep.rule = Rule()  # a fixed grid: nothing to say
     assert "Adaptive" not in render.headline(recs, sweep)
+
+
+def test_comparisons_across_very_different_load_are_flagged():
+    base = candidate("allreduce", [41, 41], [1.0, 1.0])
+    fast = candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0])
+    base.load_avg, fast.load_avg = 3.4, 1.2   # another job shared the machine with the baseline
+    rec = recommend.recommend(4, "loopback", [base, fast])
+    assert "ran under different load (load average 1.2 vs 3.4)" in rec.reason
+    assert "compare the machine's load as much as the hooks" in rec.reason  # not paired: said so
+    even = candidate("quantization_perchannel-c512", [24, 24], [1.0, 1.0])
+    base2 = candidate("allreduce", [41, 41], [1.0, 1.0])
+    base2.load_avg, even.load_avg = 1.3, 1.1
+    assert "different load" not in recommend.recommend(4, "loopback", [base2, even]).reason

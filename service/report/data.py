@@ -428,6 +428,7 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
         step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
         step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
+        load_avg=_mean_std([t.metric("load_avg_1m") for t in ok])[0],
         samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
         bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
     )

@@ -159,6 +159,7 @@ class Candidate:
     bytes_per_step: float
     step_ratio: dict[int, float] = field(default_factory=dict)      # seed -> paired step time / baseline's
     step_ratio_iqr: dict[int, float] = field(default_factory=dict)  # seed -> its spread over the windows
+    load_avg: float = math.nan                 # the machine's mean 1-minute load average over its trials
     state_counts: dict[str, int] = field(default_factory=dict)   # ok / nan / failed / ... -> trials
     gap: Gap | None = None                     # vs the fp32 baseline
     gap_16bit: Gap | None = None               # vs the best 16-bit hook
@@ -315,6 +316,22 @@ def _open_reason(c: Candidate, tolerance: float) -> str:
     return f"final eval loss {c.gap.text()} vs {BASELINE_HOOK} holds +{tolerance:.0%}; {decide}"
 
 
+LOAD_RATIO = 1.5   # trials whose load averages differ more than this ran on a differently busy machine
+
+
+def _uneven_load(c: Candidate, base: Candidate | None) -> str:
+    """A warning when the choice's and the baseline's trials ran under very different load."""
+    if base is None or c is base or not (math.isfinite(c.load_avg) and math.isfinite(base.load_avg)):
+        return ""
+    low, high = sorted((c.load_avg, base.load_avg))
+    if high < 1.0 or high < LOAD_RATIO * low:
+        return ""
+    judged = ("the speed-up is the paired ratio, which that load cancels out of" if c.paired_seconds is not None
+              else "their own step times compare the machine's load as much as the hooks")
+    return (f"{c.config}'s and {BASELINE_HOOK}'s trials ran under different load (load average "
+            f"{c.load_avg:.1f} vs {base.load_avg:.1f}): {judged}")
+
+
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else -math.inf
 
@@ -354,4 +371,7 @@ def _reason(rec: Recommendation, tolerance: float) -> str:
         parts.append("single-seed verdict: run more seeds to trust the quality comparison")
     if any(x.interpolated for x in rec.ranked[:2]):
         parts.append("times interpolated between evals (eval_every > 1)")
+    uneven = _uneven_load(c, base)
+    if uneven:
+        parts.append(uneven)
     return "; ".join(parts)
