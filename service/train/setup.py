@@ -81,7 +81,10 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
     accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
     # the baseline hook timed beside this trial's own: same ranks, model, batches (paired_timing.py);
     # its DDP wrapper broadcasts rank 0's parameters at construction (a collective)
-    pairing = PairedTimer(wl.model, every=0 if is_baseline(trial) else cfg.tracking.paired_timing_every,
+    # (not with find_unused_parameters: a second DDP over the same module then allreduces
+    # gradients the first left undefined, and DDP's reducer stops the trial)
+    pairing = PairedTimer(wl.model, every=0 if is_baseline(trial) or find_unused
+                          else cfg.tracking.paired_timing_every,
                           warmup_steps=wl_cfg.warmup_steps, device=device, process_group=process_group,
                           ddp_kwargs=ddp_kwargs)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
