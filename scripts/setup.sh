@@ -3,9 +3,26 @@
 # Idempotent: re-running after a change to pyproject.toml reinstalls; otherwise it is a no-op.
 #   scripts/setup.sh            the sweep's environment (.venv)
 #   scripts/setup.sh --test     also the optional .[hf] extra (transformers, for the hf_gpt2
-#                               workload) and the system packages the tests use (Chromium, docker-compose)
+#                               workload), the system packages the tests use (Chromium, Docker's
+#                               engine and Compose, debootstrap), and a Docker engine: when none
+#                               answers, it starts dockerd (as root) and leaves it running
+#   scripts/setup.sh --stop-docker   stops that dockerd, the one --test started, and nothing else
+#                               (`make test` calls it after the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOCKERD_PID=/run/commhooks-sweep-dockerd.pid  # the dockerd this script started, if any
+if [ "${1:-}" = "--stop-docker" ]; then
+  if [ -f "$DOCKERD_PID" ]; then
+    pid=$(cat "$DOCKERD_PID")
+    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]; then
+      echo "setup: stopping the dockerd that setup.sh --test started (pid $pid)" >&2
+      kill "$pid"
+      for _ in $(seq 60); do [ -d "/proc/$pid" ] || break; sleep 1; done
+    fi
+    rm -f "$DOCKERD_PID"
+  fi
+  exit 0
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -43,11 +60,15 @@ if [ "${1:-}" = "--test" ]; then
     rm -f .venv/.installed-hf-*
     touch "$hf_stamp"
   fi
-  # System tools the tests use for real: headless Chromium renders report.html; docker-compose
-  # (Compose v1, no engine needed) validates docker/compose.yaml.
+  # System tools the tests use for real: headless Chromium renders report.html; Debian's Docker
+  # engine (docker.io, with iptables) and Compose v1 (docker-compose: bookworm has no v2 plugin)
+  # build docker/ and run the stack; debootstrap makes the air-gapped base image
+  # (scripts/offline_images.sh).
   missing=()
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       echo "setup: installing Debian's ${missing[*]} for the tests" >&2
@@ -55,5 +76,14 @@ if [ "${1:-}" = "--test" ]; then
     else
       echo "setup: missing ${missing[*]}: install them (e.g. apt-get install ${missing[*]}) for the tests" >&2
     fi
+  fi
+  # The engine the docker tests use (tests/docker_engine.py). Started here, not by a service
+  # manager (containers often have none); --stop-docker stops this one only.
+  if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
+    echo "setup: starting dockerd for the docker tests (log /var/log/commhooks-sweep-dockerd.log)" >&2
+    setsid dockerd </dev/null >/var/log/commhooks-sweep-dockerd.log 2>&1 &
+    echo $! >"$DOCKERD_PID"
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+    docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start: see /var/log/commhooks-sweep-dockerd.log" >&2; exit 1; }
   fi
 fi

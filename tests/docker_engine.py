@@ -19,6 +19,16 @@ from typing import Iterator
 import pytest
 
 
+def compose_cli() -> list[str] | None:
+    """Compose v2 (`docker compose`) where the plugin is installed, else v1 (`docker-compose`,
+    what Debian bookworm packages: its archive has no v2 plugin); None without either."""
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
 def engine_answers() -> bool:
     docker = shutil.which("docker")
     return bool(docker) and subprocess.run([docker, "info"], capture_output=True, timeout=60).returncode == 0

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The air-gapped build of docker/Dockerfile: no image registry, no PyTorch index, no pip in the
+# build. What it needs comes from this host, cached between runs (never in the repository):
+#
+#   scripts/offline_images.sh base     Debian bookworm from the Debian mirror apt already uses
+#                                      (debootstrap minbase + python3, venv, gcc), imported as
+#                                      the image commhooks-base:bookworm
+#   scripts/offline_images.sh wheels   a wheelhouse of every wheel the image installs (torch
+#                                      2.13.0 CPU as this host's pip finds it), built with .venv's pip
+#   scripts/offline_images.sh build    both of the above, then the images commhooks-sweep:offline
+#                                      (docker/Dockerfile from the wheelhouse) and
+#                                      commhooks-postgres:15 (docker/postgres.Dockerfile)
+#
+# Cache: ${COMMHOOKS_DOCKER_CACHE:-~/.cache/commhooks-docker}. Each step is a no-op when its
+# result exists (delete the cache folder, or `docker image rm` the image, to redo it).
+# docs/cluster.md ("The air-gapped build") explains the steps; tests/test_compose.py runs them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE=${COMMHOOKS_DOCKER_CACHE:-$HOME/.cache/commhooks-docker}
+BASE=commhooks-base:bookworm
+IMAGE=${IMAGE:-commhooks-sweep:offline}
+PG_IMAGE=commhooks-postgres:15
+# Exactly the pins of the Dockerfile's install step (the torch and psycopg2 build args).
+TORCH="torch==2.13.0"
+PSYCOPG2="psycopg2-binary==2.9.13"
+SETUPTOOLS="setuptools>=68"  # pyproject.toml's build backend: pip builds the project in the image
+mkdir -p "$CACHE"
+
+mirror() {  # the first Debian mirror of apt's own sources (deb822 or one-line format)
+  local uri
+  uri=$(grep -hoE '^URIs: *\S+' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
+  [ -n "$uri" ] || uri=$(grep -hoE '^deb +\S+' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' | head -1 || true)
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+base() {
+  if docker image inspect "$BASE" >/dev/null 2>&1; then return; fi
+  local tarball=$CACHE/base-bookworm.tar
+  if [ ! -f "$tarball" ]; then
+    local dir
+    dir=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+    echo "offline_images: debootstrap bookworm from $(mirror) (a few minutes)" >&2
+    debootstrap --variant=minbase --include=python3,python3-venv,gcc,libc6-dev,passwd \
+      bookworm "$dir" "$(mirror)" >"$CACHE/debootstrap.log"
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/*
+    tar -C "$dir" -c . >"$tarball.part" && mv "$tarball.part" "$tarball"
+    rm -rf "$dir"
+  fi
+  docker import "$tarball" "$BASE" >/dev/null
+}
+
+wheelhouse_dir() {  # one wheelhouse per pyproject.toml (the pins it installs)
+  echo "$CACHE/wheels-$(cat pyproject.toml docker/Dockerfile | sha256sum | cut -c1-12)"
+}
+
+wheels() {
+  local dir
+  dir=$(wheelhouse_dir)
+  if [ -f "$dir/.complete" ]; then return; fi
+  echo "offline_images: building the wheelhouse $dir" >&2
+  rm -rf "$dir"
+  .venv/bin/python -m pip wheel --quiet --wheel-dir "$dir" "$TORCH" ".[service,hf]" "$PSYCOPG2" "$SETUPTOOLS" \
+    2> >(grep -v "^WARNING: Location" >&2)
+  rm -f "$dir"/commhooks_sweep-*.whl  # the project itself is copied into the image, not a wheel
+  touch "$dir/.complete"
+}
+
+build() {
+  base
+  wheels
+  local dir addr port pid
+  dir=$(wheelhouse_dir)
+  # The build's RUN containers reach the host on the docker0 bridge: serve the wheelhouse there
+  # (only there) for the length of the build.
+  addr=$(ip -4 -o addr show dev docker0 | awk '{print $4}' | cut -d/ -f1)
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+  python3 -m http.server --bind "$addr" --directory "$dir" "$port" >/dev/null 2>&1 &
+  pid=$!
+  trap 'kill $pid 2>/dev/null || true' EXIT
+  docker build -f docker/Dockerfile --build-arg BASE_IMAGE="$BASE" \
+    --build-arg WHEELHOUSE="http://$addr:$port/" -t "$IMAGE" .
+  kill $pid
+  trap - EXIT
+  docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE="$BASE" -t "$PG_IMAGE" docker
+}
+
+case "${1:-}" in
+  base) base ;;
+  wheels) wheels ;;
+  build) build ;;
+  *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
