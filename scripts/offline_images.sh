@@ -59,28 +59,30 @@ wheels() {
   if [ -f "$dir/.complete" ]; then return; fi
   echo "offline_images: building the wheelhouse $dir" >&2
   rm -rf "$dir"
+  local had_build=false
+  [ -e build ] && had_build=true
   .venv/bin/python -m pip wheel --quiet --wheel-dir "$dir" "$TORCH" ".[service,hf]" "$PSYCOPG2" "$SETUPTOOLS" \
     2> >(grep -v "^WARNING: Location" >&2)
   rm -f "$dir"/commhooks_sweep-*.whl  # the project itself is copied into the image, not a wheel
+  $had_build || rm -rf build          # what building the project's wheel left in the checkout
   touch "$dir/.complete"
 }
 
 build() {
   base
   wheels
-  local dir addr port pid
-  dir=$(wheelhouse_dir)
-  # The build's RUN containers reach the host on the docker0 bridge: serve the wheelhouse there
-  # (only there) for the length of the build.
-  addr=$(ip -4 -o addr show dev docker0 | awk '{print $4}' | cut -d/ -f1)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
-  python3 -m http.server --bind "$addr" --directory "$dir" "$port" >/dev/null 2>&1 &
-  pid=$!
-  trap 'kill $pid 2>/dev/null || true' EXIT
-  docker build -f docker/Dockerfile --build-arg BASE_IMAGE="$BASE" \
-    --build-arg WHEELHOUSE="http://$addr:$port/" -t "$IMAGE" .
-  kill $pid
-  trap - EXIT
+  # The wheelhouse, served on the host's loopback for the length of the build; the build's
+  # containers share the host's network (--network host) to reach it, and pip trusts plain
+  # HTTP from localhost only.
+  # A fixed port: the URL is a build argument, and a new one would void the build's cache.
+  port=${COMMHOOKS_WHEELHOUSE_PORT:-38471}
+  python3 -m http.server --bind 127.0.0.1 --directory "$(wheelhouse_dir)" "$port" >/dev/null 2>&1 &
+  server=$!
+  trap 'kill $server 2>/dev/null || true' EXIT
+  sleep 1
+  kill -0 $server 2>/dev/null || { echo "offline_images: cannot serve the wheelhouse on 127.0.0.1:$port (busy? set COMMHOOKS_WHEELHOUSE_PORT)" >&2; exit 1; }
+  docker build --network host -f docker/Dockerfile --build-arg BASE_IMAGE="$BASE" \
+    --build-arg WHEELHOUSE="http://127.0.0.1:$port/" -t "$IMAGE" .
   docker build -f docker/postgres.Dockerfile --build-arg BASE_IMAGE="$BASE" -t "$PG_IMAGE" docker
 }
 

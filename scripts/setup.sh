@@ -6,23 +6,49 @@
 #                               workload), the system packages the tests use (Chromium, Docker's
 #                               engine and Compose, debootstrap), and a Docker engine: when none
 #                               answers, it starts dockerd (as root) and leaves it running
-#   scripts/setup.sh --stop-docker   stops that dockerd, the one --test started, and nothing else
-#                               (`make test` calls it after the tests)
+#   scripts/setup.sh --start-docker  only that: dockerd, when no Docker engine answers (root)
+#   scripts/setup.sh --stop-docker   stops the dockerd that setup.sh started, and nothing else,
+#                               and puts back the iptables rules from before it (`make test`
+#                               calls it after the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DOCKERD_PID=/run/commhooks-sweep-dockerd.pid  # the dockerd this script started, if any
-if [ "${1:-}" = "--stop-docker" ]; then
-  if [ -f "$DOCKERD_PID" ]; then
-    pid=$(cat "$DOCKERD_PID")
-    if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]; then
-      echo "setup: stopping the dockerd that setup.sh --test started (pid $pid)" >&2
-      kill "$pid"
-      for _ in $(seq 60); do [ -d "/proc/$pid" ] || break; sleep 1; done
-    fi
-    rm -f "$DOCKERD_PID"
+DOCKERD_PID=/run/commhooks-sweep-dockerd.pid        # the dockerd this script started, if any
+FIREWALL_BEFORE=/run/commhooks-sweep-iptables.before # iptables-save from before it started
+start_docker() {  # a Docker engine for the docker tests (tests/docker_engine.py), when none answers
+  if [ "$(id -u)" != 0 ] || ! command -v dockerd >/dev/null 2>&1 || docker info >/dev/null 2>&1; then
+    return 0
   fi
-  exit 0
-fi
+  echo "setup: starting dockerd for the docker tests (log /var/log/commhooks-sweep-dockerd.log)" >&2
+  iptables-save >"$FIREWALL_BEFORE" 2>/dev/null || true
+  setsid dockerd </dev/null >/var/log/commhooks-sweep-dockerd.log 2>&1 &
+  echo $! >"$DOCKERD_PID"
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start: see /var/log/commhooks-sweep-dockerd.log" >&2; exit 1; }
+}
+stop_docker() {  # that dockerd only; then the host's firewall as it was before it (dockerd leaves
+                 # its chains and a FORWARD DROP policy behind)
+  [ -f "$DOCKERD_PID" ] || return 0
+  local pid
+  pid=$(cat "$DOCKERD_PID")
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]; then
+    echo "setup: stopping the dockerd that setup.sh started (pid $pid)" >&2
+    kill "$pid"
+    for _ in $(seq 60); do [ -d "/proc/$pid" ] || break; sleep 1; done
+  fi
+  if grep -q "^\*" "$FIREWALL_BEFORE" 2>/dev/null; then
+    iptables-restore <"$FIREWALL_BEFORE"
+  elif [ -f "$FIREWALL_BEFORE" ]; then  # no rules before: empty tables, ACCEPT policies
+    for table in $(iptables-save | sed -n 's/^\*//p'); do
+      iptables -t "$table" -F && iptables -t "$table" -X
+      for chain in $(iptables -t "$table" -S | awk '$1 == "-P" {print $2}'); do iptables -t "$table" -P "$chain" ACCEPT; done
+    done
+  fi
+  rm -f "$DOCKERD_PID" "$FIREWALL_BEFORE"
+}
+case "${1:-}" in
+  --start-docker) start_docker; exit 0 ;;
+  --stop-docker) stop_docker; exit 0 ;;
+esac
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -77,13 +103,5 @@ if [ "${1:-}" = "--test" ]; then
       echo "setup: missing ${missing[*]}: install them (e.g. apt-get install ${missing[*]}) for the tests" >&2
     fi
   fi
-  # The engine the docker tests use (tests/docker_engine.py). Started here, not by a service
-  # manager (containers often have none); --stop-docker stops this one only.
-  if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then
-    echo "setup: starting dockerd for the docker tests (log /var/log/commhooks-sweep-dockerd.log)" >&2
-    setsid dockerd </dev/null >/var/log/commhooks-sweep-dockerd.log 2>&1 &
-    echo $! >"$DOCKERD_PID"
-    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
-    docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start: see /var/log/commhooks-sweep-dockerd.log" >&2; exit 1; }
-  fi
+  start_docker  # left running for the tests; `make test` runs --stop-docker after them
 fi
