@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE=${COMMHOOKS_DOCKER_CACHE:-$HOME/.cache/commhooks-docker}
 BASE=commhooks-base:bookworm
-IMAGE=${IMAGE:-commhooks-sweep:offline}
+IMAGE=commhooks-sweep:offline  # compose.offline.yaml: IMAGE_TAG=offline
 PG_IMAGE=commhooks-postgres:15
 # Exactly the pins of the Dockerfile's install step (the torch and psycopg2 build args).
 TORCH="torch==2.13.0"

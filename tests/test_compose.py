@@ -143,7 +143,7 @@ def test_a_bad_config_through_submit_exits_2_with_no_job(stack):
     out = stack.compose("run", "--rm", "--no-deps", "submit", "python", "-m", "service.submit",
                         "tests/no_such_config.yaml", "--address", "http://ray-head:8265", check=False)
     assert out.returncode == 2, out.stdout + out.stderr
-    assert "no_such_config" in out.stderr
+    assert "no_such_config" in out.stdout + out.stderr
 
 
 def test_zz_compose_down_leaves_nothing(stack):
