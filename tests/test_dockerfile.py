@@ -91,7 +91,7 @@ def test_compose_ray_worker_scales(compose):
 def test_compose_mlflow_on_postgres_with_shared_artifacts(compose):
     mlflow = compose["services"]["mlflow"]
     cmd = " ".join(mlflow["command"])
-    assert "mlflow server" in cmd and "postgresql://mlflow:$${POSTGRES_PASSWORD}@postgres:5432/mlflow" in cmd
+    assert "mlflow server" in cmd and "postgresql+psycopg2://mlflow:$${POSTGRES_PASSWORD}@postgres:5432/mlflow" in cmd
     assert "--artifacts-destination /data/mlflow-artifacts" in cmd
     assert "mlflow-artifacts:/data/mlflow-artifacts" in mlflow["volumes"]
     assert mlflow["depends_on"]["postgres"]["condition"] == "service_healthy"
