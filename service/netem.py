@@ -17,9 +17,10 @@ namespaces; nothing simulated):
   the bridge's own ports, commented with the owner, removed with the network.
 
 Names carry a per-network token and the pid of the process that owns them (in the namespace
-name, as the links' ``ifalias`` and as the rule's comment): :func:`remove_leftovers` removes what belongs to a
-process that no longer lives (a sweep killed with SIGKILL), :func:`remove_owned` what belongs
-to a given live process (the sweep driver cleaning up after its trials on an interrupt).
+name, as the links' ``ifalias``, as the rule's comment): :func:`remove_leftovers` removes what
+belongs to a process that no longer lives (a sweep killed with SIGKILL), :func:`remove_owned`
+what belongs to a given live process (the sweep driver cleaning up after its trials on an
+interrupt).
 
 A process joins a host with :func:`entered` (setns(2) on the calling thread only; the thread
 goes back to its own namespace on exit), and :func:`process_group_on_host` creates a gloo
@@ -285,19 +286,21 @@ class Network:
 BRIDGE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
 
 
-def _firewall_sees_bridges() -> bool:
-    """Do frames crossing a bridge go through iptables here (br_netfilter on, as Docker sets it)?
-
-    Then a FORWARD chain that drops by default (Docker's policy) drops the frames between our
-    hosts too. The bridge's own ``nf_call_iptables 0`` does not help: the kernel hands a frame
-    to iptables when the bridge's option *or* this sysctl is on.
-    """
+def _bridge_netfilter_on() -> bool:
+    """Do frames crossing a bridge go through the host's firewall (br_netfilter on, as Docker
+    sets it)? Then a FORWARD chain that drops by default (Docker's policy) drops the frames
+    between our hosts too. The bridge's own ``nf_call_iptables 0`` does not help: the kernel
+    hands a frame to iptables when the bridge's option *or* this sysctl is on."""
     try:
         with open(BRIDGE_NF) as f:
-            on = f.read().strip() == "1"
-    except OSError:  # br_netfilter not loaded: bridged frames never meet iptables
+            return f.read().strip() == "1"
+    except OSError:  # br_netfilter not loaded: bridged frames never meet the firewall
         return False
-    return on and shutil.which("iptables") is not None
+
+
+def _firewall_sees_bridges() -> bool:
+    """Bridged frames meet iptables, where a rule of ours can let them pass."""
+    return _bridge_netfilter_on() and shutil.which("iptables") is not None
 
 
 def _accept_rule(bridge: str, alias: str) -> list[str]:
@@ -323,8 +326,11 @@ def list_rules() -> list[tuple[list[str], int]]:
 
 def _why_blocked() -> str:
     """The likeliest reason frames between two hosts of one bridge do not arrive, one clause."""
-    if not _firewall_sees_bridges():
+    if not _bridge_netfilter_on():
         return "the bridge does not forward between its ports (look for filtering in `nft list ruleset`)"
+    if shutil.which("iptables") is None:
+        return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1) and "
+                "there is no iptables to let them pass: allow frames on bridges chs* (`nft list ruleset`)")
     policy = _run("iptables", "-w", "-S", "FORWARD", check=False).stdout.splitlines()[:1]
     drop = policy == ["-P FORWARD DROP"]
     return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1"
