@@ -20,13 +20,14 @@ start_docker() {  # a Docker engine for the docker tests (tests/docker_engine.py
   fi
   echo "setup: starting dockerd for the docker tests (log /var/log/commhooks-sweep-dockerd.log)" >&2
   iptables-save >"$FIREWALL_BEFORE" 2>/dev/null || true
+  cat /proc/sys/net/ipv4/ip_forward >"$FIREWALL_BEFORE.ip_forward"  # dockerd turns it on
   setsid dockerd </dev/null >/var/log/commhooks-sweep-dockerd.log 2>&1 &
   echo $! >"$DOCKERD_PID"
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
   docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start: see /var/log/commhooks-sweep-dockerd.log" >&2; exit 1; }
 }
-stop_docker() {  # that dockerd only; then the host's firewall as it was before it (dockerd leaves
-                 # its chains and a FORWARD DROP policy behind)
+stop_docker() {  # that dockerd only; then the host's firewall and IP forwarding as they were
+                 # before it (dockerd leaves its chains, a FORWARD DROP and forwarding on behind)
   [ -f "$DOCKERD_PID" ] || return 0
   local pid
   pid=$(cat "$DOCKERD_PID")
@@ -43,7 +44,10 @@ stop_docker() {  # that dockerd only; then the host's firewall as it was before 
       for chain in $(iptables -t "$table" -S | awk '$1 == "-P" {print $2}'); do iptables -t "$table" -P "$chain" ACCEPT; done
     done
   fi
-  rm -f "$DOCKERD_PID" "$FIREWALL_BEFORE"
+  if [ -f "$FIREWALL_BEFORE.ip_forward" ]; then
+    cat "$FIREWALL_BEFORE.ip_forward" >/proc/sys/net/ipv4/ip_forward
+  fi
+  rm -f "$DOCKERD_PID" "$FIREWALL_BEFORE" "$FIREWALL_BEFORE.ip_forward"
 }
 case "${1:-}" in
   --start-docker) start_docker; exit 0 ;;

@@ -33,8 +33,23 @@ pytestmark = [pytest.mark.docker,
 
 @pytest.fixture(scope="module", autouse=True)
 def engine():
+    """The running engine, and its FORWARD policy DROP. Docker sets DROP where it turns IP
+    forwarding on itself; on a machine where forwarding was already on (an earlier dockerd),
+    it leaves the policy alone, so the test sets what Docker sets, and puts the policy back."""
     with docker_engine():
-        yield
+        policy = _forward_policy()
+        if policy != "DROP":
+            subprocess.run(["iptables", "-w", "-P", "FORWARD", "DROP"], check=True)
+        try:
+            yield
+        finally:
+            if policy != "DROP":
+                subprocess.run(["iptables", "-w", "-P", "FORWARD", policy], check=True)
+
+
+def _forward_policy() -> str:
+    out = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()[0].split()[-1]  # "-P FORWARD ACCEPT"
 
 
 def _firewall(owner: int | None = None) -> str:
@@ -45,11 +60,14 @@ def _firewall(owner: int | None = None) -> str:
     return "\n".join(line for line in keep if "chs owner=" not in line or f"chs owner={owner}\"" in line)
 
 
-def test_docker_blocks_bridged_frames_here():
-    # what makes this module mean something: the engine set up the firewall that used to drop us
-    assert Path(netem.BRIDGE_NF).read_text().strip() == "1"
-    policy = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
-    assert policy.splitlines()[0] == "-P FORWARD DROP"
+def test_without_its_rule_a_bridge_beside_docker_drops_its_frames():
+    # what makes this module mean something: the firewall that used to drop the hosts' frames
+    assert Path(netem.BRIDGE_NF).read_text().strip() == "1" and _forward_policy() == "DROP"
+    with netem.Network(2, link_gbps=1.0) as net:
+        [(rule, _)] = [(r, pid) for r, pid in netem.list_rules() if net.bridge in r]
+        subprocess.run(["iptables", "-w", "-D", "FORWARD", *rule], check=True)  # today's main: no rule
+        with pytest.raises(netem.NetemError, match="cannot reach each other"):
+            net.check_connected(timeout_s=2.0)
 
 
 @pytest.mark.ray
