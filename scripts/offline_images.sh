@@ -49,8 +49,8 @@ base() {
   docker import "$tarball" "$BASE" >/dev/null
 }
 
-wheelhouse_dir() {  # one wheelhouse per pyproject.toml (the pins it installs)
-  echo "$CACHE/wheels-$(cat pyproject.toml docker/Dockerfile | sha256sum | cut -c1-12)"
+wheelhouse_dir() {  # one wheelhouse per set of pins: pyproject.toml's and the three above
+  echo "$CACHE/wheels-$({ cat pyproject.toml; echo "$TORCH $PSYCOPG2 $SETUPTOOLS"; } | sha256sum | cut -c1-12)"
 }
 
 wheels() {
@@ -58,7 +58,7 @@ wheels() {
   dir=$(wheelhouse_dir)
   if [ -f "$dir/.complete" ]; then return; fi
   echo "offline_images: building the wheelhouse $dir" >&2
-  rm -rf "$dir"
+  rm -rf "$CACHE"/wheels-*  # older pins' wheelhouses
   local had_build=false
   [ -e build ] && had_build=true
   .venv/bin/python -m pip wheel --quiet --wheel-dir "$dir" "$TORCH" ".[service,hf]" "$PSYCOPG2" "$SETUPTOOLS" \
