@@ -9,7 +9,8 @@ setup:
 sweep: setup
 	$(PY) -m service.sweep tune_configs/quant.yaml
 
-# The whole test suite, as CI runs it.
+# The whole test suite, as CI runs it (with a Docker engine: setup starts one if none runs,
+# and stops that one, only, afterwards).
 test:
 	@./scripts/setup.sh --test
-	$(PY) -m pytest
+	$(PY) -m pytest; rc=$$?; ./scripts/setup.sh --stop-docker; exit $$rc

@@ -3,9 +3,56 @@
 # Idempotent: re-running after a change to pyproject.toml reinstalls; otherwise it is a no-op.
 #   scripts/setup.sh            the sweep's environment (.venv)
 #   scripts/setup.sh --test     also the optional .[hf] extra (transformers, for the hf_gpt2
-#                               workload) and the system packages the tests use (Chromium, docker-compose)
+#                               workload), the system packages the tests use (Chromium, Docker's
+#                               engine and Compose, debootstrap), and a Docker engine: when none
+#                               answers, it starts dockerd (as root) and leaves it running
+#   scripts/setup.sh --start-docker  only that: dockerd, when no Docker engine answers (root)
+#   scripts/setup.sh --stop-docker   stops the dockerd that setup.sh started, and nothing else,
+#                               and puts back the iptables rules from before it (`make test`
+#                               calls it after the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+DOCKERD_PID=/run/commhooks-sweep-dockerd.pid        # the dockerd this script started, if any
+FIREWALL_BEFORE=/run/commhooks-sweep-iptables.before # iptables-save from before it started
+start_docker() {  # a Docker engine for the docker tests (tests/docker_engine.py), when none answers
+  if [ "$(id -u)" != 0 ] || ! command -v dockerd >/dev/null 2>&1 || docker info >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "setup: starting dockerd for the docker tests (log /var/log/commhooks-sweep-dockerd.log)" >&2
+  iptables-save >"$FIREWALL_BEFORE" 2>/dev/null || true
+  cat /proc/sys/net/ipv4/ip_forward >"$FIREWALL_BEFORE.ip_forward"  # dockerd turns it on
+  setsid dockerd </dev/null >/var/log/commhooks-sweep-dockerd.log 2>&1 &
+  echo $! >"$DOCKERD_PID"
+  for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start: see /var/log/commhooks-sweep-dockerd.log" >&2; exit 1; }
+}
+stop_docker() {  # that dockerd only; then the host's firewall and IP forwarding as they were
+                 # before it (dockerd leaves its chains, a FORWARD DROP and forwarding on behind)
+  [ -f "$DOCKERD_PID" ] || return 0
+  local pid
+  pid=$(cat "$DOCKERD_PID")
+  if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ]; then
+    echo "setup: stopping the dockerd that setup.sh started (pid $pid)" >&2
+    kill "$pid"
+    for _ in $(seq 60); do [ -d "/proc/$pid" ] || break; sleep 1; done
+  fi
+  if grep -q "^\*" "$FIREWALL_BEFORE" 2>/dev/null; then
+    iptables-restore <"$FIREWALL_BEFORE"
+  elif [ -f "$FIREWALL_BEFORE" ]; then  # no rules before: empty tables, ACCEPT policies
+    for table in $(iptables-save | sed -n 's/^\*//p'); do
+      iptables -t "$table" -F && iptables -t "$table" -X
+      for chain in $(iptables -t "$table" -S | awk '$1 == "-P" {print $2}'); do iptables -t "$table" -P "$chain" ACCEPT; done
+    done
+  fi
+  if [ -f "$FIREWALL_BEFORE.ip_forward" ]; then
+    cat "$FIREWALL_BEFORE.ip_forward" >/proc/sys/net/ipv4/ip_forward
+  fi
+  rm -f "$DOCKERD_PID" "$FIREWALL_BEFORE" "$FIREWALL_BEFORE.ip_forward"
+}
+case "${1:-}" in
+  --start-docker) start_docker; exit 0 ;;
+  --stop-docker) stop_docker; exit 0 ;;
+esac
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
@@ -43,11 +90,15 @@ if [ "${1:-}" = "--test" ]; then
     rm -f .venv/.installed-hf-*
     touch "$hf_stamp"
   fi
-  # System tools the tests use for real: headless Chromium renders report.html; docker-compose
-  # (Compose v1, no engine needed) validates docker/compose.yaml.
+  # System tools the tests use for real: headless Chromium renders report.html; Debian's Docker
+  # engine (docker.io, with iptables) and Compose v1 (docker-compose: bookworm has no v2 plugin)
+  # build docker/ and run the stack; debootstrap makes the air-gapped base image
+  # (scripts/offline_images.sh).
   missing=()
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+  command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
       echo "setup: installing Debian's ${missing[*]} for the tests" >&2
@@ -56,4 +107,5 @@ if [ "${1:-}" = "--test" ]; then
       echo "setup: missing ${missing[*]}: install them (e.g. apt-get install ${missing[*]}) for the tests" >&2
     fi
   fi
+  start_docker  # left running for the tests; `make test` runs --stop-docker after them
 fi

@@ -100,6 +100,7 @@ def measure(link_gbps: float, latency_ms: float = 0.0, *, nbytes: int | None = N
     nbytes = nbytes or max(DEFAULT_BYTES, int(link_gbps * 1e9 / 8 * 0.1) if link_gbps else DEFAULT_BYTES)
     ctx = mp.get_context("spawn")
     with netem.Network(2, link_gbps, latency_ms, owner_pid=owner_pid) as net:
+        net.check_connected()  # a blocked bridge: say why now, not after TIMEOUT_S
         queue = ctx.Queue()
         port = _free_port()
         procs = [ctx.Process(target=_rank_main, args=(r, net.hosts[r], net.hosts[0].address, port, nbytes,

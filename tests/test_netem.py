@@ -11,7 +11,7 @@ real gloo groups whose sockets live in the namespaces, real sweeps (local Ray, S
   refuses in one line, exit 2, before MLflow or Ray, leaving nothing behind;
 * one real sweep trial on a 1 Gbit/s link logs its link (params, measured rate, bytes sent);
 * an interrupted sweep removes its trials' hosts;
-* the last test: ``ip netns list`` / ``ip link`` show nothing of ours.
+* the last test: ``ip netns list`` / ``ip link`` / ``iptables -S FORWARD`` show nothing of ours.
 
 Speeds are never asserted (bench/network.py measures them); the shaping is checked by what tc
 counted and by the measured rate never exceeding the asked one.
@@ -409,6 +409,8 @@ def test_zz_nothing_of_ours_is_left_on_the_machine():
     """Last in the file: no namespace or link of this module's owners (or of dead ones) remains."""
     ns, links = _ours()
     assert ns == [] and links == []
+    rules = [rule for rule, pid in netem.list_rules() if pid in _OWNERS or not netem._pid_alive(pid)]
+    assert rules == []  # the FORWARD rules of networks where the firewall sees bridged frames
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for pid in _OWNERS:
         assert f"{netem.PREFIX}-{pid}-" not in listed
