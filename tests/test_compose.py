@@ -37,8 +37,8 @@ IMAGE = "commhooks-sweep:offline"
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800),
               pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of its own needs root (CI runs as root)")]
 
-SUBMIT = ("python -m service.submit tests/one_trial_sweep.yaml --address http://ray-head:8265 "
-          "--storage-path /data/ray-storage")
+SUBMIT = ('["sh", "-c", "python docker/wait_for_workers.py && exec python -m service.submit '
+          'tests/one_trial_sweep.yaml --address http://ray-head:8265 --storage-path /data/ray-storage"]')
 
 
 def _docker(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -52,7 +52,7 @@ class Stack:
         override.write_text(f"services:\n  submit:\n    command: {SUBMIT}\n")
         self.files = [ROOT / "docker" / "compose.yaml", ROOT / "docker" / "compose.offline.yaml", override]
         self.env = {**os.environ, "IMAGE_TAG": "offline", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-                    "POSTGRES_PASSWORD": secrets.token_hex(16)}
+                    "POSTGRES_PASSWORD": secrets.token_hex(16), "RAY_WORKERS": "2"}
         self.times: dict[str, float] = {}
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
