@@ -100,8 +100,12 @@ def test_compose_mlflow_on_postgres_with_shared_artifacts(compose):
 def test_compose_submit_runs_quant_against_the_head_with_shared_storage(compose):
     services = compose["services"]
     submit = services["submit"]
-    assert submit["command"].split() == [
-        "python", "-m", "service.submit", "tune_configs/quant.yaml", "--address", "http://ray-head:8265",
+    shell, flag, script = submit["command"]
+    assert (shell, flag) == ("sh", "-c")
+    wait, run = script.split(" && ")
+    assert wait == "python docker/wait_for_workers.py"  # the workers have joined before the job goes in
+    assert run.split() == [
+        "exec", "python", "-m", "service.submit", "tune_configs/quant.yaml", "--address", "http://ray-head:8265",
         "--storage-path", "/data/ray-storage",
     ]
     assert submit["restart"] == "no"
