@@ -34,6 +34,8 @@ def route_library_logs_to_file() -> None:
     sweep's own lines. Nothing without a log file (run_sweep called from Python, not main())."""
     if _log_file is None:
         return
+    import ray  # noqa: F401  (imported here so its handlers exist before they are removed: the
+    #             package split made ray's first import later than this call)
     for name in ("ray", "ray.tune", "ray.train", "ray.data", "ray.air", "mlflow"):
         logger = logging.getLogger(name)
         for h in list(logger.handlers):
