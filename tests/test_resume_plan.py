@@ -51,11 +51,13 @@ def test_resume_continues_the_latest_sweep_of_the_same_config_not_a_newer_other_
     parent, (done_run, killed_run) = interrupted_sweep(cfg, uri, finished=1)
     other_parent, _ = interrupted_sweep(make_cfg(steps=40), uri, finished=0)  # same name, newer
 
-    chosen, reusable, pending = plan_resume(cfg, cfg.trials(), uri)
+    plan = plan_resume(cfg, cfg.trials(), uri)
+    chosen, reusable, pending = plan.parent_run_id, plan.reusable_runs, plan.pending
 
     assert chosen == parent != other_parent
     assert [t.key for t in pending] == [cfg.trials()[1].key]
     assert reusable == {cfg.trials()[1].key: killed_run}
+    assert list(plan.done) == [cfg.trials()[0].key]   # how the ended trial ended, for adaptive rounds
     assert tracking.run_tags(parent, uri)["sweep_fingerprint"] == cfg.fingerprint()
 
 

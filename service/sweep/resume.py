@@ -7,15 +7,26 @@ with its checkpoints; FINISHED and FAILED trials are not run again.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep.adaptive import Outcome
 from service.sweep.errors import SweepError
 
 
-def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
-                tracking_uri: str) -> tuple[str, dict[str, str], list[TrialSpec]]:
-    """(parent run id, {trial key: run id to continue}, trials still to run) for --resume.
+@dataclass
+class ResumePlan:
+    """What --resume continues: the sweep's run, the runs of interrupted trials (by trial key),
+    the trials still to run, and how the ended ones ended (the adaptive rounds replay them)."""
+
+    parent_run_id: str
+    reusable_runs: dict[str, str] = field(default_factory=dict)
+    pending: list[TrialSpec] = field(default_factory=list)
+    done: dict[str, Outcome] = field(default_factory=dict)
+
+
+def plan_resume(cfg: SweepConfig, trials: list[TrialSpec], tracking_uri: str) -> ResumePlan:
+    """The plan for --resume, from one read of the earlier sweep's trial records.
 
     The parent is the experiment's latest sweep run of the same config (its fingerprint). A
     trial is done when its run ended FINISHED or FAILED; a KILLED (interrupted) or still
@@ -36,17 +47,7 @@ def plan_resume(cfg: SweepConfig, trials: list[TrialSpec],
         records = tracking.SweepReader(tracking_uri).trials(parent.info.run_id)
     except tracking.StoreError as e:
         raise SweepError(f"cannot resume: {e}") from None
-    done = {r.key for r in records if r.ended}
-    reusable = {r.key: r.run_id for r in records if not r.ended}
-    pending = [t for t in trials if t.key not in done]
-    return parent.info.run_id, reusable, pending
-
-
-def done_outcomes(parent_run_id: str, tracking_uri: str) -> dict[str, Outcome]:
-    """The ended trials of an adaptive sweep, by key, as its rounds see them: how each ended
-    and its final eval loss (an interrupted trial is not among them: it runs again)."""
-    from service import tracking
-
-    records = tracking.SweepReader(tracking_uri).trials(parent_run_id)
-    return {r.key: Outcome(r.state, r.metrics.get("final_eval_loss", math.nan))
-            for r in records if r.ended}
+    # an interrupted trial is not done: it runs again, in its own run
+    done = {r.key: Outcome(r.state, r.metrics.get("final_eval_loss", math.nan)) for r in records if r.ended}
+    return ResumePlan(parent.info.run_id, {r.key: r.run_id for r in records if not r.ended},
+                      [t for t in trials if t.key not in done], done)

@@ -25,7 +25,7 @@ from service.sweep.checks import check_cluster, check_tracking_store
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
 from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
-from service.sweep.resume import done_outcomes, plan_resume
+from service.sweep.resume import plan_resume
 from service.sweep.signals import signals_raise_keyboard_interrupt
 from service.text import one_line
 from service.uris import join
@@ -62,8 +62,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
     parent_run_id, reusable_runs, pending, done = None, {}, trials, {}
     if resume:
-        parent_run_id, reusable_runs, pending = plan_resume(cfg, trials, tracking_uri)
-        done = done_outcomes(parent_run_id, tracking_uri) if adaptive else {}
+        plan = plan_resume(cfg, trials, tracking_uri)
+        parent_run_id, reusable_runs, pending = plan.parent_run_id, plan.reusable_runs, plan.pending
+        done = plan.done if adaptive else {}
         print(f"Resuming sweep {cfg.name!r} (parent run {parent_run_id}): {len(trials) - len(pending)} of "
               + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
                  if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),

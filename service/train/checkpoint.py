@@ -4,6 +4,7 @@ into (read from) the directory Ray Train merges across the ranks."""
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import torch
@@ -18,8 +19,28 @@ SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 
 HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
 
 
+@dataclass
+class TrainerState:
+    """What DDP keeps identical on every rank: only rank 0's is written."""
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    step: int
+    data_position: Any
+
+
+@dataclass
+class RankCheckpoint:
+    """One rank's checkpoint: the shared trainer state (rank 0's when captured; every rank
+    reads it back) and this rank's own hook state (None: a hook without state, or dropped)."""
+
+    rank: int
+    hook_state: Optional[dict[str, Any]]
+    trainer: Optional[TrainerState] = None
+
+
 def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches,
-            rank: int) -> dict[str, Any]:
+            rank: int) -> RankCheckpoint:
     """This rank's training state at the end of ``step``.
 
     ``trainer`` (model, optimizer, step, data position) is identical on every rank under
@@ -27,20 +48,14 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     memory is each rank's own residual).
     """
     own = isinstance(hook_state, HookState)
-    state: dict[str, Any] = {"hook_state": hook_state.state_dict() if own else None, "rank": rank}
-    if rank == 0:
-        state["trainer"] = {
-            "model": model.module.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "step": step,
-            "data_position": batches.position(step + 1),
-        }
-    return state
+    trainer = (TrainerState(model.module.state_dict(), optimizer.state_dict(), step, batches.position(step + 1))
+               if rank == 0 else None)
+    return RankCheckpoint(rank, hook_state.state_dict() if own else None, trainer)
 
 
-def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: Workload, device,
+def restore(checkpoint: Optional[RankCheckpoint], model: DDP, optimizer, hook_state, wl: Workload, device,
             precision: Optional[Precision] = None) -> int:
-    """Load a checkpoint (``{"trainer": ..., "hook_state": ...}``); returns its step (0: none).
+    """Load a checkpoint; returns its step (0: none).
 
     DDP rebuilds its gradient buckets after the first synced iteration; the hook's per-bucket
     memory (error feedback, PowerSGD's P/Q) was saved from the rebuilt layout. One
@@ -50,12 +65,12 @@ def restore(checkpoint: Optional[dict], model: DDP, optimizer, hook_state, wl: W
     if not checkpoint:
         return 0
     prime_buckets(model, wl, device, precision)
-    trainer = checkpoint["trainer"]
-    model.module.load_state_dict(trainer["model"])
-    optimizer.load_state_dict(trainer["optimizer"])
-    if isinstance(hook_state, HookState) and checkpoint.get("hook_state") is not None:
-        hook_state.load_state_dict(checkpoint["hook_state"])  # also brings the hook's counters back to the checkpoint's
-    return int(trainer["step"])
+    trainer = checkpoint.trainer
+    model.module.load_state_dict(trainer.model)
+    optimizer.load_state_dict(trainer.optimizer)
+    if isinstance(hook_state, HookState) and checkpoint.hook_state is not None:
+        hook_state.load_state_dict(checkpoint.hook_state)  # also brings the hook's counters back to the checkpoint's
+    return int(trainer.step)
 
 
 def prime_buckets(model: DDP, wl: Workload, device, precision: Optional[Precision] = None) -> None:
@@ -69,17 +84,17 @@ def prime_buckets(model: DDP, wl: Workload, device, precision: Optional[Precisio
     model.zero_grad(set_to_none=True)
 
 
-def save_checkpoint_dir(directory: str, state: dict[str, Any]) -> None:
-    """Write one rank's part of a checkpoint into ``directory`` (Ray merges the ranks')."""
-    if "trainer" in state:
-        torch.save(state["trainer"], os.path.join(directory, SHARED_STATE_FILE))
-    torch.save(state["hook_state"], os.path.join(directory, HOOK_STATE_FILE.format(rank=state["rank"])))
+def save_checkpoint_dir(directory: str, state: RankCheckpoint) -> None:
+    """Write one rank's part of a checkpoint into ``directory`` (Ray merges the ranks').
+    The files hold plain dicts (torch.save), so they do not depend on these classes' paths."""
+    if state.trainer is not None:
+        torch.save(asdict(state.trainer), os.path.join(directory, SHARED_STATE_FILE))
+    torch.save(state.hook_state, os.path.join(directory, HOOK_STATE_FILE.format(rank=state.rank)))
 
 
-def load_checkpoint_dir(directory: str, rank: int) -> dict[str, Any]:
+def load_checkpoint_dir(directory: str, rank: int) -> RankCheckpoint:
     """This rank's view of a merged checkpoint directory."""
     hook_file = os.path.join(directory, HOOK_STATE_FILE.format(rank=rank))
-    return {
-        "trainer": torch.load(os.path.join(directory, SHARED_STATE_FILE), weights_only=False),
-        "hook_state": torch.load(hook_file, weights_only=False) if os.path.exists(hook_file) else None,
-    }
+    trainer = torch.load(os.path.join(directory, SHARED_STATE_FILE), weights_only=False)
+    return RankCheckpoint(rank, torch.load(hook_file, weights_only=False) if os.path.exists(hook_file) else None,
+                          TrainerState(**trainer))

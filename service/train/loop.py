@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 from service.nan import NanMonitor, NanReport
-from service.train.checkpoint import capture
+from service.train.checkpoint import RankCheckpoint, capture
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import StepMeter, trial_summary
 from service.train.setup import TrialParts, set_up
@@ -71,7 +71,7 @@ class Start:
     """Where a (re)started trial begins: a checkpoint to resume from, how many times the
     trial has been restarted, and which configured faults already fired (by index)."""
 
-    checkpoint: Optional[dict[str, Any]] = None  # {"trainer": ..., "hook_state": ...}
+    checkpoint: Optional[RankCheckpoint] = None
     restarts: int = 0
     fired_faults: frozenset[int] = frozenset()
 
@@ -80,7 +80,7 @@ class Start:
 
 
 def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
-                 start: Optional[Start] = None, checkpoint_fn: Optional[Callable[[int, dict], None]] = None,
+                 start: Optional[Start] = None, checkpoint_fn: Optional[Callable[[int, RankCheckpoint], None]] = None,
                  on_fault: Optional[Callable[[int, Any], None]] = None, process_group=None,
                  build_hook: Callable = hooks.build, make_monitor: Callable[..., NanMonitor] = NanMonitor,
                  make_meter: Optional[Callable[[int, int], StepMeter]] = None) -> TrialResult:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 import hooks
-from service.train.checkpoint import load_checkpoint_dir, save_checkpoint_dir
+from service.train.checkpoint import RankCheckpoint, load_checkpoint_dir, save_checkpoint_dir
 from service.train.loop import Start, run_training
 from service.train.reporter import STEP_METRICS
 
@@ -60,14 +60,14 @@ def train_loop_per_worker(config: dict) -> None:
         done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
         if attempt > 1:
-            logger.log(checkpoint["trainer"]["step"] if checkpoint else 0, restarts=attempt - 1)
+            logger.log(checkpoint.trainer.step if checkpoint else 0, restarts=attempt - 1)
 
     def on_fault(index: int, fault) -> None:
         from service import tracking  # any rank: faults fire where they are configured
 
         tracking.record_fault_fired(run_id, uri, index, fault)
 
-    def checkpoint_fn(step: int, state: dict) -> None:
+    def checkpoint_fn(step: int, state: RankCheckpoint) -> None:
         with tempfile.TemporaryDirectory() as directory:
             save_checkpoint_dir(directory, state)
             ray.train.report({"step": step, "checkpoint_step": step},
