@@ -14,20 +14,20 @@ alone) must not: it credits bf16_compress with the hogs' damage to allreduce.
 from __future__ import annotations
 
 import csv
-import multiprocessing
+import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1200)]
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from _hog import HogDuringBaseline  # noqa: E402  (bench/verdicts.py measures with the same hogs)
+
 HOGS = 4  # busy processes: 2 cores shared by 2 ranks and 4 hogs leaves a rank about a third
 CONFIG = """
 name: paired_load
@@ -50,56 +50,13 @@ tracking:
 """
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
-class HogDuringBaseline(threading.Thread):
-    """Polls the sweep's store; while the baseline's run is RUNNING, HOGS busy processes run."""
-
-    def __init__(self, uri: str):
-        super().__init__(daemon=True)
-        self.client, self.stop, self.hogs, self.seen = MlflowClient(uri), threading.Event(), [], False
-
-    def _baseline_running(self) -> bool:
-        exp = self.client.get_experiment_by_name("paired_load")
-        if exp is None:
-            return False
-        runs = self.client.search_runs([exp.experiment_id], "tags.trial_config = 'allreduce'")
-        return any(r.info.status == "RUNNING" for r in runs)
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                running = self._baseline_running()
-            except Exception:  # the sweep is still creating the store
-                running = False
-            if running and not self.hogs:
-                self.seen = True
-                self.hogs = [multiprocessing.get_context("fork").Process(target=_spin, daemon=True)
-                             for _ in range(HOGS)]
-                for p in self.hogs:
-                    p.start()
-            elif not running and self.hogs:
-                self.kill()
-            time.sleep(0.3)
-        self.kill()
-
-    def kill(self) -> None:
-        for p in self.hogs:
-            p.kill()
-            p.join()
-        self.hogs = []
-
-
 def _sweep(tmp: Path, hog: bool) -> dict[str, dict[str, str]]:
     config = tmp / "paired_load.yaml"
     config.write_text(CONFIG)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
-    watcher = HogDuringBaseline(uri)
+    watcher = HogDuringBaseline(uri, "paired_load", HOGS)
     if hog:
         watcher.start()
     try:
@@ -116,9 +73,14 @@ def _sweep(tmp: Path, hog: bool) -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return {"quiet": _sweep(tmp_path_factory.mktemp("quiet"), hog=False),
-            "loaded": _sweep(tmp_path_factory.mktemp("loaded"), hog=True)}
+def dirs(tmp_path_factory):
+    quiet, loaded = tmp_path_factory.mktemp("quiet"), tmp_path_factory.mktemp("loaded")
+    return {"quiet": (quiet, _sweep(quiet, hog=False)), "loaded": (loaded, _sweep(loaded, hog=True))}
+
+
+@pytest.fixture(scope="module")
+def runs(dirs):
+    return {name: rows for name, (_, rows) in dirs.items()}
 
 
 def _unpaired(rows: dict[str, dict[str, str]]) -> float:
@@ -140,3 +102,20 @@ def test_the_paired_speedup_holds_under_load_where_the_unpaired_one_moves(runs):
     assert abs(paired - 1) <= spread, (paired, spread)
     assert abs(unpaired - 1) > spread, (unpaired, spread)
     assert unpaired > 1.3  # the unpaired figure credits bf16_compress with the hogs' damage
+
+
+def test_the_verdicts_bench_reads_the_two_runs_back(dirs, tmp_path):
+    """bench/verdicts.py compare (what docs/performance.md's tables come from) on these sweeps."""
+    out = tmp_path / "verdicts.json"
+    arms = [f"{name}={d}" for name, (d, _) in dirs.items()]
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "verdicts.py"), "compare", *arms, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"wrote {out}" in done.stdout
+    data = json.loads(out.read_text())
+    assert {name: arm["trials"] for name, arm in data["arms"].items()} == {"quiet": 2, "loaded": 2}
+    assert all(arm["wall_min"] > 0 for arm in data["arms"].values())
+    assert "quiet: verdict" in done.stdout and "loaded: verdict" in done.stdout
+    bf16 = next(line.split() for line in done.stdout.splitlines() if line.startswith("bf16_compress"))
+    # configuration, W, then per arm: verdict, seeds, paired speed-up, unpaired speed-up
+    assert bf16[:2] == ["bf16_compress", "2"] and len(bf16) == 10

@@ -1,0 +1,61 @@
+"""CPU hogs that run exactly while a sweep's baseline trials run: another job sharing the
+machine with some of a sweep's trials and not others (issue 23). Used by bench/verdicts.py and
+tests/test_paired_under_load.py."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+from mlflow.tracking import MlflowClient
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+class HogDuringBaseline(threading.Thread):
+    """Polls the sweep's MLflow store; while a run tagged ``trial_config = baseline`` is
+    RUNNING, ``count`` busy processes run, and none otherwise. ``seen``: the hogs ran at all."""
+
+    def __init__(self, uri: str, experiment: str, count: int, baseline: str = "allreduce"):
+        super().__init__(daemon=True)
+        self.client, self.experiment, self.count, self.baseline = MlflowClient(uri), experiment, count, baseline
+        self.stop, self.hogs, self.seen = threading.Event(), [], False
+        self.hogged_s = 0.0
+
+    def _baseline_running(self) -> bool:
+        exp = self.client.get_experiment_by_name(self.experiment)
+        if exp is None:
+            return False
+        runs = self.client.search_runs([exp.experiment_id], f"tags.trial_config = '{self.baseline}'")
+        return any(r.info.status == "RUNNING" for r in runs)
+
+    def run(self) -> None:
+        started = 0.0
+        while not self.stop.is_set():
+            try:
+                running = self._baseline_running()
+            except Exception:  # the sweep is still creating the store
+                running = False
+            if running and not self.hogs:
+                self.seen, started = True, time.monotonic()
+                self.hogs = [multiprocessing.get_context("fork").Process(target=_spin, daemon=True)
+                             for _ in range(self.count)]
+                for p in self.hogs:
+                    p.start()
+            elif not running and self.hogs:
+                self.kill()
+                self.hogged_s += time.monotonic() - started
+            time.sleep(0.3)
+        if self.hogs:
+            self.hogged_s += time.monotonic() - started
+        self.kill()
+
+    def kill(self) -> None:
+        for p in self.hogs:
+            p.kill()
+            p.join()
+        self.hogs = []
