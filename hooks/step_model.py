@@ -28,6 +28,9 @@ ready order, overlapped with the rest of the backward pass::
 
 Cost: O(buckets x collectives per bucket) per priced cell.
 
+:func:`combine` makes one timeline of a few sampled steps on each rank (medians over steps;
+across ranks the slowest rank's compute and the least-waiting rank's comm).
+
 At a fixed global batch (:func:`price_cell`) a rank's forward and backward shrink as the batch
 splits over more ranks: each is fixed + per-sample cost (:class:`ComputeScaling`, fitted by
 :func:`fit_linear` from two measured micro-batch sizes), the timeline's backward scaled along
@@ -37,6 +40,7 @@ samples is refused (:class:`CellRefused`) with its reason.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 
 from .cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
@@ -187,6 +191,39 @@ def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,
     backward = max([timeline.backward_end_ms] + [p.done_ms for p in placed])
     return StepPrice(world_size, link_gbps, timeline.forward_ms + backward + timeline.optimizer_ms,
                      timeline.compute_ms, tuple(placed))
+
+
+def combine(per_rank: list[list[StepTimeline]]) -> StepTimeline:
+    """One timeline from a few sampled steps on each rank (``per_rank[r]``: rank r's).
+
+    Per rank, each time's median over its steps (one slow step is noise, not the step); then
+    across ranks the largest compute-side time (forward, ready, encode, decode, backward end,
+    optimizer: the slowest rank sets when a bucket can go and when the step ends) and the
+    smallest comm (a rank that reached a collective early waits in it for the others; the one
+    that came last waited least, so its comm is closest to the collective's own time).
+    ValueError when the timelines' buckets differ. Cost: O(ranks x steps x buckets)."""
+    return _fold([_fold(steps, _median, _median) for steps in per_rank], max, min)
+
+
+def _median(values) -> float:
+    return statistics.median(list(values))
+
+
+def _fold(timelines: list[StepTimeline], compute, comm) -> StepTimeline:
+    """``timelines`` combined field by field: ``compute`` over the compute-side times, ``comm``
+    over the buckets' comm (each called with an iterable of one field's values)."""
+    first = timelines[0]
+    layouts = {tuple((b.numel, b.element_size) for b in t.buckets) for t in timelines}
+    if len(layouts) != 1:
+        raise ValueError(f"timelines with different buckets cannot be combined: {sorted(layouts)}")
+    buckets = tuple(
+        replace(same[0], ready_ms=compute(b.ready_ms for b in same), encode_ms=compute(b.encode_ms for b in same),
+                comm_ms=comm(b.comm_ms for b in same),
+                decode=LinearCost(compute(b.decode.fixed_ms for b in same), compute(b.decode.per_unit_ms for b in same)))
+        for same in zip(*(t.buckets for t in timelines)))
+    return replace(first, forward_ms=compute(t.forward_ms for t in timelines), buckets=buckets,
+                   backward_end_ms=compute(t.backward_end_ms for t in timelines),
+                   optimizer_ms=compute(t.optimizer_ms for t in timelines))
 
 
 class CellRefused(ValueError):

@@ -11,7 +11,8 @@ import pytest
 
 import hooks
 from hooks.step_model import (BucketTiming, CellRefused, ComputeScaling, LinearCost, StepTimeline,
-                              at_batch, comm_ms, decode_cost, fit_linear, price_cell, price_step, rank_batch)
+                              at_batch, combine, comm_ms, decode_cost, fit_linear, price_cell, price_step,
+                              rank_batch)
 
 N = 250_000  # fp32 values: 1e6 bytes
 FAST, SLOW = 8.0, 0.08  # Gbit/s: 1e9, 1e7 bytes/s
@@ -129,6 +130,21 @@ def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason():
     compute = ComputeScaling(forward=LinearCost(4.0, 0.25), backward=LinearCost(8.0, 0.5))
     with pytest.raises(CellRefused, match=r"W=256 has more ranks than the global batch has samples \(128\)"):
         price_cell(t, compute, 128, 256, 10.0)
+
+
+def test_combining_steps_and_ranks_takes_medians_then_the_slowest_compute_and_the_least_comm():
+    def sampled(forward, ready, comm, decode):
+        return timeline([bucket(ready, comm=comm, decode=LinearCost(decode))], backward_end=40.0, forward=forward)
+
+    rank0 = [sampled(10, 10, 5, 1.0), sampled(12, 10, 6, 1.0), sampled(30, 10, 50, 9.0)]  # one slow step
+    rank1 = [sampled(11, 14, 2, 2.0), sampled(11, 15, 3, 2.0), sampled(11, 16, 4, 2.0)]  # late, so waits less
+    both = combine([rank0, rank1])
+    # medians: rank 0 forward 12, ready 10, comm 6, decode 1; rank 1 forward 11, ready 15, comm 3, decode 2
+    assert both.forward_ms == 12 and both.buckets[0].ready_ms == 15 and both.buckets[0].decode == LinearCost(2.0)
+    assert both.buckets[0].comm_ms == 3
+    assert both.backward_end_ms == 40.0 and both.optimizer_ms == 3.0 and both.hook == "allreduce"
+    with pytest.raises(ValueError, match="different buckets"):
+        combine([rank0, [timeline([bucket(10.0, numel=N + 1)], backward_end=40.0)]])
 
 
 def test_a_timeline_out_of_ready_order_or_negative_is_refused():
