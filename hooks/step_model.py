@@ -11,10 +11,16 @@ work ended; the optimizer step.
 :func:`price_step` runs the step as DDP does, one link carrying the buckets' collectives in
 ready order, overlapped with the rest of the backward pass::
 
-    start_i = max(ready_i + encode_i, end_{i-1})
+    start_i = max(ready_i + stall_{i-1} + encode_i, end_{i-1})
     end_i   = start_i + comm_i(W, link)
     done_i  = end_i + decode_i(W)
-    step    = forward + max(backward_end, max_i done_i) + optimizer
+    step    = forward + max(backward_end + stall_last, max_i done_i) + optimizer
+
+A hook that waits inside its call for part of its collectives (``HookSpec.waits_in_call``;
+``waited_i``: that part's fraction of its comm) holds the autograd thread until then, so what
+follows in the backward pass moves by its hold: stall_i = stall_{i-1} + (start_i - ready_i -
+stall_{i-1} - encode_i) + waited_i * comm_i (the link's queue, then its own wait). The
+timeline's ready times and backward end leave the measured holds out (the sampler removes them).
 
 * comm_i: the bucket's collectives at W from the hook's spec (``hooks.cost.hook_collectives``),
   each priced by ``hooks.cost.collective_seconds`` (wire), with the transport correction of
@@ -98,6 +104,7 @@ class BucketTiming:
     comm_ms: float
     decode: LinearCost
     element_size: int = 4
+    waited: float = 0.0  # the fraction of comm the hook waits for inside its call (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -107,7 +114,8 @@ class StepTimeline:
     ``world_size`` ranks of ``batch`` samples each, on a link of ``link_gbps`` and
     ``latency_s`` (inf, 0: loopback, its wire taken as nothing). ms; ``buckets`` in ready order.
     ``backward_end_ms``: when the backward pass's own work ended (its gradients and the hooks'
-    encodes; not DDP's wait for the collectives), from the start of the backward pass."""
+    encodes; not DDP's wait for the collectives), from the start of the backward pass. Ready
+    times and backward end leave out what hooks that wait in their call held the thread for."""
 
     hook: str
     world_size: int
@@ -183,12 +191,16 @@ def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) 
 def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,
                latency_s: float = DEFAULT_LATENCY_S) -> StepPrice:
     """The timeline's step at ``world_size`` ranks on ``link_gbps`` (the module doc's formula)."""
-    link_free, placed = 0.0, []
+    link_free, stall, placed = 0.0, 0.0, []
     for b in timeline.buckets:
-        start = max(b.ready_ms + b.encode_ms, link_free)
-        link_free = start + comm_ms(timeline, b, world_size, link_gbps, latency_s)
+        launch = b.ready_ms + stall + b.encode_ms
+        start = max(launch, link_free)
+        comm = comm_ms(timeline, b, world_size, link_gbps, latency_s)
+        link_free = start + comm
+        if b.waited > 0:  # the call returns once its wait is over: the backward pass resumes then
+            stall += start - launch + b.waited * comm
         placed.append(BucketPrice(start, link_free, link_free + b.decode.at(world_size - 1)))
-    backward = max([timeline.backward_end_ms] + [p.done_ms for p in placed])
+    backward = max([timeline.backward_end_ms + stall] + [p.done_ms for p in placed])
     return StepPrice(world_size, link_gbps, timeline.forward_ms + backward + timeline.optimizer_ms,
                      timeline.compute_ms, tuple(placed))
 
@@ -218,7 +230,7 @@ def _fold(timelines: list[StepTimeline], compute, comm) -> StepTimeline:
         raise ValueError(f"timelines with different buckets cannot be combined: {sorted(layouts)}")
     buckets = tuple(
         replace(same[0], ready_ms=compute(b.ready_ms for b in same), encode_ms=compute(b.encode_ms for b in same),
-                comm_ms=comm(b.comm_ms for b in same),
+                comm_ms=comm(b.comm_ms for b in same), waited=comm(b.waited for b in same),
                 decode=LinearCost(compute(b.decode.fixed_ms for b in same), compute(b.decode.per_unit_ms for b in same)))
         for same in zip(*(t.buckets for t in timelines)))
     return replace(first, forward_ms=compute(t.forward_ms for t in timelines), buckets=buckets,

@@ -17,6 +17,9 @@ on any other step one ``is not None`` test per state method and per phase call.
   collective the hook waits for inside its call (quantized_allreduce's all_to_all, PowerSGD's
   whole compressed exchange with its matrix products) counts as comm;
 * decode = decode done - completed (split per peer by ``step_model.decode_cost``);
+* a hook that waits in its call (``HookSpec.waits_in_call``): waited = (returned - comm start) /
+  comm, and its hold (returned - first launch) left out of the later ready times and the
+  backward end, which the model puts back as its link and W make it;
 * backward end = the last hook call's return (the autograd thread's own work: its gradients and
   the hooks' encodes, not DDP's wait for the collectives at the end of ``backward()``).
 
@@ -29,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from .registry import spec
 from .step_model import BucketTiming, StepTimeline, decode_cost
 
 
@@ -78,20 +82,25 @@ class SampledStep:
     def timeline(self, hook: str, hook_params: dict, world_size: int, batch: int,
                  link_gbps: float = math.inf, latency_s: float = 0.0) -> StepTimeline:
         """This step as the step model's ``StepTimeline`` (ms; see the module doc)."""
-        ms = _ms
-        buckets, link_free = [], -math.inf
+        ms, waits = _ms, spec(hook).waits_in_call
+        buckets, link_free, held = [], -math.inf, 0.0
         for c in self.calls:
             launched = c.launched if c.launched is not None else c.returned
             comm_from = max(launched, link_free)
+            comm = ms(comm_from, c.completed)
             buckets.append(BucketTiming(
-                ready_ms=ms(self.backward, c.called), numel=c.numel, element_size=c.element_size,
-                encode_ms=ms(c.called, launched), comm_ms=ms(comm_from, c.completed),
-                decode=decode_cost(hook, ms(c.completed, c.decoded), world_size)))
+                ready_ms=max(ms(self.backward, c.called) - held, 0.0), numel=c.numel, element_size=c.element_size,
+                encode_ms=ms(c.called, launched), comm_ms=comm,
+                decode=decode_cost(hook, ms(c.completed, c.decoded), world_size),
+                waited=min(ms(comm_from, c.returned) / comm, 1.0) if waits and comm > 0 else 0.0))
+            if waits:  # the thread's hold after the launch: the model puts it back at its own W and link
+                held += ms(launched, c.returned)
             link_free = c.completed
         own_end = max((c.returned for c in self.calls), default=self.optimizer)
         return StepTimeline(hook=hook, hook_params=dict(hook_params), world_size=world_size, batch=batch,
                             forward_ms=ms(self.forward, self.backward), buckets=tuple(buckets),
-                            backward_end_ms=ms(self.backward, own_end), optimizer_ms=ms(self.optimizer, self.end),
+                            backward_end_ms=max(ms(self.backward, own_end) - held, 0.0),
+                            optimizer_ms=ms(self.optimizer, self.end),
                             link_gbps=link_gbps, latency_s=latency_s)
 
 

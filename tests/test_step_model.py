@@ -6,6 +6,7 @@ Sizes chosen so the wire is round: a bucket of 250,000 fp32 values is 1e6 bytes;
 ring allgather of n bytes per rank: (W-1)(latency + n/beta) (hooks.cost.collective_seconds).
 """
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -60,6 +61,25 @@ def test_two_buckets_serialise_on_a_slow_link():
     p = price_step(t, 2, SLOW, latency_s=0.001)
     assert [(b.start_ms, b.end_ms) for b in p.buckets] == [pytest.approx((10, 112)), pytest.approx((112, 214))]
     assert p.step_ms == pytest.approx(227.0)
+
+
+def test_a_hook_that_waits_in_its_call_stalls_the_backward_pass():
+    # As above (102 ms a bucket), but A's hook waits inside its call for all of its comm (as
+    # PowerSGD's compressed exchange does): the backward pass resumes at 112, a stall of 102.
+    # B, ready at 20 of backward compute, is ready at 122: link 122 .. 224; the backward's own
+    # work ends at 30 + 102 = 132. step = 10 + max(132, 224) + 3 = 237.
+    t = timeline([replace(bucket(10.0), waited=1.0), bucket(20.0)], backward_end=30.0)
+    p = price_step(t, 2, SLOW, latency_s=0.001)
+    assert [(b.start_ms, b.end_ms) for b in p.buckets] == [pytest.approx((10, 112)), pytest.approx((122, 224))]
+    assert p.step_ms == pytest.approx(237.0)
+    # Waiting for half of it (quantized_allreduce's all_to_all, say): resumes at 10 + 51, B is
+    # ready at 71 but the link is busy until 112: 112 .. 214; step = 10 + 214 + 3 = 227.
+    half = timeline([replace(bucket(10.0), waited=0.5), bucket(20.0)], backward_end=30.0)
+    assert price_step(half, 2, SLOW, latency_s=0.001).buckets[1].start_ms == pytest.approx(112.0)
+    # B waiting for all of its own: it queues behind A (launch 20, link free at 112), then
+    # holds 102: the backward's end moves by 92 + 102: 30 + 194 = 224 = B's end.
+    both = timeline([bucket(10.0), replace(bucket(20.0), waited=1.0)], backward_end=30.0)
+    assert price_step(both, 2, SLOW, latency_s=0.001).step_ms == pytest.approx(10 + 224 + 3)
 
 
 def test_a_decode_that_grows_with_the_world_size():

@@ -1,5 +1,6 @@
 """Timeline sampling (hooks/step_sampling.py) on 2 gloo ranks: DDP over a small MLP in several
-buckets, steps 3 and 5 of 6 sampled, for allreduce and an allgather quantizer."""
+buckets, steps 3 and 5 of 6 sampled, for allreduce, an allgather quantizer and a hook that waits
+for a collective inside its call."""
 import math
 
 import torch
@@ -10,7 +11,7 @@ import hooks
 from hooks.step_sampling import StepSampler
 from tests.dist_utils import run_distributed
 
-HOOKS = ("allreduce", "quantization_pertensor")
+HOOKS = ("allreduce", "quantization_pertensor", "quantized_allreduce")
 SAMPLED, STEPS, BATCH = (3, 5), 6, 8
 
 
@@ -69,5 +70,9 @@ def test_sampled_steps_record_one_ordered_entry_per_bucket_and_unsampled_steps_n
                 phases += [v for b in t.buckets for v in (b.ready_ms, b.encode_ms, b.comm_ms, b.decode.at(1))]
                 assert all(math.isfinite(v) and v >= 0 for v in phases), (name, phases)
                 assert t.backward_end_ms >= t.buckets[-1].ready_ms + t.buckets[-1].encode_ms, name
-                # the allgather quantizer's decode grows per peer, allreduce's does not
-                assert (t.buckets[0].decode.per_unit_ms > 0) == hooks.available()[name].decodes_each_rank
+                # the allgather quantizer's decode grows per peer, the others' do not; only the hook
+                # that waits in its call waited for a part of its comm
+                spec = hooks.available()[name]
+                assert (t.buckets[0].decode.per_unit_ms > 0) == spec.decodes_each_rank, name
+                assert all(0 <= b.waited <= 1 for b in t.buckets), name
+                assert any(b.waited > 0 for b in t.buckets) == spec.waits_in_call, name
