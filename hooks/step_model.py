@@ -14,7 +14,7 @@ ready order, overlapped with the rest of the backward pass::
     start_i = max(ready_i + stall_{i-1} + encode_i, end_{i-1})
     end_i   = start_i + comm_i(W, link)
     done_i  = end_i + decode_i(W)
-    step    = forward + max(backward_end + stall_last, max_i done_i) + optimizer
+    step    = forward + max(backward_end + stall_n, max_i done_i) + optimizer    (n buckets)
 
 A hook that waits inside its call for part of its collectives (``HookSpec.waits_in_call``;
 ``waited_i``: that part's fraction of its comm) holds the autograd thread until then, so what
@@ -168,7 +168,8 @@ class StepPrice:
 def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_gbps: float,
             latency_s: float = DEFAULT_LATENCY_S) -> float:
     """The link's time for one bucket's collectives at ``world_size`` on ``link_gbps`` (see the
-    module doc): wire + the measured transport, overlapped for allreduce."""
+    module doc): wire + the measured transport, overlapped for allreduce. A timeline measured
+    at W = 1 sent nothing, so it has no transport to scale: wire only."""
     measured = _collectives(timeline, bucket, timeline.world_size)
     target = _collectives(timeline, bucket, world_size)
     overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)

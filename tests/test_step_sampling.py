@@ -8,6 +8,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
+from hooks.step_model import price_step
 from hooks.step_sampling import StepSampler
 from tests.dist_utils import run_distributed
 
@@ -76,3 +77,9 @@ def test_sampled_steps_record_one_ordered_entry_per_bucket_and_unsampled_steps_n
                 assert (t.buckets[0].decode.per_unit_ms > 0) == spec.decodes_each_rank, name
                 assert all(0 <= b.waited <= 1 for b in t.buckets), name
                 assert any(b.waited > 0 for b in t.buckets) == spec.waits_in_call, name
+                # priced where it was measured (W=2, loopback), the model gives the sampled step
+                # back, less the gaps it does not price (after the last decode, between phases);
+                # the holds the sampler took out come back, not twice
+                measured = 1000 * (sample[4] - sample[1])
+                priced = price_step(t, 2, math.inf, latency_s=0.0).step_ms
+                assert 0.5 * measured <= priced <= 1.05 * measured + 0.2, (name, measured, priced)
