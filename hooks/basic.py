@@ -126,7 +126,7 @@ SPECS = [
     HookSpec(name="allreduce", hook=allreduce, make_state=_exact_state, collectives=_fp32_allreduce,
              doc="fp32 ring allreduce of the mean (exact; DDP's default)", colour="black", marker="o"),
     HookSpec(name="allgather_then_aggregate", hook=allgather_then_aggregate, make_state=_exact_state,
-             collectives=_fp32_allgather, doc="allgather every rank's bucket, average locally (exact)",
+             collectives=_fp32_allgather, decodes_each_rank=True, doc="allgather every rank's bucket, average locally (exact)",
              colour="tab:gray", marker="s"),
     HookSpec(name="fp16_compress", hook=fp16_compress, make_state=_cast_state(torch.float16),
              collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,

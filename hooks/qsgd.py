@@ -99,7 +99,7 @@ SPEC = HookSpec(
     name="qsgd", hook=qsgd, make_state=_state, collectives=_collectives,
     parameters={"levels": int_between(MAX_LEVELS, 1, MAX_LEVELS, "codes are int8"), "chunk_size": positive_int(512),
                 **error_feedback()},
-    wire_bits=8, chunked=True, lossy=True,
+    wire_bits=8, chunked=True, lossy=True, decodes_each_rank=True,
     doc="QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
     colour="navy", marker="8",
 )

@@ -122,7 +122,7 @@ def _collectives(n, world_size, element_size, *, chunk_size, **_):
 SPEC = HookSpec(
     name="signsgd", hook=signsgd, make_state=_state, collectives=_collectives,
     parameters={"chunk_size": positive_int(512), "majority_vote": flag(False), **error_feedback()},
-    wire_bits=1, chunked=True, lossy=True,
+    wire_bits=1, chunked=True, lossy=True, decodes_each_rank=True,
     doc="1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
     colour="tab:pink", marker="d",
 )

@@ -160,7 +160,7 @@ def _ratio() -> dict:
 
 SPECS = [
     HookSpec(name="topk", hook=topk, make_state=_state, collectives=_topk_collectives, parameters=_ratio(),
-             wire_bits=None, lossy=True,
+             wire_bits=None, lossy=True, decodes_each_rank=True,
              doc="each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
              colour="tab:cyan", marker=">"),
     HookSpec(name="randomk", hook=randomk, make_state=_state, collectives=_randomk_collectives, parameters=_ratio(),

@@ -92,6 +92,13 @@ class HookSpec:
     * ``chunked``: one scale per chunk of ``chunk_size`` values (its parameter ``chunk_size``,
       which names the hook's configurations: run names, line styles); read it with
       :meth:`chunk_size`;
+    * ``decodes_each_rank``: the completion work decodes one message per rank (the W rows of an
+      allgather), so it grows with W; False where it is one pass over the bucket whatever W
+      (an allreduce's result, quantized_allreduce's W shards that together make one bucket).
+      The step model (hooks/step_model.py) scales the measured decode by it;
+    * ``waits_in_call``: the hook waits inside its call for (some of) its collectives, holding
+      the autograd thread, so the rest of the backward pass waits with it (quantized_allreduce's
+      all_to_all; PowerSGD's compressed exchange): the step model stalls the backward by it;
     * ``lossy``, ``doc`` (one line);
     * ``colour`` (a matplotlib colour) and ``marker`` (a matplotlib marker; not "X" or "P",
       which mark where a trial went NaN or failed): every registered hook has its own pair, so
@@ -107,6 +114,8 @@ class HookSpec:
     from_stats: Optional[Callable[[dict], dict]] = None
     wire_bits: Optional[int] = 32
     chunked: bool = False
+    decodes_each_rank: bool = False
+    waits_in_call: bool = False
     lossy: bool = False
     doc: str = ""
     colour: str = "grey"

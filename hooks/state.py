@@ -282,7 +282,8 @@ class HookState:
     """State shared by all calls of one hook on one rank: the process group and three parts,
     ``accounting`` (:meth:`stats`), ``flags`` (:meth:`pop_nonfinite_buckets`) and, when
     ``error_feedback`` is on, ``residuals`` (what this rank meant to contribute minus what its
-    compressed contribution carried).
+    compressed contribution carried). ``sampling``: None, or on a sampled step the recorder
+    (hooks/step_sampling.py) that ``begin``, ``account`` and ``finish`` stamp each call into.
     """
 
     def __init__(self, process_group: dist.ProcessGroup | None = None, error_feedback: bool = False):
@@ -291,6 +292,8 @@ class HookState:
         self.accounting = Accounting()
         self.flags = NonfiniteFlags()
         self.residuals = Residuals()
+        # On a sampled step, a hooks.step_sampling.StepRecorder: each call's timestamps (no syncs)
+        self.sampling = None
 
     # ---------------------------------------------------------------- group
     @property
@@ -309,6 +312,8 @@ class HookState:
         t0 = time.perf_counter()
         buf = bucket.buffer()
         self.accounting.call(buf.numel() * buf.element_size())
+        if self.sampling is not None:
+            self.sampling.called(buf, t0)
         if check_input:
             # One exact read of the bucket (hooks.finite.nonfinite). On a GPU the flag stays a
             # tensor, read once in pop_nonfinite_buckets()/stats(), not here.
@@ -326,6 +331,8 @@ class HookState:
     def account(self, kind: str, nbytes: int) -> None:
         """Record one collective of ``kind`` that this rank hands ``nbytes`` bytes to."""
         self.accounting.collective(kind, nbytes, self.world_size())
+        if self.sampling is not None:  # every hook accounts each collective just before launching it
+            self.sampling.launched()
 
     def finish(self, fut: torch.futures.Future, t0: float, then=None) -> torch.futures.Future[torch.Tensor]:
         """Chain one step that runs ``then(fut)`` (the hook's completion work; default: the
@@ -336,9 +343,16 @@ class HookState:
         for both, not two: each step is a future and a trip through the GIL per bucket.
         """
 
+        sampled = self.sampling.returned() if self.sampling is not None else None
+
         def complete(done: torch.futures.Future) -> torch.Tensor:
+            if sampled is not None:
+                sampled.completed = time.perf_counter()
             result = done.value() if then is None else then(done)
-            self.accounting.add_seconds(time.perf_counter() - t0)
+            now = time.perf_counter()
+            self.accounting.add_seconds(now - t0)
+            if sampled is not None:
+                sampled.decoded = now
             return result
 
         return fut.then(complete)
