@@ -11,8 +11,10 @@ after another on an otherwise idle machine (their wall times are compared). Any 
 with an mlflow.db and a results/ report can be an arm (e.g. a fresh clone of the project after
 `make sweep`). ``compare`` reads the arms back and prints: trials and wall time (the sweep run's
 start to end in MLflow) per arm; per configuration and world size, each arm's verdict, seeds,
-paired speed-up (`speedup_vs_baseline`) and unpaired one (the two configurations' own times to
-target, each timed in its own trials).
+the verdicts a fixed grid would reach on the same trials (the plain 95 % interval on seeds 0-1,
+"fixed 2", and on all the seeds the arm ran, "fixed all"), its paired speed-up
+(`speedup_vs_baseline`) and the unpaired one (the two configurations' own times to target, each
+timed in its own trials).
 """
 
 from __future__ import annotations
@@ -80,8 +82,29 @@ def _arm(directory: Path) -> dict:
     loads = [r.data.metrics["load_avg_1m"] for r in children if "load_avg_1m" in r.data.metrics]
     summary = max(directory.glob("results/*/report/summary.csv"), key=lambda p: p.stat().st_mtime)
     rows = {(r["configuration"], r["world_size"]): r for r in csv.DictReader(summary.open())}
-    return {"trials": len(children), "wall_min": wall, "rows": rows,
+    latest = max(parents, key=lambda r: r.info.start_time).info.run_id
+    return {"trials": len(children), "wall_min": wall, "rows": rows, "views": rule_views(directory, latest),
             "load_avg_1m": sum(loads) / len(loads) if loads else float("nan")}
+
+
+def rule_views(directory: Path, parent_run_id: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The arm's trials judged as a fixed grid would judge them: the plain 95 % interval on
+    seeds 0..1 ("fixed 2") and on every seed it ran ("fixed all"). The training is a function of
+    (configuration, world size, seed) (gloo is deterministic), so a fixed grid's own run would
+    train exactly these trials; only its timing would differ."""
+    from service import tracking
+    from service.report.data import load_sweep, recommendations
+    from service.report.sequential import Rule
+
+    sweep = load_sweep(tracking.SweepReader(f"sqlite:///{directory / 'mlflow.db'}"), parent_run_id)
+    views: dict[tuple[str, str], dict[str, str]] = {}
+    trials = list(sweep.trials)
+    for name, keep in (("fixed 2", lambda t: t.seed < 2), ("fixed all", lambda t: True)):
+        sweep.trials, sweep.rule = [t for t in trials if keep(t)], Rule()
+        for rec in recommendations(sweep):
+            for c in rec.candidates:
+                views.setdefault((c.config, str(rec.world_size)), {})[name] = c.verdict.value
+    return views
 
 
 def _float(text: str) -> float:
@@ -100,20 +123,22 @@ def compare(arms: dict[str, Path], out: str | None) -> None:
     keys = sorted({k for a in data.values() for k in a["rows"]}, key=lambda k: (int(k[1]), k[0]))
     headers = ["configuration", "W"]
     for n in data:
-        headers += [f"{n}: verdict", "seeds", "speed-up paired", "unpaired"]
+        headers += [f"{n}: verdict", "seeds", "fixed 2", "fixed all", "speed-up paired", "unpaired"]
     body = []
     for key in keys:
         row = [key[0], int(key[1])]
         for a in data.values():
-            r = a["rows"].get(key)
-            row += ([r["verdict"], r["seeds"].replace(" ", ","), _float(r["speedup_vs_baseline"]), _unpaired(a["rows"], key)]
-                    if r else ["-", "-", None, None])
+            r, view = a["rows"].get(key), a["views"].get(key, {})
+            row += ([r["verdict"], r["seeds"].replace(" ", ","), view.get("fixed 2", "-"), view.get("fixed all", "-"),
+                     _float(r["speedup_vs_baseline"]), _unpaired(a["rows"], key)]
+                    if r else ["-", "-", "-", "-", None, None])
         body.append(row)
     print()
     print(table(headers, body))
     path = write_json("verdicts", {"machine": machine(), "load_average_after": load_average(),
                                    "arms": {n: {"dir": str(arms[n]), "trials": a["trials"], "wall_min": a["wall_min"],
-                                                "load_avg_1m": a["load_avg_1m"], "rows": list(a["rows"].values())}
+                                                "load_avg_1m": a["load_avg_1m"], "rows": list(a["rows"].values()),
+                                                "fixed_rule_verdicts": {f"{c}-w{w}": v for (c, w), v in a["views"].items()}}
                                             for n, a in data.items()}}, out)
     print(f"wrote {path}")
 

@@ -117,5 +117,5 @@ def test_the_verdicts_bench_reads_the_two_runs_back(dirs, tmp_path):
     assert all(arm["wall_min"] > 0 for arm in data["arms"].values())
     assert "quiet: verdict" in done.stdout and "loaded: verdict" in done.stdout
     bf16 = next(line.split() for line in done.stdout.splitlines() if line.startswith("bf16_compress"))
-    # configuration, W, then per arm: verdict, seeds, paired speed-up, unpaired speed-up
-    assert bf16[:2] == ["bf16_compress", "2"] and len(bf16) == 10
+    # configuration, W, then per arm: verdict, seeds, fixed-rule verdicts (2 seeds, all), paired and unpaired speed-ups
+    assert bf16[:2] == ["bf16_compress", "2"] and len(bf16) == 14

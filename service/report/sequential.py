@@ -12,11 +12,11 @@ of the time for a configuration whose true gap is exactly the tolerance (and ``w
 2.5% of the time for one exactly at it from below). Looking after every added seed and
 stopping as soon as the interval clears gives that many more chances to be wrong (4 looks at
 95%: about 6.7% false ``matches``, tests/test_sequential.py). So the rule *spends* the 2.5%
-over the looks it may take: a sweep with seeds from ``min`` to ``max`` looks K = max - min + 1
-times, and look k (k = 1 at ``min`` seeds) uses a one-sided level of 2.5% * k / (1 + ... + K):
-later looks, with more seeds, get more of it. By the union bound the chance that *any* look
-says ``matches`` wrongly is at most 2.5%, whatever the looks' correlation. A fixed grid of seeds
-(K = 1) keeps the plain 95% interval.
+over the looks it may take, in proportion to the information each brings (Lan-DeMets' linear
+spending in the information fraction n / max): a sweep with seeds from ``min`` to ``max``
+spends 2.5% * min / max at its first look and 2.5% / max at each look after it. By the union
+bound the chance that *any* look says ``matches`` wrongly is at most 2.5%, whatever the looks'
+correlation. A fixed grid of seeds (one look) keeps the plain 95% interval.
 """
 
 from __future__ import annotations
@@ -59,9 +59,13 @@ class Rule:
         return max(1, self.max_seeds - self.min_seeds + 1)
 
     def alpha_at(self, seeds: int) -> float:
-        """The one-sided level the look at ``seeds`` seeds spends."""
-        k = min(max(seeds - self.min_seeds + 1, 1), self.looks)
-        return self.alpha * k / (self.looks * (self.looks + 1) / 2)
+        """The one-sided level the look at ``seeds`` seeds spends: the first look the share of
+        the seeds it has, each later one the share of the seed it adds. (Spending little early,
+        as a schedule growing with the look number does, leaves the first look with a t of one
+        degree of freedom at a tiny level: at 2 of 2-3 seeds t = 38, and on the quant preset it
+        decided nothing; docs/performance.md.)"""
+        n = min(max(seeds, self.min_seeds), self.max_seeds)
+        return self.alpha * (self.min_seeds if n == self.min_seeds else 1) / self.max_seeds
 
     def quantile(self, seeds: int) -> float:
         """The t quantile of the interval at ``seeds`` seeds (``seeds`` >= 2)."""
@@ -78,8 +82,8 @@ class Rule:
                           for n in range(self.min_seeds, self.max_seeds + 1))
         return (f"after {self.min_seeds} seeds, and after each seed added, a configuration's eval-loss "
                 f"gap interval is looked at; the {100 * self.alpha:.1f}% chance (per side) of a wrong "
-                f"verdict is split over the {self.looks} looks ({spent} at {self.min_seeds} to "
-                f"{self.max_seeds} seeds), so stopping when it clears keeps false 'matches' at most "
+                f"verdict is split over the {self.looks} looks by the seeds each adds ({spent} at "
+                f"{self.min_seeds} to {self.max_seeds} seeds), so stopping when it clears keeps false 'matches' at most "
                 f"{100 * self.alpha:.1f}%")
 
 
