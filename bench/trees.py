@@ -35,15 +35,15 @@ def _run(tree: Path, script: list[str], key: str, out: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s OTHER --key KEY [--repeat N] -- SCRIPT [ARGS]",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("other", type=Path, help="the other checkout's root")
     parser.add_argument("--key", required=True, help="dotted path to a number in the script's JSON")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", help="JSON path (default bench/results/trees.json)")
-    parser.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]: a bench/ script")
-    args = parser.parse_args()
-    script = args.script[1:] if args.script[:1] == ["--"] else args.script
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, script = parser.parse_args(argv[:cut]), argv[cut + 1:]
     if not script:
         parser.error("give the bench script after --, e.g. -- instrumentation.py --quick")
     trees = {"this": ROOT, "other": args.other.resolve()}

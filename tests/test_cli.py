@@ -86,8 +86,9 @@ def test_design_card_path_resolves_to_the_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "quant.yaml" in proc.stderr and "preset" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    # quant: allreduce, bf16, per-tensor, per-channel c512, quantized_allreduce c512 x W {2, 4} x 2 seeds
-    assert proc.stdout.strip().splitlines()[-1] == "20 trials"
+    # quant: allreduce, bf16, per-tensor, per-channel c512, quantized_allreduce c512 x W {2, 4} x
+    # adaptive seeds 2 to 3
+    assert proc.stdout.strip().splitlines()[-1].startswith("20 to 30 trials (adaptive seeds 2 to 3)")
 
 
 def test_help_explains_every_option(tmp_path):
