@@ -9,10 +9,10 @@ to 1 Gbit/s, then the same hosts reshaped to 0.02 Gbit/s. The loss history of ev
 final eval loss and accuracy (a function of every final weight) and the wire bytes must be equal
 bit for bit on the three paths.
 
-Made to expose timing: ``tiny_deep`` with a 4 KB bucket cap is five DDP buckets a step, so several
-buckets' collectives are in flight at once and complete in an order the link decides; at
-0.02 Gbit/s (20 Mbit/s) each step's gradients (~18 KB a rank, more for the allgather hooks) queue
-on the link behind tc's 12-frame burst, where 1 Gbit/s passes them in its burst. Error feedback is
+Made to expose timing: ``tiny_deep`` with a 4 KB bucket cap is three DDP buckets a step (18 KB),
+so several buckets' collectives are in flight at once and complete in an order the link decides;
+at 0.02 Gbit/s (20 Mbit/s) each step's gradients (more for the allgather hooks) queue on the link
+behind tc's 8-frame (12 KB) burst, where 1 Gbit/s passes them within its 250 KB burst. Error feedback is
 on wherever a hook has it (its residual is state that crosses steps) and PowerSGD compresses from
 step 3 (``start_iter: 2``) rather than after the run has ended.
 
