@@ -78,6 +78,30 @@ def test_link_gbps_is_a_sweep_axis_in_key_name_and_grid(tmp_path):
     assert plain[0].key == "allreduce[]-w2-s0"
 
 
+def test_two_links_train_quality_once_and_time_each_link(tmp_path):
+    """Issue 24 item 3: with several links a (configuration, world size, seed) trains its steps
+    once on loopback (kind quality) and each link gets a timing run of network.timing_steps steps;
+    the kind is in the trial's key and run name, and the timing run's config is cut to its steps."""
+    longer = "network:\n  link_gbps: [1, 2.5]\n  timing_steps: 4\n"
+    cfg = _config(tmp_path, longer)  # 8 steps: 8 + 2 x 4 = 16 steps, not 2 x 8 = 16: no saving
+    assert not cfg.splits_links and [t.kind for t in cfg.trials()] == ["full", "full"]
+    cfg = _config(tmp_path, longer.replace("4", "3"))  # 8 + 2 x 3 < 16: split
+    trials = cfg.trials()
+    assert [(t.run_name, t.kind, t.link_gbps) for t in trials] == [
+        ("allreduce-w2-s0-quality", "quality", None), ("allreduce-w2-s0-1gbps-timing", "timing", 1.0),
+        ("allreduce-w2-s0-2.5gbps-timing", "timing", 2.5)]
+    assert [t.key for t in trials] == ["allreduce[]-w2-s0-quality", "allreduce[]-w2-s0-l1-timing",
+                                       "allreduce[]-w2-s0-l2.5-timing"]
+    assert [cfg.run_config(t).workload.steps for t in trials] == [8, 3, 3]
+    assert cfg.run_config(trials[1]).workload.eval_every == 3 and cfg.run_config(trials[0]) is cfg
+    single = _config(tmp_path, "network:\n  link_gbps: 1\n")  # one link: as before, whatever timing_steps says
+    assert single.fingerprint() == _config(tmp_path, "network:\n  link_gbps: 1\n  timing_steps: 3\n").fingerprint()
+    from service.config import ConfigError
+
+    with pytest.raises(ConfigError, match="network.timing_steps: 2 leaves no step after the 2 warm-up steps"):
+        _config(tmp_path, longer.replace("4", "2"))
+
+
 @pytest.mark.parametrize("network, expected", [
     ("network:\n  link_gbps: [1, 0]\n", "network.link_gbps[1]: 0 is not allowed"),
     ("network:\n  link_gbps: [1, 1]\n", "lists a rate twice"),
