@@ -68,7 +68,7 @@ def test_undecided_configurations_get_seeds_until_decided_or_max_and_the_baselin
     assert verdicts == {"allreduce": "baseline", "bf16_compress": "matches", "quantization_pertensor": "worse",
                         "topk": "matches", "signsgd": "undecided"}
     assert len(everything) == len({t.key for t in everything})   # no trial twice
-    assert rounds.range_text(len(_grid())) == "10 to 25 trials"
+    assert rounds.range_text() == "10 to 25 trials"
 
 
 def test_nan_and_failed_are_decided_and_a_broken_baseline_stops_its_group():
@@ -129,3 +129,17 @@ def test_the_searcher_hands_out_rounds_waits_between_them_and_skips_done_trials(
     assert second["seed"] == 2 and rounds.round == 2
     searcher.on_trial_complete("t9", None, error=True)            # a trial Tune saw error out
     assert searcher._outcomes[TrialSpec.from_dict(second).key].state == "failed"
+
+
+def test_a_split_network_sweeps_timing_runs_run_in_round_one_and_decide_nothing():
+    """Issue 24: quality runs (loopback, every seed) decide; the timing runs (one per configuration
+    and link, at seed 0) run in round 1 whatever their few steps' loss, and never again."""
+    quality = [t.model_copy(update={"kind": "quality"}) for t in _grid()]
+    timing = [t.model_copy(update={"kind": "timing", "link_gbps": g}) for t in _grid() if t.seed == 0
+              for g in (1.0, 2.5)]
+    rounds = SeedRounds(quality + timing, 2, MAX, tolerance=0.01)
+    assert rounds.range_text() == f"{10 + len(timing)} to {25 + len(timing)} trials"
+    plan, outcomes = _run(rounds, lambda t: Outcome("ok", 9.0) if t.kind == "timing" else _ok(t))
+    assert {t.key for t in timing} <= {t.key for t in plan[0]} and not any(t.kind == "timing" for r in plan[1:] for t in r)
+    assert list(rounds.verdicts(outcomes)) == [(2, None)]  # the quality runs' group only
+    assert _by_hook(rounds.verdicts(outcomes)[(2, None)])["topk"] == "matches"

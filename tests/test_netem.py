@@ -78,6 +78,30 @@ def test_link_gbps_is_a_sweep_axis_in_key_name_and_grid(tmp_path):
     assert plain[0].key == "allreduce[]-w2-s0"
 
 
+def test_two_links_train_quality_once_and_time_each_link(tmp_path):
+    """Issue 24 item 3: with several links a (configuration, world size, seed) trains its steps
+    once on loopback (kind quality) and each link gets a timing run of network.timing_steps steps;
+    the kind is in the trial's key and run name, and the timing run's config is cut to its steps."""
+    longer = "network:\n  link_gbps: [1, 2.5]\n  timing_steps: 4\n"
+    cfg = _config(tmp_path, longer)  # 8 steps: 8 + 2 x 4 = 16 steps, not 2 x 8 = 16: no saving
+    assert not cfg.splits_links and [t.kind for t in cfg.trials()] == ["full", "full"]
+    cfg = _config(tmp_path, longer.replace("4", "3"))  # 8 + 2 x 3 < 16: split
+    trials = cfg.trials()
+    assert [(t.run_name, t.kind, t.link_gbps) for t in trials] == [
+        ("allreduce-w2-s0-quality", "quality", None), ("allreduce-w2-s0-1gbps-timing", "timing", 1.0),
+        ("allreduce-w2-s0-2.5gbps-timing", "timing", 2.5)]
+    assert [t.key for t in trials] == ["allreduce[]-w2-s0-quality", "allreduce[]-w2-s0-l1-timing",
+                                       "allreduce[]-w2-s0-l2.5-timing"]
+    assert [cfg.run_config(t).workload.steps for t in trials] == [8, 3, 3]
+    assert cfg.run_config(trials[1]).workload.eval_every == 3 and cfg.run_config(trials[0]) is cfg
+    single = _config(tmp_path, "network:\n  link_gbps: 1\n")  # one link: as before, whatever timing_steps says
+    assert single.fingerprint() == _config(tmp_path, "network:\n  link_gbps: 1\n  timing_steps: 3\n").fingerprint()
+    from service.config import ConfigError
+
+    with pytest.raises(ConfigError, match="network.timing_steps: 2 leaves no step after the 2 warm-up steps"):
+        _config(tmp_path, longer.replace("4", "2"))
+
+
 @pytest.mark.parametrize("network, expected", [
     ("network:\n  link_gbps: [1, 0]\n", "network.link_gbps[1]: 0 is not allowed"),
     ("network:\n  link_gbps: [1, 1]\n", "lists a rate twice"),
@@ -345,6 +369,76 @@ def test_sweep_trial_runs_on_the_shaped_link_and_records_it(tmp_path):
     # the hook's own wire bytes of every step on each of the 2 hosts
     assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"]
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
+    assert _ours() == ([], [])
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(900)
+def test_two_link_sweep_trains_once_and_times_each_link(tmp_path):
+    """Issue 24 item 3 for real: a sweep over two links trains allreduce (W=2, seed 0) once,
+    12 steps on loopback, and runs 4 timing steps on each link; the timing runs' losses are the
+    quality run's first 4 bit for bit (the premise, here on the sweep's own paths); each link gets
+    its time to target (on its timing run, in summary.csv and the answer's tags); --resume's plan
+    finds every trial done. Three trials: the fewest that show it. Slow links (0.05 and 0.1
+    Gbit/s: ~6.5 and ~3.3 s a step of mlp_digits' 34 MB) so a busy 2-core machine delivers them."""
+    import csv
+
+    from mlflow.tracking import MlflowClient
+
+    from service.config import load_config
+    from service.sweep.resume import plan_resume
+
+    config = tmp_path / "split.yaml"
+    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 12").replace("eval_every: 8", "eval_every: 4")
+                      .replace("name: network_one", "name: network_split")
+                      .replace("link_gbps: 1\n", "link_gbps: [0.05, 0.1]\n  timing_steps: 4\n"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def sweep(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "service.sweep", str(config), *args], cwd=tmp_path,
+                              env=_sweep_env(uri), capture_output=True, text=True, timeout=840)
+
+    plan = sweep("--dry-run")
+    assert plan.returncode == 0 and "quality once, time per link" in plan.stdout, plan.stdout + plan.stderr
+    assert "3 trials" in plan.stdout and sum(ln.endswith(" timing") for ln in plan.stdout.splitlines()) == 2, plan.stdout
+    proc = sweep()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "network: link 0.05 Gbit/s" in proc.stdout and "network: link 0.1 Gbit/s" in proc.stdout
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("network_split")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(runs) == ["allreduce-w2-s0-0.05gbps-timing", "allreduce-w2-s0-0.1gbps-timing",
+                           "allreduce-w2-s0-quality"]
+    quality = runs.pop("allreduce-w2-s0-quality")
+    assert quality.data.tags["trial_kind"] == "quality" and quality.data.tags["trial_link_gbps"] == ""
+    assert quality.data.metrics["steps_done"] == 12 and "link_gbps" not in quality.data.params
+    assert "time_to_target_s" not in quality.data.metrics and "link_tx_bytes" not in quality.data.metrics
+    losses = [m.value for m in sorted(client.get_metric_history(quality.info.run_id, "loss"), key=lambda m: m.step)]
+    assert len(losses) == 12
+    for name, run in runs.items():
+        m = run.data.metrics
+        assert run.data.tags["trial_kind"] == "timing" and run.data.tags["status"] == "ok", name
+        assert m["steps_done"] == 4 and run.data.params["steps"] == "4", name
+        assert float(run.data.params["link_gbps"]) == float(run.data.tags["trial_link_gbps"])
+        assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"], name  # through tbf
+        timed = [x.value for x in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda x: x.step)]
+        assert timed == losses[:4], name  # the same math on the shaped link as on loopback
+        assert m["time_to_target_s"] > 0, name
+    with next(tmp_path.rglob("summary.csv")).open() as f:
+        rows = {row["link"]: row for row in csv.DictReader(f)}  # one row per (configuration, W, link)
+    assert sorted(rows) == ["0.05 Gbit/s", "0.1 Gbit/s"], rows
+    for link, row in rows.items():
+        timing = runs[f"allreduce-w2-s0-{link.split()[0]}gbps-timing"].data.metrics
+        assert float(row["time_to_target_s_mean"]) == pytest.approx(timing["time_to_target_s"])
+        assert float(row["final_eval_loss_mean"]) == quality.data.metrics["final_eval_loss"]  # quality: once
+        assert float(row["step_time_ms_median_mean"]) == timing["step_time_ms_median"]  # speed: the link's
+    parent = client.get_run(quality.data.tags["mlflow.parentRunId"])
+    assert {"recommended.w2.0.05Gbitpers", "recommended.w2.0.1Gbitpers"} <= set(parent.data.tags)
+    # --resume matches the quality and timing runs by key: nothing left to run (in-process: the
+    # command would first measure both links again)
+    cfg = load_config(config)[0]
+    assert plan_resume(cfg, cfg.trials(), uri)[1:] == ({}, [])
     assert _ours() == ([], [])
 
 

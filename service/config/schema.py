@@ -311,6 +311,10 @@ class SweepConfig(BaseModel):
         if self.network is not None and self.resources.use_gpu:
             raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
                                           "NCCL would bypass them: set resources.use_gpu: false or remove network:")
+        if self.splits_links and self.network.timing_steps <= wl.warmup_steps:
+            raise FieldProblem("network.timing_steps", f"{self.network.timing_steps} leaves no step after the "
+                                                       f"{wl.warmup_steps} warm-up steps to time; allowed: "
+                                                       f"{wl.warmup_steps + 1} or more")
         if self.checkpoint.every > wl.steps:
             raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
@@ -340,6 +344,8 @@ class SweepConfig(BaseModel):
         for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
             if decisive[section][key] == _ADDED_WITH_DEFAULTS[section, key]:
                 del decisive[section][key]
+        if self.network is not None and not self.splits_links:  # no timing runs: it decides nothing
+            del decisive["network"]["timing_steps"]
         return hashlib.sha256(json.dumps(decisive, sort_keys=True).encode()).hexdigest()[:16]
 
     def trials(self) -> list[TrialSpec]:
@@ -352,15 +358,41 @@ class SweepConfig(BaseModel):
         configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
                           for entry in self.search.hooks for combo in entry.combos()
                           for knobs in self.search.ddp_knobs()]
-        links = self.network.link_gbps if self.network is not None else [None]
-        blocks = itertools.product(self.search.world_size, links, self.search.seeds)
         out = []
-        for i, (world, link, seed) in enumerate(blocks):
+        for i, (world, link, seed, kind) in enumerate(self._blocks()):
             turn = i % len(configurations)
             for hook, full, knobs in configurations[turn:] + configurations[:turn]:
                 out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
-                                     link_gbps=link, **knobs))
+                                     link_gbps=link, kind=kind, **knobs))
         return out
+
+    @property
+    def splits_links(self) -> bool:
+        """Quality once, time per link (NetworkConfig.splits): a quality run per configuration,
+        world size and seed, and a timing run per link."""
+        return self.network is not None and self.network.splits(self.workload.steps)
+
+    def _blocks(self) -> list[tuple[int, float | None, int, str]]:
+        """(world size, link, seed, run kind) of each block of trials, in run order. Split: per
+        world size the quality runs (loopback, every seed), then a timing run per link (at the
+        first seed: a step's time does not depend on it)."""
+        world_sizes, seeds = self.search.world_size, self.search.seeds
+        if not self.splits_links:
+            links = self.network.link_gbps if self.network is not None else [None]
+            return [(w, link, s, "full") for w, link, s in itertools.product(world_sizes, links, seeds)]
+        return [block for w in world_sizes
+                for block in [(w, None, s, "quality") for s in seeds]
+                + [(w, link, seeds[0], "timing") for link in self.network.link_gbps]]
+
+    def run_config(self, trial: TrialSpec) -> "SweepConfig":
+        """The config ``trial`` trains with: the sweep's, but a timing run stops after
+        network.timing_steps steps (its one eval at the end, no faults: it measures step times)."""
+        if trial.kind != "timing":
+            return self
+        steps = self.network.timing_steps
+        return self.model_copy(update={"workload": self.workload.model_copy(update={"steps": steps,
+                                                                                    "eval_every": steps}),
+                                       "faults": []})
 
 
 # Settings added after sweeps were recorded (issue 27), with the value that means what those sweeps ran.

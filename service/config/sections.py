@@ -105,6 +105,10 @@ class NetworkConfig(BaseModel):
     link_gbps: list[float] = Field(min_length=1, description="each host's link rate, Gbit/s; a list is a sweep axis")
     latency_ms: float = Field(0.0, ge=0, le=MAX_LATENCY_MS,
                               description="delay added to each host's egress (tc netem), ms; 0 = the veth path's own")
+    timing_steps: int = Field(30, ge=1, le=MAX_STEPS,
+                              description="with several links: each link's timing run trains this many steps (the "
+                                          "quality run, once per configuration, world size and seed, trains them all "
+                                          "on loopback); used when it trains fewer steps than a full run per link")
 
     _scalar_allowed = field_validator("link_gbps", mode="before")(scalar_to_list)
 
@@ -116,3 +120,9 @@ class NetworkConfig(BaseModel):
         if len(set(rates)) != len(rates):
             raise FieldProblem("", f"{short_value(rates)} lists a rate twice; each value runs once")
         return rates
+
+    def splits(self, steps: int) -> bool:
+        """Train quality once and time each link (issue 24): with several links, when one full
+        run plus a timing run per link trains fewer steps than a full run per link."""
+        links = len(self.link_gbps)
+        return links > 1 and steps + links * self.timing_steps < links * steps

@@ -3,7 +3,7 @@ run name and its key."""
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -11,6 +11,11 @@ from service import hook_facts
 from service.config.limits import DDP_BUCKET_CAP_MB
 
 Scalar = Union[bool, int, float, str]
+# What a trial's run is for: "full" trains every step on its own link (quality and speed);
+# a network sweep over several links splits that (issue 24): one "quality" run per
+# (configuration, world size, seed), every step on loopback, and per link one "timing" run of
+# network.timing_steps steps, which gives that link's step times.
+RunKind = Literal["full", "quality", "timing"]
 
 
 class TrialSpec(BaseModel):
@@ -27,14 +32,19 @@ class TrialSpec(BaseModel):
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    kind: RunKind = "full"
 
     @property
     def run_name(self) -> str:
-        """`{config_label}-w{world_size}-s{seed}`, then `-{G}gbps` on an emulated link."""
+        """`{config_label}-w{world_size}-s{seed}`, then `-{G}gbps` on an emulated link, then
+        `-quality` / `-timing` for the two halves of a split network sweep."""
         parts = [self.config_label, f"w{self.world_size}", f"s{self.seed}"]
-        if self.link_gbps is not None:  # last: the report reads the link from the param link_gbps
+        if self.link_gbps is not None:  # the report reads the link from the identity tags
             parts.append(f"{self.link_gbps:g}gbps")
-        return "-".join(parts)
+        return "-".join(parts + self._kind_part())
+
+    def _kind_part(self) -> list[str]:
+        return [] if self.kind == "full" else [self.kind]
 
     @property
     def config_label(self) -> str:
@@ -77,9 +87,9 @@ class TrialSpec(BaseModel):
     def key(self) -> str:
         """A stable identifier (every parameter spelled out): how --resume tells trials apart.
         DDP's knobs are spelled out, all three, when any differs from DDP's defaults (a default
-        trial keeps the key it always had)."""
+        trial keeps the key it always had); a split network sweep's runs end in -quality / -timing."""
         link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
-        return f"{self.config_key}-w{self.world_size}-s{self.seed}{link}"
+        return "-".join([f"{self.config_key}-w{self.world_size}-s{self.seed}{link}"] + self._kind_part())
 
     @property
     def config_key(self) -> str:
@@ -95,7 +105,8 @@ class TrialSpec(BaseModel):
         """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""
         params = " ".join(f"{k}={v}" for k, v in {**self.hook_params, **self.non_default_knobs()}.items()) or "-"
         link = f" link_gbps={self.link_gbps:g}" if self.link_gbps is not None else ""
-        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}"
+        kind = "" if self.kind == "full" else f" {self.kind}"
+        return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}{kind}"
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump()

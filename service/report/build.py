@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from pathlib import Path
 
 from service.report import recommend
@@ -66,15 +68,18 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
 
 def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) -> None:
     """Into MLflow: each trial's time_to_target_s (absent when never reached) and
-    time_to_target_interpolated, and on the parent run the answer per world size and link as
+    time_to_target_interpolated (a split network sweep's on each link's timing run: the mean over
+    the seeds of its quality runs, links.py), and on the parent run the answer per world size and link as
     tags recommended.w{W}.{link} = configuration and each configuration's quality verdict as
     verdict.w{W}.{link}.{configuration} = matches | worse | undecided | nan | failed | baseline,
     so the UI shows them without the report."""
+    reached: dict[str, list[recommend.TimeToTarget]] = defaultdict(list)
     for t in sweep.trials:
         if t.time_to_target is not None and t.time_to_target.seconds is not None:
-            reader.record(t.run_id, metrics={
-                "time_to_target_s": t.time_to_target.seconds,
-                "time_to_target_interpolated": float(t.time_to_target.interpolated)})
+            reached[(t.timing or t).run_id].append(t.time_to_target)
+    for run_id, times in reached.items():
+        reader.record(run_id, metrics={"time_to_target_s": statistics.fmean(x.seconds for x in times),
+                                       "time_to_target_interpolated": float(any(x.interpolated for x in times))})
     tags = {r.key: r.choice.config for r in recs if r.choice is not None}
     tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{c.config}": c.verdict.value
                  for r in recs for c in r.candidates})

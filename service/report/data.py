@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from service import hook_facts
-from service.report import recommend
+from service.report import links, recommend
 from service.report.recommend import BASELINE_HOOK, LOOPBACK
 from service.report.sequential import Rule
 
@@ -68,6 +68,7 @@ class Trial:
     eval_loss: tuple[np.ndarray, np.ndarray] = _EMPTY
     step_time_ms: tuple[np.ndarray, np.ndarray] = _EMPTY
     time_to_target: recommend.TimeToTarget | None = None   # set by load_sweep
+    timing: Trial | None = None    # a split network sweep's trial: its link's timing run (links.py)
 
     run_id = property(lambda self: self.record.run_id)
     run_name = property(lambda self: self.record.run_name)
@@ -76,14 +77,14 @@ class Trial:
     world_size = property(lambda self: self.record.world_size)
     seed = property(lambda self: self.record.seed)
     config = property(lambda self: self.record.config)   # one label per configuration
-    state = property(lambda self: self.record.state)     # ok | nan | failed | killed | running
+    state = property(lambda self: links.state(self.record.state, self.timing))  # ok | nan | failed | killed | running
     error = property(lambda self: self.record.tags.get("error"))
     nan_source = property(lambda self: self.record.tags.get("nan_source"))
 
     @property
     def link(self) -> str:
         """"1 Gbit/s" for a trial on an emulated link, "loopback" for one on this host's loopback."""
-        gbps = self.record.link_gbps
+        gbps = (self.timing or self).record.link_gbps
         return LOOPBACK if gbps is None else f"{gbps:g} Gbit/s"
 
     @property
@@ -91,8 +92,10 @@ class Trial:
         return hook_facts.chunk_size(self.hook, self.hook_params)
 
     def metric(self, key: str) -> float:
-        """A summary metric as logged (latest value); NaN when never logged."""
-        return self.record.metrics.get(key, math.nan)
+        """A summary metric as logged (latest value); NaN when never logged. A joined trial's
+        speed metrics are its timing run's (links.from_quality_run)."""
+        record = self.record if self.timing is None or links.from_quality_run(key) else self.timing.record
+        return record.metrics.get(key, math.nan)
 
     @property
     def stop_step(self) -> int | None:
@@ -116,6 +119,7 @@ class Sweep:
     config_name: str | None
     config_text: str | None
     trials: list[Trial] = field(default_factory=list)
+    runs: list[Trial] = field(default_factory=list)   # one per MLflow run where trials are joined (links.py)
     tolerance: float = recommend.DEFAULT_TOLERANCE   # report.target_tolerance of the config
     rule: Rule = Rule()            # the gaps' interval: a fixed grid's, or the adaptive seeds' schedule
 
@@ -152,8 +156,9 @@ def load_sweep(reader, parent_run_id: str) -> Sweep:
         config_text=config[1] if config else None,
         tolerance=float(parent.data.tags.get("target_tolerance", recommend.DEFAULT_TOLERANCE)),
         rule=sequential_rule(parent.data.tags),
-        trials=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
+        runs=[Trial(r, **{key: reader.history(r.run_id, key) for key in _HISTORIES}) for r in records],
     )
+    sweep.trials = links.joined(sweep.runs)
     sweep.trials.sort(key=_trial_order)
     _time_to_target(sweep)
     return sweep
@@ -177,7 +182,7 @@ def _time_to_target(sweep: Sweep) -> None:
         target = targets.get((t.world_size, t.link, t.seed))
         if target is None or t.state != "ok" or not len(t.eval_loss[0]):
             continue
-        t.time_to_target = recommend.time_to_target(*t.eval_loss, *t.step_time_ms, target)
+        t.time_to_target = recommend.time_to_target(*t.eval_loss, *links.timed_steps(t), target)
 
 
 def _config_order(hook: str, hook_params: dict):
@@ -424,7 +429,7 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
         state_counts=dict(states),
         final_eval_loss={t.seed: t.metric("final_eval_loss") for t in ok},
         time_to_target={t.seed: t.time_to_target for t in ok if t.time_to_target is not None},
-        spread_s={t.seed: recommend.spread(t.time_to_target.seconds, _measured_ms(t))
+        spread_s={t.seed: recommend.spread(t.time_to_target.seconds, links.measured_ms(t))
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
         step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
         step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
@@ -437,8 +442,3 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
 def _finite_by_seed(trials: list[Trial], metric: str) -> dict[int, float]:
     return {t.seed: t.metric(metric) for t in trials if math.isfinite(t.metric(metric))}
 
-
-def _measured_ms(t: Trial) -> np.ndarray:
-    """Step times without the first ones (warm-up: compilation, first bucket rebuild)."""
-    ms = t.step_time_ms[1]
-    return ms[min(5, len(ms) // 4):]

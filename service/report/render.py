@@ -250,14 +250,14 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                "accuracy": _number(t.metric("final_eval_accuracy"), "{:.3f}"),
                "first_nan": _number(t.metric("first_nan_step"), "{:.0f}"),
                "error": ((t.error or "").strip().splitlines() or [""])[-1][:200]}
-              for t in sweep.trials]
+              for t in sweep.runs or sweep.trials]  # one row per MLflow run (a split sweep's too)
     images_ = [{"id": name, "title": name.replace("_", " ").capitalize(),
                 "data": base64.b64encode(path.read_bytes()).decode(),
                 "caption": _CAPTIONS.get(name, "").format(quality=quality)}
                for name, path in images.items()]
     projected = projection.table(projections) if projections else None
     return _TEMPLATES.get_template("report.html.j2").render(
-        sweep=sweep, states=sorted(Counter(t.state for t in sweep.trials).items()),
+        sweep=sweep, states=sorted(Counter(t["state"] for t in trials).items()),
         headline=headline(recs, sweep), recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,

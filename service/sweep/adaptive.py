@@ -9,6 +9,9 @@ undecided or the configurations have ``max`` seeds. The verdicts are the report'
 (service.report.recommend with the sequential rule of service/report/sequential.py), computed
 from the outcomes of the rounds planned so far only, so replaying the outcomes of an
 interrupted sweep (``--resume``) plans the same rounds again.
+
+A split network sweep's timing runs (TrialSpec.kind, one per configuration, world size and link,
+at the first seed) run in round 1 and never decide a verdict: quality is the quality runs'.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ class SeedRounds:
         """Per (world size, link): each configuration's verdict from the planned rounds."""
         groups: dict[tuple, dict[str, list[TrialSpec]]] = defaultdict(lambda: defaultdict(list))
         for t in self._planned:
-            groups[_group(t)][t.config_label].append(t)
+            if t.kind != "timing":  # a few steps' loss says nothing of the quality
+                groups[_group(t)][t.config_label].append(t)
         out = {}
         for group, configs in groups.items():
             candidates = [_candidate(name, trials, outcomes) for name, trials in configs.items()]
@@ -93,10 +97,12 @@ class SeedRounds:
                 chosen += [(group, name) for name in undecided + [recommend.BASELINE_HOOK]]
         return chosen
 
-    def range_text(self, grid_size: int) -> str:
-        """'8 to 20 trials' for --dry-run: every configuration at min seeds, to all at max."""
-        low = grid_size // self.rule.max_seeds * self.rule.min_seeds
-        return f"{low} to {grid_size} trials"
+    def range_text(self) -> str:
+        """'8 to 20 trials' for --dry-run: every configuration at min seeds, to all at max (a
+        split network sweep's timing runs, one seed each, in both)."""
+        timing = sum(t.kind == "timing" for t in self._grid)
+        low = (len(self._grid) - timing) // self.rule.max_seeds * self.rule.min_seeds + timing
+        return f"{low} to {len(self._grid)} trials"
 
 
 def _candidate(name: str, trials: list[TrialSpec], outcomes: dict[str, Outcome]) -> recommend.Candidate:

@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
 def print_dry_run(cfg, trials) -> None:
     """The trials, one line each, and how many; with adaptive seeds the first round's, the
     range of trials and the rule that adds seeds."""
+    if cfg.splits_links:
+        print(f"quality once, time per link: each configuration, world size and seed trains its "
+              f"{cfg.workload.steps} steps once on loopback (quality); per link, one timing run of "
+              f"{cfg.network.timing_steps} steps at seed {cfg.search.seeds[0]} (timing)")
     if cfg.search.adaptive is None:
         for trial in trials:
             print(trial.describe())

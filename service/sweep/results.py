@@ -47,7 +47,8 @@ def trial_rows(parent_run_id: str, tracking_uri: str, trials: list[TrialSpec],
         row: dict[str, Any] = {"trial": trial.run_name, "hook": trial.hook,
                                "params": " ".join([f"{k}={v}" for k, v in {**trial.non_default_params(), **trial.non_default_knobs()}.items()]
                                                   + ([f"link={trial.link_gbps:g}Gbit/s"]
-                                                     if trial.link_gbps is not None else [])),
+                                                     if trial.link_gbps is not None else [])
+                                                  + ([trial.kind] if trial.kind != "full" else [])),
                                "world_size": trial.world_size, "seed": trial.seed}
         if record is None:
             row.update({m: None for m in TABLE_METRICS}, status="not run", nan_source="", run_id=None,

@@ -97,7 +97,7 @@ def seed_rounds(cfg: SweepConfig, trials: list[TrialSpec]) -> SeedRounds:
 
 def adaptive_range(cfg: SweepConfig, trials: list[TrialSpec]) -> str:
     """'8 to 20 trials': every configuration at min seeds, to every one at max."""
-    return seed_rounds(cfg, trials).range_text(len(trials))
+    return seed_rounds(cfg, trials).range_text()
 
 
 def _default_train_loop() -> Callable[[dict], None]:
@@ -217,7 +217,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     trial = TrialSpec.from_dict(config["trial"])
     # a resumed trial continues its interrupted run; the run id is needed before Train starts
     run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
-    board.trial_started.remote(trial.key, trial.run_name, cfg.workload.steps)
+    board.trial_started.remote(trial.key, trial.run_name, cfg.run_config(trial).workload.steps)
 
     # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
     # driver removes them if this process is killed; the workers join them (service/train/ray_entry.py)

@@ -14,12 +14,14 @@ TRIAL_KEY_TAG = "trial_key"   # TrialSpec.key: what --resume matches on
 IDENTITY_TAGS = {"config": "trial_config", "hook": "trial_hook", "hook_params": "trial_hook_params",
              "world_size": "trial_world_size", "seed": "trial_seed", "link_gbps": "trial_link_gbps"}
 DDP_TAG = "trial_ddp"  # DDP's knobs as JSON (runs recorded before they were axes have none: DDP's defaults)
+KIND_TAG = "trial_kind"  # TrialSpec.kind: full | quality | timing (runs recorded before it have none: full)
 
 
 def identity_tags(trial) -> dict[str, str]:
     """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
     name without its world size, seed and link: one label per configuration), hook, hook params
-    as JSON, world size, seed, emulated link ("" on the ordinary network) and DDP's knobs as JSON."""
+    as JSON, world size, seed, emulated link ("" on the ordinary network), DDP's knobs as JSON and
+    what the run is for (TrialSpec.kind: full, or a split network sweep's quality / timing run)."""
     return {TRIAL_KEY_TAG: trial.key,
             IDENTITY_TAGS["config"]: trial.config_label,
             IDENTITY_TAGS["hook"]: trial.hook,
@@ -27,7 +29,8 @@ def identity_tags(trial) -> dict[str, str]:
             IDENTITY_TAGS["world_size"]: str(trial.world_size),
             IDENTITY_TAGS["seed"]: str(trial.seed),
             IDENTITY_TAGS["link_gbps"]: "" if trial.link_gbps is None else repr(float(trial.link_gbps)),
-            DDP_TAG: json.dumps(trial.knobs(), sort_keys=True)}
+            DDP_TAG: json.dumps(trial.knobs(), sort_keys=True),
+            KIND_TAG: trial.kind}
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class TrialRecord:
     world_size: int
     seed: int
     link_gbps: float | None         # the emulated link, None on the ordinary network
+    kind: str                       # TrialSpec.kind: full | quality | timing
     status: str                     # MLflow's: RUNNING | FINISHED | FAILED | KILLED
     start_time: int                 # epoch ms
     end_time: int | None
@@ -64,7 +68,7 @@ class TrialRecord:
                    key=tags[TRIAL_KEY_TAG], config=tags[IDENTITY_TAGS["config"]], hook=tags[IDENTITY_TAGS["hook"]],
                    hook_params=json.loads(tags[IDENTITY_TAGS["hook_params"]]),
                    world_size=int(tags[IDENTITY_TAGS["world_size"]]), seed=int(tags[IDENTITY_TAGS["seed"]]),
-                   link_gbps=float(link) if link else None, status=run.info.status,
+                   link_gbps=float(link) if link else None, kind=tags.get(KIND_TAG, "full"), status=run.info.status,
                    start_time=run.info.start_time or 0, end_time=run.info.end_time,
                    metrics=dict(run.data.metrics), params=dict(run.data.params), tags=dict(tags))
 

@@ -61,7 +61,7 @@ def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = No
 def trial_params(trial, cfg) -> dict[str, Any]:
     """The params of a trial's run: the hook, every hook parameter by its own name, the
     grid coordinates, the workload settings, the backend and the library versions."""
-    wl = cfg.workload
+    wl = cfg.run_config(trial).workload  # a timing run's steps are its own
     use_gpu = cfg.resources.use_gpu
     params: dict[str, Any] = {"hook": trial.hook}
     params.update(dict(trial.hook_params or {}))
@@ -83,6 +83,8 @@ def trial_params(trial, cfg) -> dict[str, Any]:
     })
     if trial.link_gbps is not None:  # an emulated link (config network:)
         params.update(link_gbps=trial.link_gbps, latency_ms=cfg.network.latency_ms)
+    if trial.kind != "full":  # a split network sweep's quality or timing run (also the tag trial_kind)
+        params["run_kind"] = trial.kind
     return params
 
 

@@ -32,7 +32,7 @@ def train_loop_per_worker(config: dict) -> None:
     from service.config import SweepConfig, TrialSpec
 
     trial = TrialSpec.from_dict(config["trial"])
-    cfg = SweepConfig.model_validate(config["sweep"])
+    cfg = SweepConfig.model_validate(config["sweep"]).run_config(trial)  # a timing run: its own steps
     uri, run_id = config["tracking_uri"], config["run_id"]
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
