@@ -121,3 +121,20 @@ def test_network_quick_measures_every_arm_against_the_model(tmp_path):
         assert all(positive(r[k]) for k in ("step_ms", "comm_ms", "model_comm_ms", "model_step_ms",
                                               "unshaped_step_ms", "link_measured_gbps", "wire_bytes_per_step"))
     assert set(data["links"]) == {"None", "1.0"}
+
+
+def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path):
+    """bench/trees.py with this checkout as both arms: each repeat runs both, the first arm
+    alternates, and the ratio is read from the script's own JSON."""
+    out = tmp_path / "trees.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "trees.py"), str(ROOT), "--repeat", "2",
+                           "--key", "summary.on.step_ms_median", "--out", str(out), "--", "instrumentation.py", "--quick"],
+                          cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {out}" in proc.stdout
+    data = json.loads(out.read_text())
+    assert [row[1] for row in data["rows"]] == ["this", "other"]          # who went first
+    for _, _, this, other, ratio in data["rows"]:
+        assert positive(this) and positive(other) and ratio == pytest.approx(this / other - 1)
+    assert "median of 2 paired repeats" in proc.stdout
