@@ -65,9 +65,10 @@ BASE = {"name": "knobs", "workload": {"name": "tests.tiny_workload:tiny_deep", "
         "search": {"hooks": ["allreduce"], "world_size": [2], "seed": [0]}, "tracking": {"flush_seconds": 0.5}}
 
 
-def _cfg(search=None, workload=None) -> SweepConfig:
+def _cfg(search=None, workload=None, tracking=None) -> SweepConfig:
     return SweepConfig.model_validate({**BASE, "search": {**BASE["search"], **(search or {})},
-                                       "workload": {**BASE["workload"], **(workload or {})}})
+                                       "workload": {**BASE["workload"], **(workload or {})},
+                                       "tracking": {**BASE["tracking"], **(tracking or {})}})
 
 
 def test_the_knobs_default_to_ddps_own_and_leave_a_default_trials_identity_as_it_was():
@@ -143,8 +144,11 @@ def through_the_worker():
         # no_sync accumulation with small buckets and views (static_graph cannot: see the config test)
         "accumulate": _cfg({"bucket_cap_mb": 0.004, "gradient_as_bucket_view": True},
                            {"grad_accumulation": 2}).model_dump(),
-        "buffers": _cfg({}, {"name": "tests.user_models:with_buffers", "broadcast_buffers": True}).model_dump(),
-        "own_buffers": _cfg({}, {"name": "tests.user_models:with_buffers", "broadcast_buffers": False}).model_dump(),
+        # these count the training forwards: no step timeline's compute windows (bare-module forwards)
+        "buffers": _cfg({}, {"name": "tests.user_models:with_buffers", "broadcast_buffers": True},
+                        {"timeline_steps": 0}).model_dump(),
+        "own_buffers": _cfg({}, {"name": "tests.user_models:with_buffers", "broadcast_buffers": False},
+                            {"timeline_steps": 0}).model_dump(),
     }
     return run_distributed(knobs_through_the_worker, 2, args=(dumps,))
 

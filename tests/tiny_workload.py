@@ -30,3 +30,13 @@ def tiny_deep(seed: int) -> Workload:
     layers = [torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
               torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)]
     return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)
+
+
+def tiny_noisy(seed: int) -> Workload:
+    """tiny_deep with dropout (draws from torch's RNG) and BatchNorm (running statistics): a side
+    window that forgot to put either back would change the trajectory (tests/test_step_timeline.py)."""
+    wl = tiny_digits(seed)
+    layers = [torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
+              torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+              torch.nn.Linear(32, 10)]
+    return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)

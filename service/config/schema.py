@@ -338,7 +338,8 @@ class SweepConfig(BaseModel):
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
-                                                         "tracking": {"flush_seconds", "paired_timing_every"},
+                                                         "tracking": {"flush_seconds", "paired_timing_every",
+                                                                      "timeline_steps"},
                                                          "storage_path": True,
                                                          "report": True})
         for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes

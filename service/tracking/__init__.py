@@ -17,7 +17,8 @@ What a sweep records (the contract the UI, reports and tests rely on):
   :class:`TrialRecord` objects, so no reader parses run names or string params;
 - rank 0 of the trial logs step metrics and the summary into the child run through a
   batching :class:`MetricLogger` (a single ``log_metric`` costs ~10 ms on SQLite, a
-  ``log_batch`` of 1000 points ~0.2 s);
+  ``log_batch`` of 1000 points ~0.2 s); with ``tracking.timeline_steps`` it attaches the
+  trial's step timeline (``step_timeline.json``, read back by ``SweepReader.step_timeline``);
 - :func:`end_run` closes a run FINISHED (tag ``status`` ok | nan), FAILED (``status``
   failed, tag ``error``) or KILLED (``status`` killed).
 

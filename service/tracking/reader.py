@@ -3,6 +3,7 @@ parent run, its trial records, metric histories and config; recording derived re
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -16,6 +17,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from service import uris
+from service.step_timeline import ARTIFACT as TIMELINE_ARTIFACT
+from service.step_timeline import TrialTimeline
 from service.text import one_line
 from service.tracking.identity import TrialRecord
 from service.tracking.store import PARENT_TAG, StoreError, search_all_runs
@@ -93,6 +96,15 @@ class SweepReader:
         steps = sorted(latest)
         return (np.array(steps, dtype=np.int64),
                 np.array([latest[s] for s in steps], dtype=np.float64))
+
+    def step_timeline(self, run_id: str) -> TrialTimeline | None:
+        """The trial's recorded step timeline (``step_timeline.json``, service/step_timeline.py),
+        or None when the trial recorded none (timeline_steps 0, nothing sampled, an older run)."""
+        if not any(a.path == TIMELINE_ARTIFACT for a in self.client.list_artifacts(run_id)):
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            local = self.client.download_artifacts(run_id, TIMELINE_ARTIFACT, tmp)
+            return TrialTimeline.from_json(json.loads(Path(local).read_text()))
 
     def config_text(self, run_id: str) -> tuple[str, str] | None:
         """(file name, text) of the sweep config the driver attached, if any."""

@@ -36,8 +36,11 @@ class FidelitySampler:
         hook_sampled_by_step.__name__ = f"{getattr(hook, '__name__', 'hook')}_fidelity_by_step"
         self.hook = hook_sampled_by_step
 
+    def due(self, step: int) -> bool:
+        return bool(self.every) and step % self.every == 0
+
     def begin(self, step: int) -> None:
-        self._sampling = bool(self.every) and step % self.every == 0
+        self._sampling = self.due(step)
 
     def end(self, step: int) -> dict[str, float]:
         if not self._sampling:

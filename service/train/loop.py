@@ -7,7 +7,9 @@ forward/backward over ``grad_accumulation`` micro-batches (all but the last unde
 (``service.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
 read after the next step's backward, or at once before an eval or a checkpoint, and a
 non-finite step stops every rank before the following update is applied), gradient
-fidelity every ``tracking.fidelity_every`` steps (when asked), logging
+fidelity every ``tracking.fidelity_every`` steps (when asked), the step's DDP timeline on
+``tracking.timeline_steps`` sampled steps (timestamps, then a local compute window; all ranks'
+gathered once at the end: service/train/timeline.py), logging
 (``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
 checkpoints every ``checkpoint.every`` steps. Each verdict is read the same three lines
 wherever the loop needs one, so every side effect shows where it happens (as nanoGPT's
@@ -47,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 from service.nan import NanMonitor, NanReport
+from service.step_timeline import TrialTimeline
 from service.train.checkpoint import RankCheckpoint, capture
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import StepMeter, trial_summary
@@ -64,6 +67,7 @@ class TrialResult:
     summary: dict[str, float]
     nan_report: Optional[NanReport] = None  # where the trial first went non-finite (None: never)
     losses: list[float] = field(default_factory=list)  # mean loss across ranks, per step run
+    timeline: Optional[TrialTimeline] = None  # the ranks' combined step timeline (None: not sampled)
 
 
 @dataclass
@@ -90,8 +94,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
     t = set_up(trial, cfg, rank=rank, world_size=world_size, device=device, logger=logger, progress=progress,
                start=start, on_fault=on_fault, process_group=process_group, build_hook=build_hook,
                make_monitor=make_monitor, make_meter=make_meter or StepMeter)
-    monitor, reporter, model = t.monitor, t.reporter, t.model
-    eval_metrics: dict[str, float] = {}
+    monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
     for step in range(t.first_step, wl_cfg.steps + 1):
         t.meter.begin()
         t.fidelity.begin(step)  # a sampled step: DDP runs the fidelity hook (+1 fp32 all-reduce per bucket)
@@ -102,11 +105,12 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
                 break
         if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
             os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
+        batches = t.batches.micro_batches(step)  # this rank's samples of the step
+        t.timeline.forward(step)  # a sampled step: perf_counter stamps at its phases and hook calls, no sync
         # the backward runs the comm hook: every bucket's collectives, across the ranks
         with t.pairing.own():  # timed: paired timing compares it with the baseline's
-            loss = forward_backward(model, t.optimizer, t.wl, t.batches.micro_batches(step), device, t.precision)
-        # The previous step's NaN verdict, read only now: its all-reduce travelled beside
-        # this backward's gradient collectives instead of adding a rendezvous of its own.
+            loss = forward_backward(model, t.optimizer, t.wl, batches, device, t.precision, phases=t.timeline)
+        # the previous step's NaN verdict, read only now: its all-reduce travelled beside this backward's collectives
         check = monitor.resolve()
         reporter.log(check)  # the previous step's metrics, with its agreed loss
         if stops(check, cfg):
@@ -120,8 +124,8 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
         if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
-            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, t.batches.micro_batches(step),
-                                                                device, t.precision))
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+        t.timeline.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -155,9 +159,12 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))
     summary.update(t.load.summary(t.process_group, device))  # a collective: every rank gets here
+    timeline = t.timeline.gather(t.process_group)  # with timeline_steps: ONE all_gather_object, every rank
+    if timeline is not None:
+        summary.update(timeline.summary(summary["step_time_ms_median"]))
     status = "nan" if report else "ok"
-    t.reporter.finish(summary, status, report)  # rank 0: the summary and tags into MLflow, flushed
-    return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses)
+    t.reporter.finish(summary, status, report, timeline)  # rank 0: summary, tags, timeline into MLflow, flushed
+    return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses, timeline)
 
 
 # ----------------------------------------------------------------------------- pieces
@@ -173,14 +180,16 @@ def stops(check, cfg) -> bool:
 
 
 def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
-                     precision: Optional[Precision] = None) -> torch.Tensor:
+                     precision: Optional[Precision] = None, phases=None) -> torch.Tensor:
     """One step's gradients; returns this rank's mean loss over its micro-batches (a tensor).
 
     All micro-batches but the last run under ``no_sync()`` (gradients accumulate locally);
     the last backward runs the comm hook, bucket by bucket, and waits for it. The optimizer
     step is the caller's (the loop reads the previous step's NaN verdict in between).
     Either workload form goes through ``wl.fetch`` and ``wl.step_loss``; the forward runs
-    in ``precision``'s autocast, floating inputs in its dtype.
+    in ``precision``'s autocast, floating inputs in its dtype. ``phases`` (the step timeline,
+    train/timeline.py): ``backward()`` just before the last backward (the one that runs the
+    hook), ``optimizer()`` once it returned: timestamps on a sampled step, nothing otherwise.
     """
     precision = precision or Precision("fp32", device)
     optimizer.zero_grad(set_to_none=True)
@@ -191,8 +200,12 @@ def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
         with (nullcontext() if last else model.no_sync()):
             with precision.autocast():
                 loss = wl.step_loss(model, batch) / len(micro_batches)
+            if last and phases is not None:
+                phases.backward()
             loss.backward()
         total += loss.detach()
+    if phases is not None:
+        phases.optimizer()
     return total
 
 

@@ -74,19 +74,10 @@ class PairedTimer:
     def window(self, step: int, forward_backward: Callable[[DDP], object]) -> None:
         """The baseline's forward/backward of this step's batches (``forward_backward(ddp)``),
         timed; the module's gradients, buffers and the RNG are as before it."""
-        grads = [p.grad for p in self.module.parameters()]
-        buffers = [b.detach().clone() for b in self.module.buffers()]
-        with _rng_kept():
-            for p in self.module.parameters():
-                p.grad = None  # the window's gradients land in fresh storage
+        with trajectory_kept(self.module):
             t0 = time.perf_counter()
             forward_backward(self.ddp)
             baseline_ms = (time.perf_counter() - t0) * 1000.0
-        with torch.no_grad():
-            for b, saved in zip(self.module.buffers(), buffers):
-                b.copy_(saved)
-        for p, g in zip(self.module.parameters(), grads):
-            p.grad = g
         self.windows[step] = (baseline_ms, self.own_fb_ms)
 
     def summary(self, step_ms: dict[int, float]) -> dict[str, float]:
@@ -105,13 +96,25 @@ class PairedTimer:
 
 
 @contextmanager
-def _rng_kept():
-    """Dropout and friends draw from torch's RNG: the window's draws must not shift the trial's."""
+def trajectory_kept(module: torch.nn.Module):
+    """A side window (a forward/backward the trial does not train on) that leaves the trajectory
+    as it was: the module's gradients set aside (the window's land in fresh storage) and given
+    back, its buffers (BatchNorm's running statistics) and torch's RNG (dropout draws from it)
+    saved and restored. Also used by the step timeline's compute window (train/timeline.py)."""
+    grads = [p.grad for p in module.parameters()]
+    buffers = [b.detach().clone() for b in module.buffers()]
     cpu = torch.get_rng_state()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    for p in module.parameters():
+        p.grad = None
     try:
         yield
     finally:
         torch.set_rng_state(cpu)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
+        with torch.no_grad():
+            for b, saved in zip(module.buffers(), buffers):
+                b.copy_(saved)
+        for p, g in zip(module.parameters(), grads):
+            p.grad = g

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from service.step_timeline import ARTIFACT as TIMELINE_ARTIFACT
+
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
 PROGRESS_EVERY_S = 2.0
 
@@ -46,7 +48,9 @@ class Reporter:
         if self.logger:
             self.logger.flush()
 
-    def finish(self, summary: dict, status: str, nan_report) -> None:
+    def finish(self, summary: dict, status: str, nan_report, timeline=None) -> None:
+        """The summary, status and NaN tags, and the step timeline (a TrialTimeline or None) as
+        its JSON artifact; then the logger is closed."""
         if self.progress:
             _call_quietly(self.progress, int(summary["steps_done"]), self.last_loss)
         if not self.logger:
@@ -59,6 +63,8 @@ class Reporter:
                         nan_bucket_index=nan_report.bucket_index,
                         nan_params=",".join(nan_report.param_names))
             self.logger.log_dict(nan_report.to_dict(), "nan_provenance.json")
+        if timeline is not None:
+            self.logger.log_dict(timeline.to_json(), TIMELINE_ARTIFACT)
         self.logger.set_tags(**{k: v for k, v in tags.items() if v is not None})
         self.logger.close()
 

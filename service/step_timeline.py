@@ -1,0 +1,117 @@
+"""A trial's recorded DDP step (issue 24): the ranks' sampled step timelines combined into one
+``hooks.step_model.StepTimeline``, the rank's compute at two micro-batch sizes (the model's
+``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run (``step_timeline.json``,
+read back by ``service.tracking.SweepReader.step_timeline``).
+
+Written by the training loop (service/train/timeline.py), read by the projection. Pure Python over
+hooks/step_model.py.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from hooks.step_model import (BucketTiming, ComputeScaling, LinearCost, StepTimeline, combine, fit_linear,
+                              price_step)
+
+ARTIFACT = "step_timeline.json"
+FORMAT = 1  # the JSON's version: a reader refuses any other
+
+
+@dataclass(frozen=True)
+class ComputePoint:
+    """A rank's forward and backward ms (bare module: no hook, no collective) for one step's
+    micro-batches at ``samples`` samples per step (``grad_accumulation`` micro-batches)."""
+
+    samples: int
+    forward_ms: float
+    backward_ms: float
+
+
+@dataclass(frozen=True)
+class TrialTimeline:
+    """What a trial recorded of its step: ``timeline`` (``combine`` of every rank's sampled
+    steps), the steps sampled, and the compute at the rank's batch and at a smaller one
+    (``compute_points``: empty where the micro-batch has one sample)."""
+
+    timeline: StepTimeline
+    sampled_steps: tuple[int, ...]
+    compute_points: tuple[ComputePoint, ...] = ()
+
+    @property
+    def compute(self) -> Optional[ComputeScaling]:
+        """Forward and backward as fixed + per sample (``fit_linear`` through the two points);
+        None without two points or where noise made the cost fall as the batch grew."""
+        if len(self.compute_points) != 2:
+            return None
+        a, b = self.compute_points
+        try:
+            return ComputeScaling(fit_linear((a.samples, a.forward_ms), (b.samples, b.forward_ms)),
+                                  fit_linear((a.samples, a.backward_ms), (b.samples, b.backward_ms)))
+        except ValueError:
+            return None
+
+    def own_step_ms(self) -> float:
+        """The timeline priced where it was measured (its W, link and latency): the model's step,
+        set beside the trial's measured median step (``timeline_vs_measured``)."""
+        t = self.timeline
+        return price_step(t, t.world_size, t.link_gbps, t.latency_s).step_ms
+
+    def summary(self, measured_step_ms: float) -> dict[str, float]:
+        """The run's headline metrics: the model's own step and its ratio to the measured median."""
+        own = self.own_step_ms()
+        out = {"timeline_step_ms": own, "timeline_steps": len(self.sampled_steps)}
+        if measured_step_ms > 0:
+            out["timeline_vs_measured"] = own / measured_step_ms
+        return out
+
+    def to_json(self) -> dict:
+        t = asdict(self.timeline)
+        t["link_gbps"] = None if math.isinf(self.timeline.link_gbps) else self.timeline.link_gbps  # JSON has no inf
+        return {"format": FORMAT, "timeline": t, "sampled_steps": list(self.sampled_steps),
+                "compute_points": [asdict(p) for p in self.compute_points]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "TrialTimeline":
+        if data.get("format") != FORMAT:
+            raise ValueError(f"step timeline format {data.get('format')!r}, this reader reads {FORMAT}")
+        t = dict(data["timeline"])
+        t["buckets"] = tuple(BucketTiming(**{**b, "decode": LinearCost(**b["decode"])}) for b in t["buckets"])
+        t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
+        return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
+                   tuple(ComputePoint(**p) for p in data["compute_points"]))
+
+
+def combine_ranks(per_rank: list[tuple[list[StepTimeline], list[tuple[ComputePoint, ...]]]],
+                  sampled_steps: tuple[int, ...]) -> Optional[TrialTimeline]:
+    """The trial's timeline from each rank's (sampled timelines, compute windows; ``sampled_steps``
+    the steps of the timelines): the timelines by ``step_model.combine``, only those with the
+    buckets of the last sampled step (a step sampled before DDP settled its buckets would not
+    combine; the sampler waits for that, this keeps a trial from failing at its end if DDP
+    rebuilds later); each compute point, like the compute side there, per rank the median over
+    its windows, then the slowest rank's. None when no step was sampled."""
+    if not per_rank or not per_rank[0][0]:
+        return None
+    final = _layout(per_rank[0][0][-1])
+    kept = [[t for t in timelines if _layout(t) == final] for timelines, _ in per_rank]
+    if not all(kept):
+        return None
+    timeline = combine(kept)
+    sampled_steps = tuple(s for s, t in zip(sampled_steps, per_rank[0][0]) if _layout(t) == final)
+    windows = [w for _, w in per_rank]
+    points: tuple[ComputePoint, ...] = ()
+    if all(windows):
+        sizes = len(windows[0][0])
+        points = tuple(
+            ComputePoint(windows[0][0][i].samples,
+                         max(statistics.median(w[i].forward_ms for w in rank) for rank in windows),
+                         max(statistics.median(w[i].backward_ms for w in rank) for rank in windows))
+            for i in range(sizes))
+    return TrialTimeline(timeline, sampled_steps, points)
+
+
+def _layout(timeline: StepTimeline) -> tuple:
+    return tuple((b.numel, b.element_size) for b in timeline.buckets)

@@ -1,0 +1,111 @@
+"""The trial's own DDP step timeline (issue 24, item 1), what the step model prices it from.
+
+``tracking.timeline_steps`` steps after the warm-up (spread over the trial, never a fidelity or a
+paired-timing step: those run extra hooks and collectives) are sampled by
+``hooks.step_sampling.StepSampler``: ``perf_counter`` stamps at the step's phases and each hook
+call, no sync (an unsampled step pays a set lookup and an ``is not None`` per phase). Right after
+a sampled step (outside its measured time), a compute window times the rank's forward and backward
+on the bare module (no hook, no collective, no DDP) at its micro-batch and at half of it, the
+trajectory kept (``paired_timing.trajectory_kept``): the two points of the model's
+``ComputeScaling``. At the end of the trial :meth:`StepTimelines.gather` sends every rank's
+samples to every rank with ONE ``all_gather_object`` and combines them
+(``service.step_timeline.combine_ranks``); the loop's rank 0 records the result.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from hooks.registry import spec
+from hooks.state import HookState
+from hooks.step_sampling import StepSampler
+from service.step_timeline import ComputePoint, TrialTimeline, combine_ranks
+from service.train.paired_timing import trajectory_kept
+from service.workloads import to_device
+
+
+def timeline_steps(count: int, first_step: int, last_step: int, warmup_steps: int,
+                   skip: Callable[[int], bool]) -> tuple[int, ...]:
+    """``count`` steps spread evenly over this attempt's steps after the warm-up and after its
+    first two (DDP rebuilds its buckets after its first iteration in a process, a step later with
+    static_graph), leaving out those ``skip`` names."""
+    eligible = [s for s in range(max(first_step + 1, warmup_steps) + 1, last_step + 1) if not skip(s)]
+    if count <= 0 or not eligible:
+        return ()
+    if count >= len(eligible):
+        return tuple(eligible)
+    if count == 1:
+        return (eligible[len(eligible) // 2],)
+    return tuple(eligible[round(i * (len(eligible) - 1) / (count - 1))] for i in range(count))
+
+
+class StepTimelines:
+    """One rank's sampled step timelines and compute windows (the module doc). The loop calls
+    ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
+    and ``step_done(step, micro_batches)`` every step, and ``gather`` once at the end."""
+
+    def __init__(self, hook_state, module: torch.nn.Module, wl, precision, device, *, steps: tuple[int, ...],
+                 world_size: int, rank_batch: int, grad_accumulation: int, link_gbps: Optional[float],
+                 latency_s: float):
+        # a state of torch's own hooks (bench/instrumentation.py's plain arm) stamps nothing
+        self.steps = frozenset(steps) if isinstance(hook_state, HookState) else frozenset()
+        self.state, self.module, self.wl, self.precision, self.device = hook_state, module, wl, precision, device
+        self.sampler = StepSampler(hook_state, self.steps)
+        self.world_size, self.rank_batch, self.accumulation = world_size, rank_batch, grad_accumulation
+        self.link_gbps = math.inf if link_gbps is None else link_gbps
+        self.latency_s = latency_s
+        self.windows: list[tuple[ComputePoint, ComputePoint]] = []
+        self.forward, self.backward = self.sampler.forward, self.sampler.backward
+        self.optimizer = self.sampler.optimizer
+
+    def step_done(self, step: int, micro_batches) -> None:
+        """A sampled step's end (``StepSampler.done``), then its compute window: the rank's forward
+        and backward of the step's last micro-batch and of its first half, on the bare module
+        (local, the trajectory kept; none where the micro-batch has one sample)."""
+        if step not in self.steps:
+            return
+        self.sampler.done()
+        indices = micro_batches[-1]
+        if len(indices) < 2:
+            return
+        with trajectory_kept(self.module):
+            self.windows.append((self._timed(indices), self._timed(indices[:len(indices) // 2])))
+
+    def _timed(self, indices) -> ComputePoint:
+        batch = to_device(self.wl.fetch(self.wl.train_set, indices), self.device, self.precision.input_dtype)
+        self.module.zero_grad(set_to_none=True)
+        t0 = _now(self.device)
+        with self.precision.autocast():
+            loss = self.wl.step_loss(self.module, batch)
+        t1 = _now(self.device)
+        loss.backward()
+        t2 = _now(self.device)
+        a = self.accumulation  # a step is ``a`` micro-batches of this size
+        return ComputePoint(len(indices) * a, a * 1000.0 * (t1 - t0), a * 1000.0 * (t2 - t1))
+
+    def gather(self, process_group) -> Optional[TrialTimeline]:
+        """Every rank's samples to every rank (ONE all_gather_object; none when sampling is off,
+        on every rank alike), combined; None when nothing was sampled."""
+        if not self.steps:
+            return None
+        stats = self.state.stats()
+        from_stats = spec(self.state.name).from_stats
+        measured = from_stats(stats) if from_stats is not None and stats.get("calls") else {}
+        mine = (self.sampler.timelines(self.world_size, self.rank_batch, self.link_gbps, self.latency_s,
+                                       **measured), self.windows)
+        per_rank = [mine]
+        if dist.is_initialized() and dist.get_world_size(process_group) > 1:
+            per_rank = [None] * dist.get_world_size(process_group)
+            dist.all_gather_object(per_rank, mine, group=process_group)
+        return combine_ranks(per_rank, tuple(s.step for s in self.sampler.samples))
+
+
+def _now(device) -> float:
+    if device.type == "cuda":  # this device's queue only: no cross-rank sync
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
