@@ -123,6 +123,10 @@ def test_decided_at_min_gets_no_more_seeds_and_the_baseline_has_every_seed(sweep
     assert all(r.info.status == "FINISHED" and r.data.tags["status"] == "ok" for r in runs)
     # the progress line showed the rounds; the headline the trials saved
     assert "round 2 of at most 2]" in out + resumed.stdout
+    # round 2 as the first process planned it from its own trials' results (not from --resume's
+    # read of MLflow): bf16_compress decided, so 6 + 2 trials (Ray Train's Result.metrics is
+    # the last checkpoint's, None without one: round 1 once saw every loss as NaN, 6 + 3)
+    assert "[6/8 trials done, round 2" in out and "/9 trials done" not in out
     assert "8 trials, 1 fewer than 3 seeds for every configuration (9)" in (
         next((sweep["tmp"] / "results").rglob("summary.md")).read_text())
 

@@ -62,8 +62,7 @@ class Rule:
         """The one-sided level the look at ``seeds`` seeds spends: the first look the share of
         the seeds it has, each later one the share of the seed it adds. (Spending little early,
         as a schedule growing with the look number does, leaves the first look with a t of one
-        degree of freedom at a tiny level: at 2 of 2-3 seeds t = 38, and on the quant preset it
-        decided nothing; docs/performance.md.)"""
+        degree of freedom at a tiny level: at 2 of 2-3 seeds t = 38; docs/performance.md.)"""
         n = min(max(seeds, self.min_seeds), self.max_seeds)
         return self.alpha * (self.min_seeds if n == self.min_seeds else 1) / self.max_seeds
 

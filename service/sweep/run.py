@@ -228,7 +228,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     trainer = _trainer(cfg, trial, run_id, tracking_uri, trials_storage, board, train_loop, net)
     try:
         try:
-            fitted = trainer.fit()
+            trainer.fit()
         finally:
             if net is not None:
                 log_link(trial_runs, run_id, net, network["links"][trial.link_gbps])
@@ -238,11 +238,10 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
             return
         summary, details = describe_failure(exc)
         return _trial_failed(trial, run_id, trial_runs, board, summary, details)
-    status = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
+    # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py), from the run
+    status, final_eval_loss = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
     board.trial_ended.remote(trial.key, status)
-    # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py)
-    tune.report({"status": status, "run_id": run_id,
-                 "final_eval_loss": float((fitted.metrics or {}).get("final_eval_loss", math.nan)),
+    tune.report({"status": status, "run_id": run_id, "final_eval_loss": final_eval_loss,
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 

@@ -3,6 +3,8 @@ run ends, and the queries --resume asks (the runs to continue, the steps already
 
 from __future__ import annotations
 
+import math
+
 import importlib.metadata
 import os
 import re
@@ -159,6 +161,13 @@ def _tail(text: str, limit: int) -> str:
 
 def run_tags(run_id: str, tracking_uri: str | None = None) -> dict[str, str]:
     return dict(client(tracking_uri).get_run(run_id).data.tags)
+
+
+def run_outcome(run_id: str, tracking_uri: str | None = None) -> tuple[str, float]:
+    """A trial run's ``status`` tag (ok when unset) and ``final_eval_loss`` (NaN when not
+    logged), in one read."""
+    data = client(tracking_uri).get_run(run_id).data
+    return data.tags.get("status", "ok"), float(data.metrics.get("final_eval_loss", math.nan))
 
 
 def set_tags(run_id: str, tracking_uri: str | None = None, **tags: Any) -> None:
