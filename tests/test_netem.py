@@ -438,7 +438,8 @@ def test_two_link_sweep_trains_once_and_times_each_link(tmp_path):
     # --resume matches the quality and timing runs by key: nothing left to run (in-process: the
     # command would first measure both links again)
     cfg = load_config(config)[0]
-    assert plan_resume(cfg, cfg.trials(), uri)[1:] == ({}, [])
+    plan = plan_resume(cfg, cfg.trials(), uri)
+    assert (plan.reusable_runs, plan.pending) == ({}, [])
     assert _ours() == ([], [])
 
 
