@@ -14,8 +14,9 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from hooks.step_model import (BucketTiming, ComputeScaling, LinearCost, StepTimeline, combine, fit_linear,
-                              price_step)
+from hooks.cost import DEFAULT_LATENCY_S
+from hooks.step_model import (BucketTiming, CellRefused, ComputeScaling, LinearCost, StepPrice, StepTimeline,
+                              combine, fit_linear, price_cell, price_step, rank_batch)
 
 ARTIFACT = "step_timeline.json"
 FORMAT = 1  # the JSON's version: a reader refuses any other
@@ -59,6 +60,19 @@ class TrialTimeline:
         set beside the trial's measured median step (``timeline_vs_measured``)."""
         t = self.timeline
         return price_step(t, t.world_size, t.link_gbps, t.latency_s).step_ms
+
+    def price(self, global_batch: int, world_size: int, link_gbps: float,
+              latency_s: float = DEFAULT_LATENCY_S) -> StepPrice:
+        """The step at ``world_size`` ranks on ``link_gbps`` keeping ``global_batch`` (the one
+        step model: ``step_model.price_cell``). CellRefused where the cell's rank batch is not the
+        measured one and the trial has no compute scaling to take it there."""
+        scaling = self.compute
+        if scaling is None:
+            if rank_batch(global_batch, world_size) != self.timeline.batch:
+                raise CellRefused(f"W={world_size} changes the rank's batch ({self.timeline.batch} samples measured) "
+                                  "and the trial measured no compute at a second batch size")
+            return price_step(self.timeline, world_size, link_gbps, latency_s)
+        return price_cell(self.timeline, scaling, global_batch, world_size, link_gbps, latency_s)
 
     def summary(self, measured_step_ms: float) -> dict[str, float]:
         """The run's headline metrics: the model's own step and its ratio to the measured median."""
