@@ -1,5 +1,6 @@
-"""Pricing a hook's communication: an alpha-beta model of its collectives (from its spec), and a
-measured step re-priced on a slower link. Bytes per collective live in hooks/wire.py.
+"""Pricing a hook's communication: an alpha-beta model of its collectives (from its spec), and
+which collective kinds overlap their transport with the wire. Bytes per collective live in
+hooks/wire.py; the step model that uses both is hooks/step_model.py.
 """
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ from .wire import KINDS, Collective, check_kind, wire_bytes
 #   ``beta`` bytes/s, full duplex; a rank sends one message per round;
 # * ring allreduce of n bytes: 2(W-1) rounds of n/W bytes; ring allgather of n bytes per rank:
 #   W-1 rounds of n bytes; all_to_all of n bytes per rank: W-1 rounds of n/W bytes;
-# * no overlap between collectives nor with compute (projected time = compute + communication,
-#   an upper bound when DDP overlaps buckets with the backward pass); compression compute costs
-#   are in the measured compute time, not in the model.
+# * one collective's wire time: overlap with compute and other buckets, transport and the hooks'
+#   kernels are the step model's (hooks/step_model.py).
 
 DEFAULT_LATENCY_S = 5e-6  # a typical one-hop datacenter latency per message
 
@@ -62,33 +62,9 @@ def hook_seconds(name: str, n: int, world_size: int, link_gbps: float, latency_s
     )
 
 
-def projected_comm_seconds(name: str, stats: dict, steps: int, world_size: int, link_gbps: float,
-                           latency_s: float = DEFAULT_LATENCY_S, element_size: int = 4, **params) -> float:
-    """Projected communication seconds per step at ``world_size`` from a measured ``stats`` delta.
-
-    Uses the measured calls and raw bytes (the mean bucket, of ``element_size``-byte gradients) of
-    ``steps`` training steps; buckets do not depend on the world size. What the hook's spec reads
-    from measured stats (``HookSpec.from_stats``: PowerSGD's payload/raw ratio and allreduces per
-    call) does not depend on the world size either.
-    """
-    calls = stats.get("calls", 0)
-    if not calls or not steps:
-        return 0.0
-    s = spec(name)
-    measured = s.from_stats(stats) if s.from_stats is not None else {}
-    mean_n = stats["raw_bytes"] / calls / element_size
-    per_call = hook_seconds(name, int(mean_n), world_size, link_gbps, latency_s, element_size, **{**params, **measured})
-    return per_call * calls / steps
-
-
-def projected_step_seconds(compute_seconds: float, name: str, stats: dict, steps: int, world_size: int, link_gbps: float, latency_s: float = DEFAULT_LATENCY_S, **params) -> float:
-    """Measured compute seconds per step + projected communication at ``world_size`` and ``link_gbps``."""
-    return compute_seconds + projected_comm_seconds(name, stats, steps, world_size, link_gbps, latency_s, **params)
-
-
-# ----------------------------------------------------------------------------- re-pricing a measured step
-# A step measured on one link, re-priced on a slower one (bench/network.py holds it against
-# measurement). Its communication window holds the wire time of its collectives, the CPU work
+# ----------------------------------------------------------------------------- transport and wire
+# What the step model (hooks/step_model.py) keeps of a collective measured on one link when it
+# prices it on another. Its communication window holds the wire time of its collectives, the CPU work
 # that moves their bytes (copies, the TCP stack, a ring allreduce's reductions) and the hook's
 # serial work (compression kernels, PowerSGD's matrix products, the wait between two collectives).
 # What a slower link does to each, measured collective by collective (bench/collectives_probe.py,
@@ -102,37 +78,3 @@ def projected_step_seconds(compute_seconds: float, name: str, stats: dict, steps
 #   least their CPU time of the fast link (1.1-1.8x the model's wire time at 1 Gbit/s). Their
 #   fast-link time stays in the step, less its wire time there.
 OVERLAPPING_KINDS = ("allreduce",)
-
-
-def wire_seconds_by_kind(stats: dict, steps: int, world_size: int, link_gbps: float,
-                         latency_s: float = DEFAULT_LATENCY_S) -> dict[str, float]:
-    """Model wire seconds per step of a hook's measured collectives, per kind, from its
-    ``state.stats()`` delta over ``steps`` steps (``{kind}_calls``, ``{kind}_bytes``)."""
-    out = {}
-    for kind in KINDS:
-        calls, nbytes = stats.get(f"{kind}_calls", 0), stats.get(f"{kind}_bytes", 0)
-        out[kind] = (calls * collective_seconds(kind, nbytes / calls, world_size, link_gbps, latency_s) / steps
-                     if calls and steps else 0.0)
-    return out
-
-
-def projected_step_from_measured(step_s: float, stats: dict, steps: int, world_size: int,
-                                 fast_gbps: float, fast_latency_s: float, slow_gbps: float,
-                                 slow_latency_s: float, allreduce_seconds_per_wire_byte: float) -> float:
-    """The step of ``step_s`` measured on a link of ``fast_gbps`` (its hook's collectives in
-    ``stats`` over ``steps`` steps), re-priced on a link of ``slow_gbps``.
-
-    ``allreduce_seconds_per_wire_byte``: what an allreduce alone took on the fast link per byte
-    one rank sent (its transport, CPU work included). Allreduce transport overlaps the slow wire;
-    the other kinds' fast-link time stays, their fast wire time replaced by the slow one.
-    """
-    fast = wire_seconds_by_kind(stats, steps, world_size, fast_gbps, fast_latency_s)
-    slow = wire_seconds_by_kind(stats, steps, world_size, slow_gbps, slow_latency_s)
-    transport = 0.0
-    for kind in OVERLAPPING_KINDS:
-        moved = wire_bytes(kind, stats.get(f"{kind}_bytes", 0), world_size) / steps if steps else 0.0
-        transport += max(moved * allreduce_seconds_per_wire_byte, fast[kind])
-    serial_fast = sum(v for k, v in fast.items() if k not in OVERLAPPING_KINDS)
-    serial_slow = sum(v for k, v in slow.items() if k not in OVERLAPPING_KINDS)
-    overlapping_slow = sum(slow[k] for k in OVERLAPPING_KINDS)
-    return step_s - transport + max(transport, overlapping_slow) - serial_fast + serial_slow

@@ -1,248 +1,315 @@
-"""Projected throughput at scale: each hook configuration priced on networks we do not have.
+"""Time to target at the scale you will run: every configuration projected to (world size, link)
+cells it never ran on, through the one step model (hooks/step_model.py), with its measured error.
 
-For every configuration of a sweep, the per-step accounting its trials logged (hook calls, raw
-and payload bytes per step: ``service.step_projection.projection``) goes through
-``hooks.cost``'s alpha-beta model at W = 8, 64, 512 ranks on 10 and 100 Gbit/s links:
+For each configuration, its *basis* is what its trials recorded at the largest world size it
+ran at (W_m): each ok trial's step timeline (``step_timeline.json``: service/step_timeline.py)
+and its time-to-target crossing step (``recommend.time_to_target``). At a cell (W, link):
 
-    projected step (s) = compute (s) + hooks.cost.projected_comm_seconds(hook, accounting, 1 step, W, link)
-    projected samples/s = per-rank batch * W / projected step      (weak scaling)
+    projected step ms   = median over the basis trials of TrialTimeline.price(global batch, W, link)
+    projected time (s)  = mean crossing step over the seeds x projected step ms / 1000
 
-* weak scaling: each rank keeps the batch it had in the measured trial (global batch / measured
-  world size), so the forward/backward time per step does not change with W;
-* compute = the ``allreduce`` baseline's measured ``compute_ms_per_step`` at the same measured
-  world size (mean over its seeds), else the configuration's own. Compute here is step time minus
-  hook time, so it is the same forward/backward for every hook; per-configuration measurements
-  on a shared machine differ by noise larger than the communication differences we price;
-* the model's assumptions (one flat ring, no overlap, compression kernels not priced) are those
-  of ``hooks.cost``, stated in docs/hooks.md.
+* The global batch is kept (``workload.global_batch_size``): a rank's forward and backward shrink
+  as the batch splits over more ranks, by the fixed + per-sample cost each trial measured at two
+  micro-batch sizes; a cell with more ranks than samples is refused with its reason.
+* Quality is measured at W_m and assumed at W: every projected figure says "quality from W=W_m".
+  The crossing step is a count of optimizer steps at that global batch; evals are left out as in
+  the measured time to target, and warm-up steps are priced as steady ones.
+* Beside every projected figure, the model's error measured on held-out emulated cells by
+  bench/projection.py (``service/projection_error.json``: :func:`error_bands`, the one place the
+  report takes it from).
 
-A configuration "pays off" at (W, link) when its projected throughput beats ``allreduce``'s.
-``service.report`` adds the table to summary.md / report.html and the plot
-``projected_throughput.png``. The configurations' parameters are their trial records' (typed, as
-the config had them: ``service.tracking.TrialRecord``), handed to ``hooks.cost`` as they are.
+Cells: ``report.project`` (default: W from 8 in powers of two up to the global batch x 10, 25,
+100 Gbit/s) and ``report.cluster`` (the one the headline answers for). The decision map
+(service/decision_map.py) prices a wider grid the same way.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import math
-from collections import defaultdict
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
+from typing import Callable, Iterable, Optional
 
-import hooks
-from service import hook_facts
-from service.text import format_bytes
+from hooks.step_model import CellRefused
+from service.report.recommend import BASELINE_HOOK
+from service.report.sequential import Verdict
+from service.step_timeline import TrialTimeline
 
-WORLD_SIZES = (8, 64, 512)
-LINKS_GBPS = (10, 100)
-BASELINE_HOOK = hooks.BASELINE
-IMAGE = "projected_throughput.png"
-ACCOUNTING_KEYS = ("hook_calls_per_step", "raw_bytes_per_step", "payload_bytes_per_step",
-                   "allreduce_calls_per_step", "compute_ms_per_step")
+ERROR_FILE = Path(__file__).with_name("projection_error.json")
+CSV = "projection.csv"
+DEFAULT_LINKS_GBPS = (10.0, 25.0, 100.0)
+FIRST_PROJECTED_W = 8
+CSV_COLUMNS = ("config", "hook", "measured_world_size", "world_size", "link_gbps", "projected_step_ms",
+               "projected_time_to_target_s", "crossing_step", "error_low_pct", "error_high_pct", "matches_quality",
+               "refused")
 
 
-@dataclass
-class Projection:
-    """One hook configuration, measured at ``measured_world_size``, priced at other scales."""
+# --------------------------------------------------------------------------------------------
+# The model's measured error
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """(projected - measured) / measured, %, over bench/projection.py's counted cells."""
+
+    low_pct: float
+    high_pct: float
+    source: str   # "measured for <hook>" | "widest measured: <hook> was not measured"
+
+    def text(self) -> str:
+        return f"{self.low_pct:+.0f} to {self.high_pct:+.0f} %"
+
+    def measured_range(self, projected: float) -> tuple[float, float]:
+        """The measured values a projection of ``projected`` stands for: (best, worst)."""
+        return projected / (1 + self.high_pct / 100), projected / (1 + self.low_pct / 100)
+
+
+@dataclass(frozen=True)
+class ErrorBands:
+    by_hook: dict[str, ErrorBand]
+    provenance: str   # what was measured, where and when (one line)
+
+    def for_hook(self, hook: str) -> Optional[ErrorBand]:
+        """The hook's band; for a hook the bench did not measure, the widest band any hook had."""
+        if hook in self.by_hook:
+            return self.by_hook[hook]
+        if not self.by_hook:
+            return None
+        return ErrorBand(min(b.low_pct for b in self.by_hook.values()),
+                         max(b.high_pct for b in self.by_hook.values()),
+                         f"widest measured: {hook} was not measured")
+
+
+@lru_cache(maxsize=4)
+def error_bands(path: Path = ERROR_FILE) -> ErrorBands:
+    """The per-hook error bands bench/projection.py wrote (format 1); none when it never ran."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return ErrorBands({}, "the step model's error is unmeasured (run bench/projection.py)")
+    if data.get("format") != 1:
+        raise ValueError(f"{path}: format {data.get('format')!r}, this reader reads 1")
+    bands = {hook: ErrorBand(float(b["low_pct"]), float(b["high_pct"]), f"measured for {hook}")
+             for hook, b in data["hooks"].items() if b.get("counted")}
+    provenance = (f"{data['source']}, {data['measured'][:10]}: {data['workload']}, basis {data['basis']}, "
+                  f"checked at {data['cells']}")
+    return ErrorBands(bands, provenance)
+
+
+# --------------------------------------------------------------------------------------------
+# What a configuration measured, and its projection
+
+
+@dataclass(frozen=True)
+class Basis:
+    """One configuration as measured at ``measured_world_size``: its trials' timelines and their
+    crossing steps (None: that seed never reached the target), and whether its quality matched."""
 
     config: str
     hook: str
-    hook_params: dict[str, str]
     measured_world_size: int
-    per_rank_batch: float
-    accounting: dict[str, float]          # the ACCOUNTING_KEYS, mean over the trials' seeds
-    compute_ms: float                     # the compute the projection uses (see module doc)
-    compute_source: str                   # "allreduce" | "own"
-    step_ms: dict[tuple[int, int], float] = field(default_factory=dict)        # (W, gbps) ->
-    samples_per_s: dict[tuple[int, int], float] = field(default_factory=dict)  # (W, gbps) ->
-    speedup: dict[tuple[int, int], float] = field(default_factory=dict)        # vs allreduce
+    global_batch: int
+    timelines: tuple[TrialTimeline, ...]
+    crossing_steps: tuple[Optional[float], ...]
+    matches_quality: bool
 
-    def stats(self) -> dict[str, float]:
-        """The accounting as the cumulative ``state.stats()`` delta of one step (hooks.cost's input)."""
-        a = self.accounting
-        return {"calls": a["hook_calls_per_step"], "raw_bytes": a["raw_bytes_per_step"],
-                "payload_bytes": a["payload_bytes_per_step"],
-                "allreduce_calls": a["allreduce_calls_per_step"]}
+    @property
+    def crossing_step(self) -> Optional[float]:
+        """The mean crossing step over seeds; None when some seed never reached the target."""
+        if not self.crossing_steps or any(s is None for s in self.crossing_steps):
+            return None
+        return statistics.fmean(self.crossing_steps)
 
 
-def projected_step_ms(hook: str, hook_params: dict, stats: dict, compute_ms: float,
-                      world_size: int, link_gbps: float) -> float:
-    """hooks.cost's projected step time (ms) of one step's accounting at ``world_size``."""
-    return 1000.0 * hooks.cost.projected_step_seconds(compute_ms / 1000.0, hook, stats, 1, world_size,
-                                                      link_gbps, **hook_params)
+@dataclass(frozen=True)
+class CellProjection:
+    """One configuration at one (W, link): its projected step and time to target, or why not."""
+
+    basis: Basis
+    world_size: int
+    link_gbps: float
+    step_ms: Optional[float]
+    time_to_target_s: Optional[float]
+    band: Optional[ErrorBand]
+    refused: str = ""
+
+    @property
+    def config(self) -> str:
+        return self.basis.config
+
+    def measured_range(self) -> Optional[tuple[float, float]]:
+        """The time to target this projection stands for, given the model's error band."""
+        if self.time_to_target_s is None or self.band is None:
+            return None
+        return self.band.measured_range(self.time_to_target_s)
+
+    def row(self) -> dict:
+        b = self.basis
+        return {"config": b.config, "hook": b.hook, "measured_world_size": b.measured_world_size,
+                "world_size": self.world_size, "link_gbps": self.link_gbps,
+                "projected_step_ms": _num(self.step_ms), "projected_time_to_target_s": _num(self.time_to_target_s),
+                "crossing_step": _num(b.crossing_step), "error_low_pct": _num(self.band and self.band.low_pct),
+                "error_high_pct": _num(self.band and self.band.high_pct), "matches_quality": b.matches_quality,
+                "refused": self.refused}
 
 
-def trial_compute_ms(hook: str, hook_params: dict, metrics: dict[str, float], world_size: int) -> float:
-    """A trial's compute per step, besides communicating.
-
-    A trial on an emulated link (it logged ``link_measured_gbps``): its median step less the
-    model's wire time for its accounting at the measured link and latency. Its own
-    ``compute_ms_per_step`` (step - hook time summed over buckets) is ~0 there: DDP's buckets'
-    hooks wait on the slow link at the same time, so their summed time is 1.3-1.9x the step's
-    communication window (bench/network.py's runs, docs/hooks.md). The wire model is within
-    -3..-15 % of the measured window there for ring hooks; the compression kernels, which sit in
-    the window, stay in the compute. Elsewhere (loopback, a real cluster): compute_ms_per_step.
-    """
-    gbps = metrics.get("link_measured_gbps", math.nan)
-    if not (math.isfinite(gbps) and gbps > 0 and math.isfinite(metrics.get("step_time_ms_median", math.nan))):
-        return metrics["compute_ms_per_step"]
-    stats = {"calls": metrics["hook_calls_per_step"], "raw_bytes": metrics["raw_bytes_per_step"],
-             "payload_bytes": metrics["payload_bytes_per_step"],
-             "allreduce_calls": metrics["allreduce_calls_per_step"]}
-    latency_s = metrics.get("link_measured_latency_ms", math.nan) / 1000.0
-    kwargs = dict(hook_params)
-    if math.isfinite(latency_s):
-        kwargs["latency_s"] = latency_s
-    wire_ms = 1000.0 * hooks.cost.projected_comm_seconds(hook, stats, 1, world_size, gbps, **kwargs)
-    return max(metrics["step_time_ms_median"] - wire_ms, 0.0)
+def _num(x: Optional[float]) -> str:
+    return "" if x is None or not math.isfinite(x) else f"{x:.6g}"
 
 
-def project(sweep) -> list[Projection]:
-    """Projections for every configuration of ``sweep`` (a ``service.report.Sweep``) whose trials
-    ended ok and logged the accounting (their records' metrics and params)."""
-    groups: dict[tuple[str, int], list] = defaultdict(list)
-    for t in sweep.trials:
-        if t.state != "ok":
-            continue
-        metrics = t.record.metrics
-        if not all(math.isfinite(metrics.get(k, math.nan)) for k in ACCOUNTING_KEYS):
-            continue  # a run from before the projection existed, or with nothing measured
-        groups[(t.config, t.world_size)].append((t, metrics, t.record.params))
+def project_cell(basis: Basis, world_size: int, link_gbps: float,
+                 bands: Optional[ErrorBands] = None) -> CellProjection:
+    """``basis`` priced at (``world_size``, ``link_gbps``) (the module doc's formulas)."""
+    band = (bands or error_bands()).for_hook(basis.hook)
+    try:
+        steps = [t.price(basis.global_batch, world_size, link_gbps).step_ms for t in basis.timelines]
+    except CellRefused as e:
+        return CellProjection(basis, world_size, link_gbps, None, None, band, str(e))
+    step = statistics.median(steps)
+    crossing = basis.crossing_step
+    seconds = None if crossing is None else crossing * step / 1000.0
+    return CellProjection(basis, world_size, link_gbps, step, seconds, band)
 
-    # per configuration: the trials at its largest measured world size
-    chosen: dict[str, tuple[int, list]] = {}
-    for (config, world_size), members in groups.items():
-        if config not in chosen or world_size > chosen[config][0]:
-            chosen[config] = (world_size, members)
 
-    baseline_compute: dict[int, float] = {}
-    for (config, world_size), members in groups.items():
-        if members[0][0].hook == BASELINE_HOOK and not members[0][0].hook_params:
-            baseline_compute[world_size] = _mean([trial_compute_ms(t.hook, t.hook_params, m, world_size)
-                                                  for t, m, _ in members])
+def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float],
+            bands: Optional[ErrorBands] = None) -> list[CellProjection]:
+    """Every basis at every (W, link), W-major."""
+    cells = [(w, g) for w in world_sizes for g in links_gbps]
+    return [project_cell(b, w, g, bands) for b in bases for w, g in cells]
 
+
+def default_world_sizes(global_batch: int) -> list[int]:
+    """W = 8, 16, ... up to the global batch (a rank needs a sample)."""
+    sizes, w = [], FIRST_PROJECTED_W
+    while w <= global_batch:
+        sizes.append(w)
+        w *= 2
+    return sizes or [FIRST_PROJECTED_W]
+
+
+def cells(project_cfg, global_batch: int) -> tuple[list[int], list[float]]:
+    """``report.project``'s world sizes and links, each defaulted where left out."""
+    sizes = project_cfg.world_size if project_cfg.world_size else default_world_sizes(global_batch)
+    links = project_cfg.link_gbps if project_cfg.link_gbps else list(DEFAULT_LINKS_GBPS)
+    return sorted(sizes), sorted(links)
+
+
+def write_csv(projections: list[CellProjection], path: Path) -> Path:
+    """projection.csv: one row per (configuration, W, link), :data:`CSV_COLUMNS`."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        writer.writeheader()
+        writer.writerows(p.row() for p in projections)
+    return Path(path)
+
+
+# --------------------------------------------------------------------------------------------
+# From a sweep's trials
+
+
+def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialTimeline]]) -> list[Basis]:
+    """One basis per configuration whose ok trials at its largest world size recorded a step
+    timeline (``timeline_of(run_id)``: ``SweepReader.step_timeline``). ``trials``: the report's
+    (data.Trial); ``recs``: its recommendations, whose verdicts at W_m say if the quality matched."""
+    by_config: dict[str, dict[int, dict[int, object]]] = {}
+    for t in trials:
+        if t.state == "ok":  # one trial per seed: a split sweep's joined trials share their quality run
+            by_config.setdefault(t.config, {}).setdefault(t.world_size, {}).setdefault(t.seed, t)
     out = []
-    for config, (world_size, members) in chosen.items():
-        trial = members[0][0]
-        accounting = {k: _mean([m[k] for _, m, _ in members]) for k in ACCOUNTING_KEYS}
-        accounting["compute_ms_per_step"] = _mean([trial_compute_ms(t.hook, t.hook_params, m, world_size)
-                                                   for t, m, _ in members])
-        global_batch = float(members[0][2].get("global_batch_size", "nan"))
-        if world_size in baseline_compute:
-            compute, source = baseline_compute[world_size], BASELINE_HOOK
+    for config, by_w in by_config.items():
+        for world_size in sorted(by_w, reverse=True):
+            seeds = by_w[world_size]
+            timelines = {s: timeline_of(t.run_id) for s, t in seeds.items()}
+            if all(tl is not None for tl in timelines.values()):
+                break
         else:
-            compute, source = accounting["compute_ms_per_step"], "own"
-        p = Projection(config=config, hook=trial.hook, hook_params=dict(trial.hook_params),
-                       measured_world_size=world_size, per_rank_batch=global_batch / world_size,
-                       accounting=accounting, compute_ms=compute, compute_source=source)
-        for w in WORLD_SIZES:
-            for gbps in LINKS_GBPS:
-                ms = projected_step_ms(p.hook, p.hook_params, p.stats(), compute, w, gbps)
-                p.step_ms[(w, gbps)] = ms
-                p.samples_per_s[(w, gbps)] = p.per_rank_batch * w / (ms / 1000.0) if ms > 0 else math.nan
-        out.append(p)
-
-    base = next((p for p in out if p.hook == BASELINE_HOOK and not p.hook_params), None)
-    for p in out:
-        for key, value in p.samples_per_s.items():
-            p.speedup[key] = value / base.samples_per_s[key] if base is not None else math.nan
-    out.sort(key=lambda p: (p.hook != BASELINE_HOOK, p.config))
+            continue  # no world size where every ok trial recorded its step
+        first = next(iter(seeds.values()))
+        crossing = tuple(None if t.time_to_target is None else t.time_to_target.step for t in seeds.values())
+        out.append(Basis(config, first.hook, world_size, int(first.record.params["global_batch_size"]),
+                         tuple(timelines.values()), crossing, _matches(recs, config, world_size)))
+    out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
     return out
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+def _matches(recs: list, config: str, world_size: int) -> bool:
+    verdicts = [c.verdict for r in recs if r.world_size == world_size for c in r.candidates if c.config == config]
+    return bool(verdicts) and all(v in (Verdict.MATCHES, Verdict.BASELINE) for v in verdicts)
 
 
-def pays_off(p: Projection) -> str:
-    """Where the configuration beats allreduce, per link: 'W=8,64 at 10 Gbit/s; never at 100'."""
-    if p.hook == BASELINE_HOOK and not p.hook_params:
-        return "baseline"
-    if not any(math.isfinite(s) for s in p.speedup.values()):
-        return "no allreduce baseline to compare with"
-    parts = []
-    for gbps in LINKS_GBPS:
-        wins = [w for w in WORLD_SIZES if p.speedup[(w, gbps)] > 1.0]
-        where = "never" if not wins else ("always" if len(wins) == len(WORLD_SIZES)
-                                          else "W=" + ",".join(map(str, wins)))
-        parts.append(f"{where} at {gbps} Gbit/s")
-    return "; ".join(parts)
+# --------------------------------------------------------------------------------------------
+# What the report says
 
 
-def table(projections: list[Projection]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: samples/s (and speedup vs allreduce) per (W, link)."""
-    header = ["configuration", "measured at W", "compute ms/step", "bytes/step"]
-    header += [f"W={w} @{g} Gbit/s" for g in LINKS_GBPS for w in WORLD_SIZES]
-    header.append("beats allreduce")
-    rows = []
+def cell_text(p: CellProjection) -> str:
+    """'41.2 s (137 ms/step)'; 'refused' (the reason: :func:`refusals`) or 'target not reached'."""
+    if p.refused:
+        return "refused"
+    step = f"{_figure(p.step_ms)} ms/step"
+    if p.time_to_target_s is None:
+        return f"target not reached ({step})"
+    return f"{_figure(p.time_to_target_s)} s ({step})"
+
+
+def _figure(x: float) -> str:
+    """Three significant figures, thousands separated: 12,345 / 137 / 41.2 / 0.0123."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def refusals(projections: list[CellProjection]) -> list[str]:
+    """Why cells were refused, each reason once."""
+    return list(dict.fromkeys(p.refused for p in projections if p.refused))
+
+
+def table(projections: list[CellProjection]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: per configuration, its projected time to target at every cell."""
+    keys = list(dict.fromkeys((p.world_size, p.link_gbps) for p in projections))
+    header = ["configuration", "quality from", "error band"] + [f"W={w} @{g:g} Gbit/s" for w, g in keys]
+    rows, by_config = [], {}
     for p in projections:
-        cells = [p.config, str(p.measured_world_size),
-                 f"{p.compute_ms:.1f}" + (" (allreduce's)" if p.compute_source == BASELINE_HOOK
-                                          and p.hook != BASELINE_HOOK else ""),
-                 format_bytes(p.accounting["payload_bytes_per_step"])]
-        for g in LINKS_GBPS:
-            for w in WORLD_SIZES:
-                sps, sp = p.samples_per_s[(w, g)], p.speedup[(w, g)]
-                cells.append(f"{sps:,.0f}" + (f" ({sp:.2f}x)" if math.isfinite(sp) else ""))
-        cells.append(pays_off(p))
-        rows.append(cells)
+        by_config.setdefault(p.config, {})[(p.world_size, p.link_gbps)] = p
+    for config, at in by_config.items():
+        first = next(iter(at.values()))
+        quality = f"W={first.basis.measured_world_size}" + ("" if first.basis.matches_quality else " (not matching)")
+        band = first.band.text() if first.band is not None else "unmeasured"
+        rows.append([config, quality, band] + [cell_text(at[k]) if k in at else "" for k in keys])
     return header, rows
 
 
-# The cost model's measured error against real shaped links: the one place the report states it.
-MEASURED_ERROR = ("Measured error against real shaped 1 Gbit/s links (bench/network.py, docs/hooks.md, W=2 and 4): "
-                  "this projection -6 to -5 % for allreduce's step, -78 to -4 % for compressing hooks (their kernels "
-                  "sit on the communication path): read compressing hooks' figures as upper bounds; a measured step "
-                  "re-priced with the kernels kept (hooks.cost.projected_step_from_measured) is within -9 to +13 %.")
-NOTE = ("Projected samples/s (× = against allreduce) from hooks.cost's alpha-beta model: one flat "
-        "ring, latency 5 µs per message, no overlap of communication with compute, compression "
-        "kernels not priced (optimistic for compressing hooks); weak scaling (each rank keeps its "
-        "measured batch); compute = step time − hook time as measured here (allreduce's for every "
-        "configuration when the sweep has it). Payload bytes/step: handed to collectives per rank. "
-        + MEASURED_ERROR)
+def note(bands: Optional[ErrorBands] = None) -> str:
+    """The projection's assumptions and where its error band comes from (summary.md, report.html)."""
+    bands = bands or error_bands()
+    return ("Projected time to target = the configuration's crossing step (mean over its seeds, measured at the "
+            "world size in 'quality from': quality is assumed the same at other world sizes) x the step the "
+            "step model (hooks/step_model.py) prices from the trials' own recorded step timelines at that world "
+            "size and link, keeping the sweep's global batch (each rank's compute at its share of it; evals left "
+            "out, as in the measured time to target; latency 5 µs per message). Error band: (projected - measured) "
+            f"/ measured over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets the "
+            "widest band measured. docs/results.md says how to read it.")
 
 
-def markdown(projections: list[Projection]) -> str:
-    if not projections:
-        return ("\n## Projected throughput at scale\n\nNo trial logged the per-step accounting "
-                "(compute_ms_per_step, ...) that the projection needs.\n")
-    header, rows = table(projections)
-    lines = ["", "## Projected throughput at scale", "",
-             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-    lines += ["", NOTE, ""]
-    return "\n".join(lines)
+def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None) -> str:
+    """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
+    from service.decision_map import winner
 
-
-def plot(projections: list[Projection], path: Path, title: str = "") -> Path:
-    """projected_throughput.png: samples/s against W (log-log), one panel per link."""
-    from service import plots
-
-    plt = plots.plt
-    fig, axes = plt.subplots(1, len(LINKS_GBPS), figsize=(6 * len(LINKS_GBPS) + 2, 4.8), squeeze=False)
-    chunk_style = plots.ChunkStyles(_chunk(p) for p in projections)
-    for ax, gbps in zip(axes[0], LINKS_GBPS):
-        if not projections:
-            plots._empty(ax, "no trial logged the accounting the projection needs")
-            continue
-        for p in projections:
-            ax.plot(WORLD_SIZES, [p.samples_per_s[(w, gbps)] for w in WORLD_SIZES], marker=plots.hook_marker(p.hook),
-                    color=plots.hook_colour(p.hook), linestyle=chunk_style(_chunk(p)), lw=1.6,
-                    label=p.config)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(WORLD_SIZES, [str(w) for w in WORLD_SIZES])
-        ax.set_xlabel("world size (workers)")
-        ax.set_ylabel("projected samples / s")
-        ax.set_title(f"{gbps} Gbit/s links")
-        ax.grid(alpha=0.3, which="both")
-    if projections:
-        axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    fig.suptitle(f"{title}: projected throughput (alpha-beta model)" if title
-                 else "projected throughput (alpha-beta model)")
-    fig.tight_layout()
-    return plots._save(fig, Path(path))
-
-
-def _chunk(p: Projection):
-    return hook_facts.chunk_size(p.hook, p.hook_params)
+    if cluster is None or not bases_:
+        return ""
+    at = [project_cell(b, cluster.world_size, cluster.link_gbps, bands) for b in bases_]
+    where = f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s (report.cluster)"
+    refused = next((p.refused for p in at if p.refused), "")
+    if refused:
+        return f"{where}: not priced: {refused}."
+    cell = winner(at)
+    if cell.winner is None:
+        return f"{where}: no configuration that matched the baseline's quality reached the target."
+    w = cell.winner
+    text = f"{where}: {w.config}, {cell_text(w)} to the target, error band {w.band.text() if w.band else 'unmeasured'}"
+    if cell.runner_up is not None:
+        r = cell.runner_up
+        text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
+        text += " (too close to call: inside the error band)" if cell.too_close else ""
+    return text + f"; quality from W={w.basis.measured_world_size}."

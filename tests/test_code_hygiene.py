@@ -71,16 +71,6 @@ def test_the_parent_run_tag_is_spelled_once():
     assert not others, others
 
 
-def test_the_projected_links_are_defined_once():
-    """The summary's projected_step_ms_{G}gbps and the report's projection price the same links."""
-    from service import projection, step_projection
-
-    definitions = [f"{p.relative_to(ROOT)}:{n.lineno}" for p, tree in _modules() for n in tree.body
-                   if isinstance(n, ast.Assign) and any("LINKS" in getattr(t, "id", "") for t in n.targets)]
-    assert definitions == ["service/projection.py:" + definitions[0].split(":")[1]], definitions
-    assert step_projection.LINKS_GBPS is projection.LINKS_GBPS
-
-
 # Packages held to the size and layering rules (issue 25): no module over 450 lines, no function
 # over 60, no import cycle between their modules (function-local imports included).
 STRUCTURED = ("hooks", "service")

@@ -3,7 +3,6 @@ processes, the real hooks, a temporary SQLite MLflow store read back with Mlflow
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -100,31 +99,13 @@ def test_allreduce_is_exact_and_pertensor_quantization_is_not(runs):
     assert "grad_rel_error_mean" not in summaries["pertensor_off"]
 
 
-def test_projected_step_times_follow_the_cost_model(runs):
-    """projected_step_ms_{10,100}gbps = compute + hooks.cost's communication of the buckets the
-    run measured; checked against the model's formulas with sizes counted from the model itself."""
+def test_the_summary_counts_buckets_and_bytes_per_measured_step(runs):
+    """raw_bytes_per_step: every gradient once per measured step; hook_calls_per_step: DDP's buckets."""
     store, run_ids, summaries = runs
     n_grad = sum(p.numel() for p in tiny_digits(0).model.parameters())
-    for name, hook in (("allreduce", "allreduce"), ("pertensor_off", "quantization_pertensor")):
+    for name in ("allreduce", "pertensor_off"):
         s = summaries[name]
-        assert s["raw_bytes_per_step"] == 4 * n_grad  # every gradient once per step
-        calls = s["hook_calls_per_step"]
-        assert calls >= 1
-        n = n_grad / calls  # mean bucket, as hooks.cost.projected_comm_seconds takes it
-        for gbps in (10, 100):
-            comm_s = calls * hooks.cost.hook_seconds(hook, int(n), 2, gbps)
-            assert s[f"projected_step_ms_{gbps}gbps"] == pytest.approx(
-                s["compute_ms_per_step"] + 1000 * comm_s, rel=1e-9)
-        if hook == "allreduce":  # the ring formula by hand: 2(W-1)(alpha + 4n/(W beta))
-            beta = 10e9 / 8
-            by_hand = calls * 2 * (2 - 1) * (hooks.cost.DEFAULT_LATENCY_S + 4 * int(n) / 2 / beta)
-            assert s["projected_step_ms_10gbps"] - s["compute_ms_per_step"] == pytest.approx(
-                1000 * by_hand, rel=1e-9)
-        assert s["projected_step_ms_100gbps"] < s["projected_step_ms_10gbps"]
-        # compute = measured step time minus the hook's time: positive, below the step time
-        step_ms = _history(store, run_ids[name], "step_time_ms")
-        measured = [v for k, v in step_ms.items() if k > WARMUP]
-        assert 0 < s["compute_ms_per_step"] <= sum(measured) / len(measured) + 1e-9
-        logged = _history(store, run_ids[name], f"projected_step_ms_10gbps")
-        assert list(logged.values()) == [pytest.approx(s["projected_step_ms_10gbps"])]
-        assert math.isfinite(s["projected_step_ms_100gbps"])
+        assert s["raw_bytes_per_step"] == 4 * n_grad
+        assert s["hook_calls_per_step"] >= 1
+        assert s["payload_bytes_per_step"] <= s["raw_bytes_per_step"]
+        assert "projected_step_ms_10gbps" not in s and "compute_ms_per_step" not in s  # the old alpha-beta path is gone

@@ -355,18 +355,7 @@ def test_hook_collectives_match_the_documented_wire_formulas():
     assert hooks.cost.hook_wire_bytes("quantization_pertensor", big, 8) > hooks.cost.hook_wire_bytes("allreduce", big, 8)
 
 
-def test_projection_from_measured_stats():
-    # two steps of one 1000-float bucket each under allreduce, projected to W = 8 at 100 Gbit/s
-    stats = {"calls": 2, "raw_bytes": 8000, "payload_bytes": 8000, "allreduce_calls": 2}
-    per_call = hooks.cost.collective_seconds("allreduce", 4000, 8, 100.0)
-    assert hooks.cost.projected_comm_seconds("allreduce", stats, steps=2, world_size=8, link_gbps=100.0) == pytest.approx(per_call)
-    assert hooks.cost.projected_step_seconds(0.5, "allreduce", stats, 2, 8, 100.0) == pytest.approx(0.5 + per_call)
-    # PowerSGD: the measured payload/raw ratio prices the compressed allreduces, plus their latency
-    ps = {"calls": 2, "raw_bytes": 8000, "payload_bytes": 2000, "allreduce_calls": 6}
-    got = hooks.cost.projected_comm_seconds("powersgd", ps, steps=2, world_size=8, link_gbps=100.0, latency_s=1e-5)
-    expect = hooks.cost.collective_seconds("allreduce", 1000, 8, 100.0, 1e-5) + 2 * 2 * 7 * 1e-5
-    assert got == pytest.approx(expect)
-    assert hooks.cost.projected_comm_seconds("allreduce", {"calls": 0}, 1, 8, 10.0) == 0
+def test_an_unknown_hook_has_no_collectives():
     with pytest.raises(ValueError):
         hooks.cost.hook_collectives("nope", 10, 2)
 

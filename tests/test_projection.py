@@ -1,52 +1,191 @@
-"""service.projection: the report's projected-throughput table and plot, from a real store.
+"""Time to target at the scale you will run (service/projection.py, service/decision_map.py).
 
-Real trials (run_training on an in-process gloo group of one rank, the real hooks and their
-accounting) log into a temporary SQLite MLflow store under one parent run; the projection is
-rebuilt from MLflow alone and checked against hooks.cost for the logged accounting."""
+Unit tests on hand-built step timelines (every expected figure worked out beside its assertion):
+time to target from a crossing step, a refused cell, projection.csv's columns, the error band
+and the decision map's "too close to call". Then the report from a real store: real trials
+(run_training on an in-process gloo group of one rank, each recording its step timeline) under a
+parent run whose config names report.project and report.cluster; the report is rebuilt from
+MLflow alone."""
 
 from __future__ import annotations
 
+import csv
 import datetime
+import json
 import math
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import hooks
-from service import projection, report
-from service.config import SweepConfig
+from hooks.step_model import BucketTiming, LinearCost, StepTimeline
+from service import decision_map, projection, report
+from service.config import ConfigError, load_config
+from service.config.loading import report_section
+from service.projection import Basis, ErrorBand, ErrorBands
+from service.step_timeline import ComputePoint, TrialTimeline
 from tests.dist_utils import free_port
 
-pytestmark = pytest.mark.timeout(1500)  # three short trainings: minutes on a loaded machine
-
-HOOKS = ["allreduce", "fp16_compress", {"name": "quantized_allreduce", "chunk_size": 256}]
+N = 250_000  # fp32 values: 1e6 bytes; allreduce at W on G Gbit/s: 2(W-1)/W * 1e6 * 8 / (G * 1e9) s
 
 
-def make_cfg() -> SweepConfig:
-    return SweepConfig.model_validate({
-        "name": "projection-test",
-        "workload": {"name": "tests.tiny_workload:tiny_digits", "steps": 5,
-                     "global_batch_size": 32, "lr": 0.05, "eval_every": 100, "warmup_steps": 2},
-        "search": {"hooks": HOOKS, "world_size": [1], "seed": [0]},
-        "tracking": {"flush_seconds": 0.5},
-    })
+def trial_timeline(compute_ms=40.0, batch=32, hook="allreduce", points=True) -> TrialTimeline:
+    """One bucket ready when the backward pass ends, no encode/decode; measured at W=1 (no
+    transport), so a cell's step = forward + backward + wire + optimizer. Compute scales per
+    sample with no fixed part (points at batch and batch/2 take exactly half the time)."""
+    t = StepTimeline(hook=hook, world_size=1, batch=batch, forward_ms=compute_ms / 4,
+                     buckets=(BucketTiming(ready_ms=compute_ms / 2, numel=N, encode_ms=0.0, comm_ms=0.0,
+                                           decode=LinearCost(0.0)),),
+                     backward_end_ms=compute_ms / 2, optimizer_ms=compute_ms / 4)
+    pts = (ComputePoint(batch, compute_ms / 4, compute_ms / 2), ComputePoint(batch // 2, compute_ms / 8, compute_ms / 4))
+    return TrialTimeline(t, (5,), pts if points else ())
+
+
+def basis(config="allreduce", crossings=(100.0, 200.0), matches=True, hook=None, **kw) -> Basis:
+    tl = trial_timeline(hook=hook or config, **kw)
+    return Basis(config, hook or config, 1, 64, (tl,) * len(crossings), crossings, matches)
+
+
+NO_BANDS = ErrorBands({}, "unmeasured")
+
+
+def test_time_to_target_is_the_crossing_step_times_the_projected_step():
+    # global batch 64 at W=8: 8 samples per rank, a quarter of the measured 32, so compute
+    # 40 ms -> 10 ms (forward 2.5, backward 5, optimizer 10: the optimizer is not batch-scaled).
+    # Wire at W=8, 10 Gbit/s, 5 µs latency: 2*7*(5e-6 + 1e6/8/1.25e9) = 1.47 ms, after the backward pass.
+    p = projection.project_cell(basis(), 8, 10.0, NO_BANDS)
+    step = 2.5 + 5.0 + 10.0 + 1000 * 2 * 7 * (5e-6 + 1e6 / 8 / 1.25e9)
+    assert p.step_ms == pytest.approx(step)
+    assert p.time_to_target_s == pytest.approx(150.0 * step / 1000)  # mean crossing step of the two seeds
+    assert projection.cell_text(p) == f"{150 * step / 1000:.3g} s ({step:.3g} ms/step)"
+
+
+def test_a_seed_that_never_reached_the_target_leaves_no_time():
+    p = projection.project_cell(basis(crossings=(100.0, None)), 8, 10.0, NO_BANDS)
+    assert p.step_ms > 0 and p.time_to_target_s is None
+    assert projection.cell_text(p).startswith("target not reached (")
+
+
+def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason(tmp_path):
+    p = projection.project_cell(basis(), 128, 10.0, NO_BANDS)
+    assert p.step_ms is None and "more ranks than the global batch has samples (64)" in p.refused
+    # without two compute points the rank's batch cannot change
+    q = projection.project_cell(basis(points=False), 8, 10.0, NO_BANDS)
+    assert "measured no compute at a second batch size" in q.refused
+    rows = list(csv.DictReader(open(projection.write_csv([p], tmp_path / "p.csv"))))
+    assert rows[0]["projected_step_ms"] == "" and "more ranks" in rows[0]["refused"]
+
+
+def test_projection_csv_has_one_row_per_configuration_and_cell(tmp_path):
+    bands = ErrorBands({"allreduce": ErrorBand(-8.0, 5.0, "measured for allreduce")}, "x")
+    cells = projection.project([basis(), basis("fp16_compress")], [8, 16], [10.0, 100.0], bands)
+    path = projection.write_csv(cells, tmp_path / projection.CSV)
+    rows = list(csv.DictReader(open(path)))
+    assert tuple(rows[0]) == projection.CSV_COLUMNS
+    for column in ("config", "hook", "measured_world_size", "world_size", "link_gbps", "projected_step_ms",
+                   "projected_time_to_target_s", "error_low_pct", "error_high_pct"):
+        assert column in rows[0]
+    assert len(rows) == 2 * 2 * 2
+    assert {(r["config"], r["world_size"], r["link_gbps"]) for r in rows} == {
+        (c, w, g) for c in ("allreduce", "fp16_compress") for w in ("8", "16") for g in ("10.0", "100.0")}
+    ar = next(r for r in rows if r["config"] == "allreduce")
+    assert (ar["error_low_pct"], ar["error_high_pct"]) == ("-8", "5")
+    fp16 = next(r for r in rows if r["config"] == "fp16_compress")  # unmeasured: the widest band measured
+    assert (fp16["error_low_pct"], fp16["error_high_pct"]) == ("-8", "5")
+    assert float(ar["projected_time_to_target_s"]) == pytest.approx(150 * float(ar["projected_step_ms"]) / 1000)
+
+
+def test_error_bands_are_read_from_the_benchs_file(tmp_path):
+    path = tmp_path / "e.json"
+    path.write_text(json.dumps({
+        "format": 1, "source": "bench/projection.py", "measured": "2026-12-02T08:00:00", "workload": "char_lm",
+        "basis": "loopback, W=2", "cells": "W=2,3,4", "load_average": [1.0, 1.2],
+        "hooks": {"allreduce": {"low_pct": -3.0, "high_pct": 4.0, "median_abs_pct": 2.0, "counted": 9, "excluded": 0},
+                  "powersgd": {"low_pct": -20.0, "high_pct": 1.0, "median_abs_pct": 9.0, "counted": 6, "excluded": 3},
+                  "topk": {"low_pct": 0.0, "high_pct": 0.0, "median_abs_pct": 0.0, "counted": 0, "excluded": 9}},
+        "overall": {"low_pct": -20.0, "high_pct": 4.0, "median_abs_pct": 3.0}}))
+    bands = projection.error_bands(path)
+    assert bands.for_hook("allreduce") == ErrorBand(-3.0, 4.0, "measured for allreduce")
+    widest = bands.for_hook("topk")  # nothing counted: not a measured band
+    assert (widest.low_pct, widest.high_pct) == (-20.0, 4.0) and "topk was not measured" in widest.source
+    assert "bench/projection.py, 2026-12-02" in bands.provenance
+    missing = projection.error_bands(tmp_path / "none.json")
+    assert missing.for_hook("allreduce") is None and "unmeasured" in missing.provenance
+
+
+def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_hatched():
+    bands = ErrorBands({"allreduce": ErrorBand(-10.0, 10.0, ""), "fp16_compress": ErrorBand(-10.0, 10.0, ""),
+                        "topk": ErrorBand(-10.0, 10.0, "")}, "x")
+    slow = basis("allreduce", crossings=(100.0,))
+    fast_but_worse = basis("topk", crossings=(10.0,), matches=False)
+    close = basis("fp16_compress", crossings=(95.0,))   # 5 % fewer steps at the same step time
+    cell = decision_map.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], bands))
+    assert cell.winner.config == "fp16_compress" and cell.runner_up.config == "allreduce"
+    # winner's worst measured = p*0.95/0.9, runner-up's best = p/1.1: 1.056 p >= 0.909 p
+    assert cell.too_close
+    far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
+    assert not decision_map.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
+    # no band measured: the margin is taken as it is
+    assert not decision_map.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
+
+
+def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
+    assert projection.default_world_sizes(64) == [8, 16, 32, 64]
+    assert projection.default_world_sizes(4) == [8]  # refused cell by cell, with the reason
+    assert decision_map.map_world_sizes(64) == [2, 4, 8, 16, 32, 64]
+    cfg = report_section("report:\n  project: {link_gbps: 40}\n")
+    assert projection.cells(cfg.project, 32) == ([8, 16, 32], [40.0])
+
+
+def test_report_project_and_cluster_are_checked_in_the_config(tmp_path):
+    cfg = report_section("report:\n  cluster: {world_size: 64, link_gbps: 10}\n  project:\n    world_size: [8, 512]\n")
+    assert (cfg.cluster.world_size, cfg.cluster.link_gbps) == (64, 10.0)
+    assert cfg.project.world_size == [8, 512] and cfg.project.link_gbps is None
+    for bad, says in (("cluster: {world_size: 0, link_gbps: 10}", "world_size"),
+                      ("cluster: {world_size: 8}", "link_gbps"),
+                      ("project: {link_gbps: [10, 10]}", "twice"),
+                      ("project: {link_gbps: [1000]}", "at most 400"),
+                      ("project: {world_sizes: [8]}", "world_sizes")):
+        with pytest.raises(ConfigError, match=says) as e:
+            report_section(f"report:\n  {bad}\n")
+        assert "\n" not in str(e.value)
+    preset, _ = load_config("quant")
+    assert preset.report.cluster is not None  # make sweep's report answers for a cluster too
+
+
+# --------------------------------------------------------------------------------------------
+# From a real store
+
+CONFIG = """
+name: projection-test
+workload: {name: "tests.tiny_workload:tiny_digits", steps: 16, global_batch_size: 32, lr: 0.05,
+           eval_every: 4, warmup_steps: 2}
+search:
+  hooks: [allreduce, fp16_compress, {name: quantized_allreduce, chunk_size: 256}]
+  world_size: [1]
+  seed: [0]
+tracking: {flush_seconds: 0.5, timeline_steps: 3}
+report:
+  target_tolerance: 0.05
+  project: {world_size: [8, 64], link_gbps: [10, 100]}
+  cluster: {world_size: 16, link_gbps: 25}
+"""
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from mlflow.tracking import MlflowClient
-
     from service import tracking
     from service.train import run_training
 
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    tmp = tmp_path_factory.mktemp("mlflow")
+    uri, path = f"sqlite:///{tmp}/mlflow.db", tmp / "projection.yaml"
+    path.write_text(CONFIG)
+    cfg, _ = load_config(str(path))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=60))
     try:
-        cfg = make_cfg()
-        parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
+        parent = tracking.start_parent_run(cfg, str(path), tracking_uri=uri)
         for trial in cfg.trials():
             run_id = tracking.start_child_run(parent, trial, cfg, uri)
             with tracking.MetricLogger(run_id, uri, 0.5) as logger:
@@ -55,144 +194,62 @@ def store(tmp_path_factory):
         tracking.end_run(parent, "FINISHED", tracking_uri=uri)
     finally:
         dist.destroy_process_group()
-    return {"uri": uri, "parent": parent, "client": MlflowClient(uri)}
+    return {"uri": uri, "parent": parent}
 
 
 @pytest.fixture(scope="module")
-def projections(store):
-    sweep = report.load_sweep(report.open_store(store["uri"]), store["parent"])
-    return sweep, projection.project(sweep)
+def built(store, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    page = report.build_report(store["parent"], store["uri"], out).read_text()
+    return out, page
 
 
-def test_table_equals_cost_model_for_logged_accounting(store, projections):
-    sweep, projs = projections
-    assert [p.config for p in projs] == ["allreduce", "fp16_compress", "quantized_allreduce-c256"]
-    client = store["client"]
-    logged = {t.config: client.get_run(t.run_id).data.metrics for t in sweep.trials}
-    compute = logged["allreduce"]["compute_ms_per_step"]  # the baseline's, for every configuration
-    header, rows = projection.table(projs)
-    for p, row in zip(projs, rows):
-        m = logged[p.config]
-        assert m["hook_calls_per_step"] >= 1 and m["raw_bytes_per_step"] > 0
-        stats = {"calls": m["hook_calls_per_step"], "raw_bytes": m["raw_bytes_per_step"],
-                 "payload_bytes": m["payload_bytes_per_step"],
-                 "allreduce_calls": m["allreduce_calls_per_step"]}
-        params = {"chunk_size": 256} if p.hook == "quantized_allreduce" else {}
-        for w in projection.WORLD_SIZES:
-            for gbps in projection.LINKS_GBPS:
-                step_s = hooks.cost.projected_step_seconds(compute / 1000, p.hook, stats, 1, w, gbps, **params)
-                assert p.step_ms[(w, gbps)] == pytest.approx(1000 * step_s, rel=1e-12)
-                # weak scaling: the measured per-rank batch (32 at W=1) on each of w ranks
-                assert p.samples_per_s[(w, gbps)] == pytest.approx(32 * w / step_s, rel=1e-12)
-                cell = row[header.index(f"W={w} @{gbps} Gbit/s")]
-                assert cell.startswith(f"{32 * w / step_s:,.0f}")
-        # the trial's own logged projection at its world size (1: no communication) agrees
-        assert m["projected_step_ms_10gbps"] == pytest.approx(m["compute_ms_per_step"])
+def test_the_report_projects_every_configuration_from_its_recorded_timeline(store, built):
+    from service.report.data import load_sweep, open_store, recommendations
+
+    out, _ = built
+    rows = list(csv.DictReader(open(out / projection.CSV)))
+    assert {r["config"] for r in rows} == {"allreduce", "fp16_compress", "quantized_allreduce-c256"}
+    assert {(int(r["world_size"]), float(r["link_gbps"])) for r in rows} == {(8, 10.0), (8, 100.0), (64, 10.0), (64, 100.0)}
+    for r in rows:
+        assert r["measured_world_size"] == "1"
+        if r["world_size"] == "64":  # 32 samples over 64 ranks
+            assert "more ranks than the global batch" in r["refused"] and r["projected_step_ms"] == ""
+        else:
+            assert float(r["projected_step_ms"]) > 0 and not r["refused"]
+    # the figures are the model's: recomputed here from the run's own step_timeline.json
+    reader = open_store(store["uri"])
+    sweep = load_sweep(reader, store["parent"])
+    trial = next(t for t in sweep.trials if t.config == "allreduce")
+    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0).step_ms
+    row = next(r for r in rows if r["config"] == "allreduce" and r["world_size"] == "8" and r["link_gbps"] == "10.0")
+    assert float(row["projected_step_ms"]) == pytest.approx(priced, rel=1e-5)
+    if trial.time_to_target.step is not None:
+        assert float(row["projected_time_to_target_s"]) == pytest.approx(trial.time_to_target.step * priced / 1000, rel=1e-5)
+    bases = projection.bases(sweep.trials, recommendations(sweep), reader.step_timeline)
+    assert {b.config for b in bases} == {r["config"] for r in rows}
 
 
-def test_compression_pays_off_where_the_model_says(projections):
-    _, projs = projections
-    by = {p.config: p for p in projs}
-    base, qar = by["allreduce"], by["quantized_allreduce-c256"]
-    for key in base.step_ms:
-        assert base.speedup[key] == pytest.approx(1.0)
-        # quantized_allreduce sends ~a quarter of the bytes in 2x the messages: it wins exactly
-        # where its projected step is shorter
-        assert (qar.speedup[key] > 1) == (qar.step_ms[key] < base.step_ms[key])
-    assert projection.pays_off(base) == "baseline"
-    text = projection.pays_off(qar)
-    assert "at 10 Gbit/s" in text and "at 100 Gbit/s" in text
-    wins_10 = [w for w in projection.WORLD_SIZES if qar.speedup[(w, 10)] > 1]
-    assert wins_10, "a quarter of the bytes must win somewhere on 10 Gbit/s"
-
-
-def test_report_has_the_projection_table_and_plot(store, tmp_path):
-    out = tmp_path / "report"
-    page = report.build_report(store["parent"], tracking_uri=store["uri"], out_dir=out).read_text()
+def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, built):
     from service import plots
+    from service.tracking import SweepReader
 
-    image = plots.plt.imread(out / projection.IMAGE)
-    assert image.shape[0] > 200 and image.shape[1] > 300
-    assert "Projected throughput at scale" in page
-    assert page.count("data:image/png;base64,") == 4  # loss, throughput, tradeoff, projection
-    md = (out / "summary.md").read_text()
-    assert "## Projected throughput at scale" in md
-    assert "| quantized_allreduce-c256 | 1 |" in md
-    attached = {a.path for a in store["client"].list_artifacts(store["parent"])}
-    assert projection.IMAGE in attached
-
-
-def test_sweep_without_accounting_gets_an_empty_projection(tmp_path):
-    md = projection.markdown([])
-    assert "No trial logged" in md
-    path = projection.plot([], tmp_path / "p.png")
-    assert path.stat().st_size > 0
+    out, page = built
+    image = plots.plt.imread(out / decision_map.IMAGE)
+    assert image.shape[0] > 300 and image.shape[1] > 600
+    assert "id='decision_map'" in page and "Projected time to target at scale" in page
+    assert "Projected for W=16 on 25 Gbit/s (report.cluster)" in page
+    summary = (out / "summary.md").read_text()
+    headline = summary.splitlines()[2]
+    assert headline.startswith("**Measured here: ") and "Projected for W=16 on 25 Gbit/s" in headline
+    assert "quality from W=1" in headline
+    attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}
+    assert {decision_map.IMAGE, projection.CSV} <= attached
+    assert "projected_throughput.png" not in attached  # the old alpha-beta plot is gone
 
 
-def test_swept_params_of_the_compressors_reach_the_cost_model(tmp_path):
-    """MLflow hands params back as strings: a swept topk ratio or qsgd chunk size must price
-    the bytes that trial sent, not the hook's defaults. The trial record carries them typed,
-    as the config had them (identity tags written when the run was created)."""
-    from service import tracking
+def test_a_sweep_without_step_timelines_says_there_is_nothing_to_project():
+    from service.report.projected import EMPTY, Projected
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    cfg = SweepConfig.model_validate({
-        "name": "projection-params", "workload": {"name": "mlp_digits", "steps": 10},
-        "search": {"hooks": [{"name": "topk", "ratio": 0.1, "error_feedback": True},
-                             {"name": "qsgd", "levels": 7, "chunk_size": 64},
-                             {"name": "signsgd", "chunk_size": 128, "majority_vote": True}],
-                   "world_size": [1], "seed": [0]}})
-    parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
-    for trial in cfg.trials():
-        tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
-    records = {r.hook: r for r in tracking.SweepReader(uri).trials(parent)}
-    stats = {"calls": 1, "raw_bytes": 4 * 100_000, "payload_bytes": 0, "allreduce_calls": 0}
-    for hook, kwargs in [("topk", {"ratio": 0.1}), ("qsgd", {"levels": 7, "chunk_size": 64}),
-                         ("signsgd", {"chunk_size": 128})]:
-        params = records[hook].hook_params
-        assert {k: params[k] for k in kwargs} == kwargs
-        assert all(type(params[k]) is type(v) for k, v in kwargs.items()), params
-        got = projection.projected_step_ms(hook, params, stats, 10.0, 8, 10.0)
-        expect = 10.0 + 1000 * hooks.cost.hook_seconds(hook, 100_000, 8, 10.0, **kwargs)
-        assert got == pytest.approx(expect)
-    assert projection.projected_step_ms("topk", records["topk"].hook_params, stats, 0.0, 8, 10.0) > \
-        projection.projected_step_ms("topk", {}, stats, 0.0, 8, 10.0)
-
-
-def test_compute_of_a_trial_on_an_emulated_link_is_its_step_less_the_wire_time():
-    """On a shaped link the buckets' hooks wait at the same time, so the worker's
-    compute_ms_per_step (step - summed hook time) is 0; the projection takes the step less the
-    model's wire time at the link the trial measured instead (bench/network.py: summed hook time
-    1.3-1.9x the communication window there)."""
-    bucket = 4_273_157 * 4
-    metrics = {"compute_ms_per_step": 0.0, "step_time_ms_median": 320.0, "hook_calls_per_step": 2.0,
-               "raw_bytes_per_step": 2.0 * bucket, "payload_bytes_per_step": 2.0 * bucket,
-               "allreduce_calls_per_step": 2.0, "link_measured_gbps": 0.96, "link_measured_latency_ms": 0.04}
-    stats = {"calls": 2.0, "raw_bytes": 2.0 * bucket, "payload_bytes": 2.0 * bucket, "allreduce_calls": 2.0}
-    wire_ms = 1000 * hooks.cost.projected_comm_seconds("allreduce", stats, 1, 2, 0.96, latency_s=4e-5)
-    assert 270 < wire_ms < 300  # 34 MB through a ring of 2 at 0.96 Gbit/s
-    assert projection.trial_compute_ms("allreduce", {}, metrics, 2) == pytest.approx(320.0 - wire_ms)
-    # on loopback (no measured link) the worker's own figure stands
-    loopback = {k: v for k, v in metrics.items() if not k.startswith("link_")}
-    assert projection.trial_compute_ms("allreduce", {}, {**loopback, "compute_ms_per_step": 31.0}, 2) == 31.0
-    # a link slower than the step allows: never negative
-    assert projection.trial_compute_ms("allreduce", {}, {**metrics, "step_time_ms_median": 100.0}, 2) == 0.0
-
-
-def test_a_step_repriced_on_a_slower_link_overlaps_allreduce_transport_and_keeps_the_rest():
-    cost = hooks.cost
-    # 2 allreduces of 8.5 MB per step at W=2: 17 MB sent per rank per step
-    ar = {"allreduce_calls": 2, "allreduce_bytes": 17e6}
-    fast = cost.wire_seconds_by_kind(ar, 1, 2, 8.0, 0.0)
-    slow = cost.wire_seconds_by_kind(ar, 1, 2, 1.0, 0.0)
-    assert slow["allreduce"] == pytest.approx(17e6 / 125e6) and slow["allgather"] == 0.0
-    # the allreduce moved its bytes at 4 Gbit/s on the fast link (transport 34 ms, CPU-bound, more
-    # than the 17 ms of wire there): on 1 Gbit/s the 136 ms of wire hides it; the rest of the step stays
-    step = cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
-    assert step == pytest.approx(0.100 - 0.034 + 0.136)
-    # a link faster than that transport changes nothing
-    assert cost.projected_step_from_measured(0.100, ar, 1, 2, 8.0, 0.0, 100.0, 0.0, 8 / 4e9) == pytest.approx(0.100)
-    # an allgather's fast-link time stays: only its wire time changes
-    ag = {"allgather_calls": 1, "allgather_bytes": 4e6}
-    step = cost.projected_step_from_measured(0.050, ag, 1, 2, 8.0, 0.0, 1.0, 0.0, 8 / 4e9)
-    assert step == pytest.approx(0.050 - 4e6 / 1e9 + 4e6 / 125e6)
+    md = Projected([]).markdown()
+    assert EMPTY in md and math.isfinite(len(md))

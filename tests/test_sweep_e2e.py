@@ -111,8 +111,8 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
         if trial.world_size > 1:
             assert metrics["comm_bytes_per_step"] > 0, where
         assert metrics["nan_detected"] == 0, where
-        # issue 8: compute + hooks.cost's communication, slower links never faster
-        assert metrics["projected_step_ms_10gbps"] >= metrics["projected_step_ms_100gbps"] > 0, where
+        # issue 24: the trial's recorded step, priced by the step model where it ran
+        assert metrics["timeline_step_ms"] > 0 and metrics["timeline_steps"] >= 1, where
         assert 0.0 <= metrics["final_eval_accuracy"] <= 1.0, where
         assert metrics["final_loss"] == metrics["final_loss"], where  # finite, not NaN
         if trial.hook == "allreduce":

@@ -159,3 +159,16 @@ def display_path(path: Path) -> str:
         return str(path.resolve().relative_to(Path.cwd()))
     except ValueError:
         return str(path)
+
+
+def report_section(text: str | None, shown: str = "the sweep's config"):
+    """The ``report:`` section of a sweep's config text (the report reads the one the sweep ran
+    with, from its parent run): its defaults where the text has none; ConfigError where it is bad."""
+    from service.config.sections import ReportConfig
+
+    raw = _parse_yaml(text, shown) if text else None
+    section = raw.get("report") if isinstance(raw, dict) else None
+    try:
+        return ReportConfig.model_validate(section or {})
+    except ValidationError as exc:
+        raise ConfigError(exception_text(exc), source=shown) from None

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.config.errors import FieldProblem
 from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_TARGET_TOLERANCE, MAX_LATENCY_MS, MAX_LINK_GBPS,
-                                   MAX_STEPS, MAX_WORLD_SIZE)
+                                   MAX_PROJECTED_WORLD_SIZE, MAX_STEPS, MAX_WORLD_SIZE)
 from service.text import short_value
 
 # Strict types: YAML already yields ints, floats, bools and strings, so "300" for a step count
@@ -89,12 +89,55 @@ class TrackingConfig(BaseModel):
     timeline_steps: int = Field(5, ge=0, le=MAX_STEPS, description="record DDP's step as a timeline (each bucket's ready, encode, collective, decode) on this many steps after the warm-up, spread over the trial, plus the rank's compute at half its micro-batch: the step model's input (step_timeline.json; service/train/timeline.py); 0 = off")
 
 
+class ProjectCells(BaseModel):
+    """The (world size, link) cells the report projects every configuration to (service/projection.py);
+    left out: W from 8 in powers of two up to the global batch, x 10, 25, 100 Gbit/s."""
+
+    model_config = STRICT
+
+    world_size: list[int] | None = Field(None, min_length=1, description="world sizes to project to")
+    link_gbps: list[float] | None = Field(None, min_length=1, description="link rates to project to, Gbit/s")
+
+    _scalar_allowed = field_validator("world_size", "link_gbps", mode="before")(
+        lambda v: v if v is None else scalar_to_list(v))
+
+    @field_validator("world_size")
+    @classmethod
+    def _sizes(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None:
+            check_axis(sizes, lambda w: 1 <= w <= MAX_PROJECTED_WORLD_SIZE,
+                       f"a world size is 1 to {MAX_PROJECTED_WORLD_SIZE}")
+            no_repeats(sizes)
+        return sizes
+
+    @field_validator("link_gbps")
+    @classmethod
+    def _rates(cls, rates: list[float] | None) -> list[float] | None:
+        if rates is not None:
+            check_axis(rates, lambda g: 0 < g <= MAX_LINK_GBPS, f"a link rate is above 0 and at most {MAX_LINK_GBPS:g} Gbit/s")
+            if len(set(rates)) != len(rates):
+                raise FieldProblem("", f"{short_value(rates)} lists a rate twice; each value is projected once")
+        return rates
+
+
+class ClusterCell(BaseModel):
+    """The cluster the user will train on: the report's headline answers for it too."""
+
+    model_config = STRICT
+
+    world_size: int = Field(ge=1, le=MAX_PROJECTED_WORLD_SIZE, description="ranks on that cluster")
+    link_gbps: float = Field(gt=0, le=MAX_LINK_GBPS, description="each rank's link there, Gbit/s")
+
+
 class ReportConfig(BaseModel):
     model_config = STRICT
 
     target_tolerance: float = Field(DEFAULT_TARGET_TOLERANCE, gt=0, le=1, description="time to target: the eval loss "
                                     "target is allreduce's final eval loss times 1 + this; also the "
                                     "quality gap a configuration may have and still match it")
+    project: ProjectCells = Field(default_factory=ProjectCells, description="the cells of the projected time to "
+                                  "target (projection.csv, the report's table)")
+    cluster: ClusterCell | None = Field(None, description="the cluster you will train on: the headline answers for it")
 
 
 class NetworkConfig(BaseModel):

@@ -13,7 +13,7 @@ from service.report.render import render_html, summary_markdown, write_summary_c
 from service.text import one_line
 
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
-                "report.html", "projected_throughput.png")
+                "report.html", "decision_map.png", "projection.csv")
 
 
 def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: Path | None = None,
@@ -21,7 +21,10 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     """Write every report file for the sweep whose parent run is `parent_run_id` into
     `out_dir` (default results/report-<id8>), attach them to the parent run when `attach`,
     and return the path of report.html. Raises ReportError for problems the user can fix."""
-    from service import plots, projection  # here: `--help` and the package import stay light
+    from service import plots  # here: `--help` and the package import stay light
+    from service.config import ConfigError
+    from service.config.loading import report_section
+    from service.report.projected import projected
     from service.tracking import StoreError
 
     reader = open_store(tracking_uri)
@@ -30,6 +33,10 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     except StoreError as e:
         raise ReportError(str(e)) from None
     sweep = load_sweep(reader, parent_run_id)
+    try:
+        report_cfg = report_section(sweep.config_text)
+    except ConfigError as e:
+        raise ReportError(f"the sweep's config: {e}") from None
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / f"report-{parent_run_id[:8]}"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -47,19 +54,17 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
                                         title=sweep.experiment),
     }
-    projections = projection.project(sweep)  # hooks.cost at W = 8, 64, 512 (service/projection.py)
-    projected = projection.plot(projections, out_dir / projection.IMAGE, title=sweep.experiment)
-    if projections:  # trials from before the accounting was logged: the table says so, no plot
-        images["projected_throughput"] = projected
+    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment)  # service/projection.py
+    if scale.image is not None:  # nothing priced (no step timeline recorded): the section says so, no map
+        images["decision_map"] = scale.image
     write_summary_csv(rows, recs, out_dir / "summary.csv")
-    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs)
-                                        + projection.markdown(projections))
+    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs, scale.cluster) + scale.markdown())
     report = out_dir / "report.html"
-    report.write_text(render_html(sweep, rows, recs, images, quality_metric, projections))
+    report.write_text(render_html(sweep, rows, recs, images, quality_metric, scale))
     if attach:
         try:
             record_answer(reader, sweep, recs)
-            reader.attach(parent_run_id, [out_dir / name for name in REPORT_FILES])
+            reader.attach(parent_run_id, [p for p in (out_dir / name for name in REPORT_FILES) if p.exists()])
         except Exception as e:
             raise ReportError(f"report written to {out_dir}, but attaching it to run "
                               f"{parent_run_id} failed: {one_line(e, with_type=False)}") from None

@@ -23,18 +23,21 @@ from service.text import format_bytes
 # The answer in a sentence
 # --------------------------------------------------------------------------------------------
 
-def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None) -> str:
+def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None, cluster: str = "") -> str:
     """The answer in a sentence: the choice at the largest world size that communicates, on
-    the slowest link measured; with adaptive seeds, how many trials they saved."""
+    the slowest link measured; with adaptive seeds, how many trials they saved; then, with
+    ``report.cluster``, the projected answer there (``cluster``: service/projection.py's)."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
     top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
     where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
     saved = _trials_saved(recs, sweep) if sweep is not None else ""
-    if top.choice is None:
-        return f"At {where}: {top.reason}.{saved}"
-    return f"Use {top.choice.config} at {where}: {top.reason}.{saved}"
+    answer = (f"at {where}: {top.reason}." if top.choice is None
+              else f"use {top.choice.config} at {where}: {top.reason}.")
+    if not cluster:
+        return answer[0].upper() + answer[1:] + saved
+    return f"Measured here: {answer}{saved} {cluster}"
 
 
 def _trials_saved(recs: list[recommend.Recommendation], sweep: Sweep) -> str:
@@ -192,9 +195,10 @@ def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
     return repr(rec.baseline.seconds / c.seconds)
 
 
-def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation]) -> str:
+def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
+                     cluster: str = "") -> str:
     lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
-             f"**{headline(recs, sweep)}**"]
+             f"**{headline(recs, sweep, cluster)}**"]
     for part in _PARTS:
         header, body = table_cells(rows, recs, part)
         lines += ["", f"## {part.capitalize()}", "",
@@ -223,6 +227,11 @@ _CAPTIONS = {
     "tradeoff": "{quality} against bytes per step on the wire (per rank). The line joins the Pareto "
                 "front: the configurations worth choosing; everything else is beaten on "
                 "both axes by one of them.",
+    "decision_map": "Projected: the configuration that reaches the target eval loss soonest among those "
+                    "whose quality matched allreduce's, per world size (global batch kept) and link speed; "
+                    "hatched where its margin over the runner-up is inside the step model's measured error "
+                    "band (too close to call); circles and triangles mark where trials ran, the star "
+                    "report.cluster.",
 }
 
 
@@ -231,11 +240,11 @@ def _number(value: float, fmt: str) -> str:
 
 
 def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
-                images: dict[str, Path], quality_metric: str,
-                projections: list) -> str:
+                images: dict[str, Path], quality_metric: str, scale) -> str:
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
-    ``projections`` from service.projection.project."""
+    ``scale``: the projected half (service/report/projected.py's Projected)."""
     from service import projection  # imports hooks (torch): only when a report is built
+    from service.report.projected import EMPTY
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
     summary = []
@@ -255,12 +264,13 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                 "data": base64.b64encode(path.read_bytes()).decode(),
                 "caption": _CAPTIONS.get(name, "").format(quality=quality)}
                for name, path in images.items()]
-    projected = projection.table(projections) if projections else None
+    projected = projection.table(scale.cells) if scale.cells else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t["state"] for t in trials).items()),
-        headline=headline(recs, sweep), recs=recs, rule=rule_text(sweep),
+        headline=headline(recs, sweep, scale.cluster), recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
-        projection_rows=projected[1] if projected else None, projection_note=projection.NOTE,
+        projection_rows=projected[1] if projected else None, projection_note=projection.note(),
+        projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

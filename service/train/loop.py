@@ -154,7 +154,7 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
     elif rank == 0 and not eval_metrics:
         eval_metrics = run_eval(t.model.module, t.wl, device, t.precision)
     report = t.monitor.report
-    summary = trial_summary(t.meter, t.accounting, trial, cfg.workload.global_batch_size,
+    summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, start.restarts)
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))

@@ -10,7 +10,6 @@ import time
 import torch
 
 from hooks.state import HookState
-from service import step_projection
 
 
 class StepMeter:
@@ -74,7 +73,7 @@ class LoadMeter:
 
 class HookAccounting:
     """The hook's byte/time counters (``stats()``) at this attempt's start and at the end of the
-    warm-up steps: the summary's per-step communication figures and the projection's basis."""
+    warm-up steps: the summary's per-step communication figures."""
 
     def __init__(self, hook_state, warmup_steps: int, first_step: int):
         self.hook_state, self.warmup = hook_state, warmup_steps
@@ -86,11 +85,11 @@ class HookAccounting:
         if step == self.warmup:
             self.measured_start = _stats(self.hook_state)
 
-    def summary(self, trial, meter: StepMeter) -> dict[str, float]:
+    def summary(self, meter: StepMeter) -> dict[str, float]:
         """comm_bytes_per_step: this rank's wire bytes per step; compression_ratio: raw bucket
         bytes / bytes handed to collectives; hook_time_ms: hook entry to future completion,
         summed over a step's buckets, per step (all over the steps of this attempt); and the
-        measured steps' accounting projected onto faster links (``service.step_projection``)."""
+        measured steps' accounting per step (:func:`per_measured_step`)."""
         steps_run = len(meter.times_ms)
         now = _stats(self.hook_state)
         delta = {k: now.get(k, 0) - self.start.get(k, 0) for k in now}
@@ -102,14 +101,27 @@ class HookAccounting:
         }
         measured, after_warmup = meter.measured()
         if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
-            out.update(step_projection.projection(trial, measured, self.measured_start, now))
+            out.update(per_measured_step(len(measured), self.measured_start, now))
         return out
 
 
-def trial_summary(meter: StepMeter, accounting: HookAccounting, trial, global_batch: int,
+_PER_STEP = {"calls": "hook_calls_per_step", "raw_bytes": "raw_bytes_per_step",
+             "payload_bytes": "payload_bytes_per_step", "allreduce_calls": "allreduce_calls_per_step"}
+
+
+def per_measured_step(steps: int, start: dict | None, now: dict) -> dict[str, float]:
+    """The hook's calls (DDP buckets), raw and payload bytes and allreduce calls per measured step
+    (``start``/``now``: its ``stats()`` when the measured steps began and now); nothing when every
+    step was warm-up or the hook keeps no accounting."""
+    if start is None or not steps or not now.get("calls"):
+        return {}
+    return {name: (now.get(k, 0) - start.get(k, 0)) / steps for k, name in _PER_STEP.items()}
+
+
+def trial_summary(meter: StepMeter, accounting: HookAccounting, global_batch: int,
                   final_loss: float, eval_metrics: dict, nan_report, restarts: int) -> dict[str, float]:
     """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup)."""
-    out = {**meter.summary(global_batch), **accounting.summary(trial, meter),
+    out = {**meter.summary(global_batch), **accounting.summary(meter),
            "final_loss": final_loss, "nan_detected": 1 if nan_report else 0, "restarts": restarts}
     for metric, value in eval_metrics.items():  # eval_loss (+ eval_accuracy, or eval_fn's)
         out[f"final_{metric}"] = value

@@ -1,0 +1,120 @@
+"""Where compression pays, as a picture: decision_map.png.
+
+World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
+each cell coloured by the configuration with the shortest projected time to target among those
+whose quality matched the baseline (service/projection.py), hatched where the winner's margin
+over the runner-up is inside the model's measured error band (:func:`too_close`), the measured
+cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
+of ``report.cluster`` starred.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from service.projection import Basis, CellProjection, ErrorBands, project
+
+IMAGE = "decision_map.png"
+MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
+FIRST_MAP_W = 2
+
+
+@dataclass(frozen=True)
+class CellWinner:
+    """The answer at one (W, link): the fastest matching configuration and its runner-up."""
+
+    world_size: int
+    link_gbps: float
+    winner: Optional[CellProjection]
+    runner_up: Optional[CellProjection]
+    too_close: bool
+
+
+def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
+    """Is the winner's margin inside the error band? The winner's worst measured time (its band's
+    low end: projected below measured) reaches the runner-up's best (its band's high end). Without
+    a measured band for either, the margin is taken as it is."""
+    a, b = winner.measured_range(), runner_up.measured_range()
+    if a is None or b is None:
+        return False
+    return a[1] >= b[0]
+
+
+def winner(at_cell: list[CellProjection]) -> CellWinner:
+    """The configuration with the shortest projected time to target among those that matched
+    quality and reached the target in every seed; its runner-up; whether it is too close to call."""
+    first = at_cell[0]
+    ranked = sorted((p for p in at_cell if p.basis.matches_quality and p.time_to_target_s is not None),
+                    key=lambda p: p.time_to_target_s)
+    best = ranked[0] if ranked else None
+    runner = ranked[1] if len(ranked) > 1 else None
+    close = best is not None and runner is not None and too_close(best, runner)
+    return CellWinner(first.world_size, first.link_gbps, best, runner, close)
+
+
+def map_world_sizes(global_batch: int) -> list[int]:
+    """2, 4, ... up to the global batch."""
+    sizes, w = [], FIRST_MAP_W
+    while w <= global_batch:
+        sizes.append(w)
+        w *= 2
+    return sizes or [FIRST_MAP_W]
+
+
+def winners(bases: list[Basis], world_sizes: list[int], links_gbps=MAP_LINKS_GBPS,
+            bands: Optional[ErrorBands] = None) -> dict[tuple[int, float], CellWinner]:
+    """(W, link) -> the cell's winner, every basis priced there."""
+    by_cell: dict[tuple[int, float], list[CellProjection]] = {}
+    for p in project(bases, world_sizes, links_gbps, bands):
+        by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
+    return {cell: winner(ps) for cell, ps in by_cell.items()}
+
+
+def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, Optional[float]]],
+         path: Path, title: str = "", cluster: Optional[tuple[int, float]] = None,
+         quality_from: str = "") -> Path:
+    """decision_map.png from :func:`winners`' cells; ``measured``: (W, Gbit/s or None for
+    loopback) where trials ran."""
+    from matplotlib.patches import Patch, Rectangle
+
+    from service import plots
+
+    plt = plots.plt
+    sizes = sorted({w for w, _ in cells})
+    links = sorted({g for _, g in cells})
+    configs = sorted({c.winner.config for c in cells.values() if c.winner is not None})
+    palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
+    colour = {c: palette(i) for i, c in enumerate(configs)}
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for (w, g), cell in cells.items():
+        x, y = sizes.index(w), links.index(g)
+        face = colour[cell.winner.config] if cell.winner is not None else "white"
+        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
+                               hatch="///" if cell.too_close else None, lw=0.5))
+    for w, g in measured:
+        if w in sizes:
+            y = links.index(g) if g in links else len(links) - 0.5
+            ax.plot(sizes.index(w), y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2)
+    if cluster is not None and cluster[0] in sizes and cluster[1] in links:
+        ax.plot(sizes.index(cluster[0]), links.index(cluster[1]), marker="*", color="black", ms=16)
+    ax.set_xlim(-0.5, len(sizes) - 0.5)
+    ax.set_ylim(-0.5, len(links) - 0.5)
+    ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
+    ax.set_yticks(range(len(links)), [f"{g:g}" for g in links])
+    ax.set_xlabel("world size (ranks, log2)")
+    ax.set_ylabel("link speed per rank (Gbit/s, log)")
+    handles = [Patch(facecolor=colour[c], label=c) for c in configs]
+    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///", label="too close to call (inside the error band)"),
+                plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
+                plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
+    if cluster is not None:
+        handles.append(plt.Line2D([], [], marker="*", color="black", ls="", ms=12, label="report.cluster"))
+    ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    heading = "fastest to target at matching quality (projected)"
+    ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11)
+    if quality_from:
+        fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
+    fig.tight_layout()
+    return plots._save(fig, Path(path))

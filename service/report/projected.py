@@ -1,0 +1,60 @@
+"""The report's projected half: the sweep's configurations at ``report.project``'s cells
+(projection.csv, the table), at ``report.cluster`` (the headline) and over the decision map's grid
+(decision_map.png), all through service/projection.py's one step model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from service import decision_map, projection
+from service.projection import Basis, CellProjection
+
+
+@dataclass
+class Projected:
+    bases: list[Basis]
+    cells: list[CellProjection] = field(default_factory=list)   # report.project's cells
+    cluster: str = ""                                          # the headline's projected sentence
+    image: Optional[Path] = None                               # decision_map.png, when anything was priced
+    csv: Optional[Path] = None                                 # projection.csv
+
+    def markdown(self) -> str:
+        lines = ["", "## Projected time to target at scale", ""]
+        if not self.cells:
+            lines += [EMPTY, ""]
+            return "\n".join(lines)
+        header, rows = projection.table(self.cells)
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+        lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
+        lines += ["", projection.note(), ""]
+        if self.cluster:
+            lines += [self.cluster, ""]
+        return "\n".join(lines)
+
+
+EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sweep from before it was "
+          "recorded): there is nothing to project from.")
+
+
+def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -> Projected:
+    """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``."""
+    bases = projection.bases(sweep.trials, recs, reader.step_timeline)
+    out = Projected(bases)
+    if not bases:
+        return out
+    global_batch = max(b.global_batch for b in bases)
+    sizes, links = projection.cells(report_cfg.project, global_batch)
+    out.cells = projection.project(bases, sizes, links)
+    out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
+    out.cluster = projection.cluster_answer(bases, report_cfg.cluster)
+    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch))
+    measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
+                      key=lambda m: (m[0], m[1] or 0))
+    cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
+    quality = "quality from W=" + ", ".join(sorted({str(b.measured_world_size) for b in bases}))
+    out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=cluster,
+                                  quality_from=quality + " (assumed at every other world size)")
+    return out
