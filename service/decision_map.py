@@ -3,55 +3,21 @@
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
 each cell coloured by the configuration with the shortest projected time to target among those
 whose quality matched the baseline (service/projection.py), hatched where the winner's margin
-over the runner-up is inside the model's measured error band (:func:`too_close`), the measured
+over the runner-up is inside the model's measured error band (``projection.too_close``), the measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
 of ``report.cluster`` starred.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from service.projection import Basis, CellProjection, ErrorBands, project
+from service.projection import Basis, CellProjection, CellWinner, ErrorBands, project, winner
 
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
 FIRST_MAP_W = 2
-
-
-@dataclass(frozen=True)
-class CellWinner:
-    """The answer at one (W, link): the fastest matching configuration and its runner-up."""
-
-    world_size: int
-    link_gbps: float
-    winner: Optional[CellProjection]
-    runner_up: Optional[CellProjection]
-    too_close: bool
-
-
-def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
-    """Is the winner's margin inside the error band? The winner's worst measured time (its band's
-    low end: projected below measured) reaches the runner-up's best (its band's high end). Without
-    a measured band for either, the margin is taken as it is."""
-    a, b = winner.measured_range(), runner_up.measured_range()
-    if a is None or b is None:
-        return False
-    return a[1] >= b[0]
-
-
-def winner(at_cell: list[CellProjection]) -> CellWinner:
-    """The configuration with the shortest projected time to target among those that matched
-    quality and reached the target in every seed; its runner-up; whether it is too close to call."""
-    first = at_cell[0]
-    ranked = sorted((p for p in at_cell if p.basis.matches_quality and p.time_to_target_s is not None),
-                    key=lambda p: p.time_to_target_s)
-    best = ranked[0] if ranked else None
-    runner = ranked[1] if len(ranked) > 1 else None
-    close = best is not None and runner is not None and too_close(best, runner)
-    return CellWinner(first.world_size, first.link_gbps, best, runner, close)
 
 
 def map_world_sizes(global_batch: int) -> list[int]:

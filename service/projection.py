@@ -245,6 +245,40 @@ def _matches(recs: list, config: str, world_size: int) -> bool:
 # What the report says
 
 
+@dataclass(frozen=True)
+class CellWinner:
+    """The answer at one (W, link): the fastest matching configuration and its runner-up."""
+
+    world_size: int
+    link_gbps: float
+    winner: Optional[CellProjection]
+    runner_up: Optional[CellProjection]
+    too_close: bool
+
+
+def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
+    """Is the winner's margin inside the error band? The winner's worst measured time (its band's
+    low end: projected below measured) reaches the runner-up's best (its band's high end). Without
+    a measured band for either, the margin is taken as it is."""
+    a, b = winner.measured_range(), runner_up.measured_range()
+    if a is None or b is None:
+        return False
+    return a[1] >= b[0]
+
+
+def winner(at_cell: list[CellProjection]) -> CellWinner:
+    """The configuration with the shortest projected time to target among those that matched
+    quality and reached the target in every seed; its runner-up; whether it is too close to call."""
+    first = at_cell[0]
+    ranked = sorted((p for p in at_cell if p.basis.matches_quality and p.time_to_target_s is not None),
+                    key=lambda p: p.time_to_target_s)
+    best = ranked[0] if ranked else None
+    runner = ranked[1] if len(ranked) > 1 else None
+    close = best is not None and runner is not None and too_close(best, runner)
+    return CellWinner(first.world_size, first.link_gbps, best, runner, close)
+
+
+
 def cell_text(p: CellProjection) -> str:
     """'41.2 s (137 ms/step)'; 'refused' (the reason: :func:`refusals`) or 'target not reached'."""
     if p.refused:
@@ -294,8 +328,6 @@ def note(bands: Optional[ErrorBands] = None) -> str:
 
 def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
-    from service.decision_map import winner
-
     if cluster is None or not bases_:
         return ""
     at = [project_cell(b, cluster.world_size, cluster.link_gbps, bands) for b in bases_]

@@ -119,14 +119,14 @@ def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_ha
     slow = basis("allreduce", crossings=(100.0,))
     fast_but_worse = basis("topk", crossings=(10.0,), matches=False)
     close = basis("fp16_compress", crossings=(95.0,))   # 5 % fewer steps at the same step time
-    cell = decision_map.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], bands))
+    cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], bands))
     assert cell.winner.config == "fp16_compress" and cell.runner_up.config == "allreduce"
     # winner's worst measured = p*0.95/0.9, runner-up's best = p/1.1: 1.056 p >= 0.909 p
     assert cell.too_close
     far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
-    assert not decision_map.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
+    assert not projection.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
     # no band measured: the margin is taken as it is
-    assert not decision_map.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
+    assert not projection.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
 
 
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
