@@ -3,6 +3,7 @@ accounting on, against the same loop with all three off.
 
     python bench/instrumentation.py          # char_lm, world size 2, 3 alternating rounds
     python bench/instrumentation.py --quick  # 6 steps, 1 round (smoke test)
+    python bench/instrumentation.py --timeline --world-size 1   # + "on" without the step timeline
 
 Two gloo processes (torch.multiprocessing, no Ray) run ``service.train.run_training`` on
 the same trial again and again, alternating the two modes, so both see the same machine load:
@@ -20,6 +21,13 @@ figure is the mean (flushes included) and the median, per mode, and on/off - 1, 
 round. CPU per step (both ranks' process time over the same steps) is reported beside it: on a
 machine shared with other work the wall figures swing by tens of percent, the CPU the
 instrumentation adds does not.
+
+``--timeline`` adds the arm ``no_timeline``: "on" with ``tracking.timeline_steps: 0``, so
+on / no_timeline - 1 is what recording the step timeline costs (issue 24's budget: within 3 % of
+the step). Its sampled steps' stamps land in the median step; the compute window after each
+sampled step (the rank's forward and backward at two batch sizes, outside the step's own timer)
+lands between two step starts, so in the mean, once per sampled step: the trial's extra seconds
+are reported beside it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from _common import free_port, load_average, machine, median, table, write_json 
 # on/off is the figure; the "only_*" modes turn one part on at a time to say which part costs.
 MODES = ("on", "off")
 PART_MODES = ("only_logging", "only_nan_checks", "only_accounting")
+TIMELINE_MODE = "no_timeline"  # "on" without the step timeline (--timeline)
 
 
 def bench_config(steps: int, warmup: int, flush_seconds: float, world_size: int = 2) -> dict:
@@ -93,11 +102,14 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
     parts = {"make_meter": RecordingMeter}
     inside = _time_instrumentation_calls(train) if mode == "on" else None
     logger = None
-    if mode not in ("on", "only_nan_checks"):
+    if mode == TIMELINE_MODE:  # everything "on" has but the step timeline
+        cfg = cfg.model_copy(update={"tracking": cfg.tracking.model_copy(update={"timeline_steps": 0})})
+    full = mode in ("on", TIMELINE_MODE)
+    if not full and mode != "only_nan_checks":
         parts["make_monitor"] = _NoChecks
-    if mode not in ("on", "only_accounting"):
+    if not full and mode != "only_accounting":
         parts["build_hook"] = _plain_allreduce
-    if mode in ("on", "only_logging") and rank == 0:
+    if (full or mode == "only_logging") and rank == 0:
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds)
     try:
         started = time.perf_counter()
@@ -218,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flush-seconds", type=float, default=5.0, help="the MetricLogger's flush interval (config default 5)")
     parser.add_argument("--parts", action="store_true",
                         help="also run each part alone (logging, NaN checks, accounting) to see which one costs")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also run 'on' without the step timeline (tracking.timeline_steps: 0): its cost")
     parser.add_argument("--quick", action="store_true", help="6 steps, 1 round")
     parser.add_argument("--out", help="JSON path (default bench/results/instrumentation.json)")
     args = parser.parse_args(argv)
@@ -236,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     sweep = SweepConfig.model_validate(bench_config(args.steps, args.warmup, args.flush_seconds, args.world_size))
     experiment = tracking.get_or_create_experiment(sweep.name, uri)
     modes = list(MODES + PART_MODES) if args.parts else list(MODES)
+    if args.timeline:
+        modes.insert(1, TIMELINE_MODE)
     run_ids = [tracking.client(uri).create_run(experiment, run_name=f"run{i}").info.run_id
                for i in range(args.rounds * len(modes))]
     out = workdir / "results.json"
@@ -258,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
                          "step_ms_median": median(x["step_ms_median"] for x in runs),
                          "cpu_ms_per_step": median(x["cpu_ms_per_step"] for x in runs)}
     # Paired per round (the two runs of a round ran back to back): the ratio of each pair, then its median.
-    def paired(mode: str, key: str) -> float:
+    def paired(mode: str, key: str, reference: str = "off") -> float:
         pairs = [(x, off) for x in results if x["mode"] == mode for off in results
-                 if off["mode"] == "off" and off["round"] == x["round"]]
+                 if off["mode"] == reference and off["round"] == x["round"]]
         return median(x[key] / off[key] - 1 for x, off in pairs)
 
     for mode in modes:
@@ -277,6 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ninstrumentation overhead (on/off - 1, median of paired rounds): "
           f"{100 * overhead_mean:.1f}% of mean step time, {100 * overhead_median:.1f}% of median step time, "
           f"{100 * summary['on']['vs_off_cpu']:.1f}% of CPU per step")
+    timeline = None
+    if args.timeline:
+        timeline = {key: paired("on", key, TIMELINE_MODE) for key in ("step_ms_mean", "step_ms_median", "cpu_ms_per_step")}
+        timeline["extra_s_per_trial"] = median(
+            x["run_training_s"] - y["run_training_s"] for x in results if x["mode"] == "on" for y in results
+            if y["mode"] == TIMELINE_MODE and y["round"] == x["round"])
+        print(f"\nstep timeline ({sweep.tracking.timeline_steps} sampled steps of {args.steps}; on / no_timeline - 1, "
+              f"median of paired rounds): {100 * timeline['step_ms_median']:.1f}% of the median step (the stamps), "
+              f"{100 * timeline['step_ms_mean']:.1f}% of the mean step (stamps + compute windows), "
+              f"{100 * timeline['cpu_ms_per_step']:.1f}% of CPU per step; "
+              f"{timeline['extra_s_per_trial']:+.2f} s per run_training")
     parts = list(inside["rank0"])
     print("\nwall ms per step inside the instrumentation's own calls ('on', median of rounds; "
           "logging includes logging_flush, nan_resolve includes waiting for the agreement):")
@@ -287,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(), "load_average_before": load_before, "load_average_after": load_average(),
         "summary": summary, "overhead_fraction_mean": overhead_mean, "overhead_fraction_median": overhead_median,
         "overhead_fraction_cpu": summary["on"]["vs_off_cpu"],
-        "inside_ms_per_step": inside,
+        "inside_ms_per_step": inside, "timeline_overhead": timeline,
         "runs": results,
     }, args.out)
     print(f"wrote {path}")

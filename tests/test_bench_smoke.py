@@ -19,10 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_bench(script: str, out: Path, timeout: float) -> dict:
+def run_bench(script: str, out: Path, timeout: float, *extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -39,9 +39,9 @@ def positive(x) -> bool:
 
 
 def test_instrumentation_quick_writes_paired_step_times(tmp_path):
-    data = run_bench("instrumentation.py", tmp_path / "instrumentation.json", timeout=600)
+    data = run_bench("instrumentation.py", tmp_path / "instrumentation.json", 600, "--timeline")
     assert data["bench"] == "instrumentation"
-    assert {r["mode"] for r in data["runs"]} == {"on", "off"}
+    assert {r["mode"] for r in data["runs"]} == {"on", "no_timeline", "off"}
     for run in data["runs"]:
         assert run["steps_measured"] == data["settings"]["steps"] - data["settings"]["warmup"] - 1
         assert positive(run["step_ms_mean"]) and positive(run["step_ms_median"]) and positive(run["cpu_ms_per_step"])
@@ -51,6 +51,12 @@ def test_instrumentation_quick_writes_paired_step_times(tmp_path):
     assert on["vs_off_mean"] == pytest.approx(on["step_ms_mean"] / off["step_ms_mean"] - 1)
     assert "flush_s" in data["runs"][0]
     assert data["overhead_fraction_cpu"] == pytest.approx(on["cpu_ms_per_step"] / off["cpu_ms_per_step"] - 1)
+    # --timeline: "on" against itself without the step timeline, same pairing
+    bare = data["summary"]["no_timeline"]
+    assert data["timeline_overhead"]["step_ms_median"] == pytest.approx(on["step_ms_median"] / bare["step_ms_median"] - 1)
+    runs = {r["mode"]: r for r in data["runs"]}
+    assert data["timeline_overhead"]["extra_s_per_trial"] == pytest.approx(
+        runs["on"]["run_training_s"] - runs["no_timeline"]["run_training_s"])
 
 
 def test_error_feedback_quick_pairs_each_seed_off_and_on_with_the_reference(tmp_path):
