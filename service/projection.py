@@ -1,9 +1,10 @@
 """Time to target at the scale you will run: every configuration projected to (world size, link)
 cells it never ran on, through the one step model (hooks/step_model.py), with its measured error.
 
-For each configuration, its *basis* is what its trials recorded at the largest world size it
-ran at (W_m): each ok trial's step timeline (``step_timeline.json``: service/step_timeline.py)
-and its time-to-target crossing step (``recommend.time_to_target``). At a cell (W, link):
+For each configuration, its *basis* (:func:`bases`): the time-to-target crossing step of each
+seed at the largest world size it ran at (W_m; ``recommend.time_to_target``) and the step
+timelines (``step_timeline.json``: service/step_timeline.py) its ok trials recorded at its smallest
+world size above 1 (where ranks share this machine least). At a cell (W, link):
 
     projected step ms   = median over the basis trials of TrialTimeline.price(global batch, W, link)
     projected time (s)  = mean crossing step over the seeds x projected step ms / 1000
@@ -43,7 +44,7 @@ ERROR_FILE = Path(__file__).with_name("projection_error.json")
 CSV = "projection.csv"
 DEFAULT_LINKS_GBPS = (10.0, 25.0, 100.0)
 FIRST_PROJECTED_W = 8
-CSV_COLUMNS = ("config", "hook", "measured_world_size", "world_size", "link_gbps", "projected_step_ms",
+CSV_COLUMNS = ("config", "hook", "measured_world_size", "timeline_world_size", "world_size", "link_gbps", "projected_step_ms",
                "projected_time_to_target_s", "crossing_step", "error_low_pct", "error_high_pct", "matches_quality",
                "refused")
 
@@ -106,8 +107,9 @@ def error_bands(path: Path = ERROR_FILE) -> ErrorBands:
 
 @dataclass(frozen=True)
 class Basis:
-    """One configuration as measured at ``measured_world_size``: its trials' timelines and their
-    crossing steps (None: that seed never reached the target), and whether its quality matched."""
+    """One configuration as measured: at ``measured_world_size`` its seeds' crossing steps (None:
+    that seed never reached the target) and whether its quality matched; at
+    ``timeline_world_size`` its trials' recorded step timelines (:func:`bases` says which W)."""
 
     config: str
     hook: str
@@ -116,6 +118,7 @@ class Basis:
     timelines: tuple[TrialTimeline, ...]
     crossing_steps: tuple[Optional[float], ...]
     matches_quality: bool
+    timeline_world_size: int
 
     @property
     def crossing_step(self) -> Optional[float]:
@@ -150,6 +153,7 @@ class CellProjection:
     def row(self) -> dict:
         b = self.basis
         return {"config": b.config, "hook": b.hook, "measured_world_size": b.measured_world_size,
+                "timeline_world_size": b.timeline_world_size,
                 "world_size": self.world_size, "link_gbps": self.link_gbps,
                 "projected_step_ms": _num(self.step_ms), "projected_time_to_target_s": _num(self.time_to_target_s),
                 "crossing_step": _num(b.crossing_step), "error_low_pct": _num(self.band and self.band.low_pct),
@@ -212,28 +216,42 @@ def write_csv(projections: list[CellProjection], path: Path) -> Path:
 
 
 def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialTimeline]]) -> list[Basis]:
-    """One basis per configuration whose ok trials at its largest world size recorded a step
-    timeline (``timeline_of(run_id)``: ``SweepReader.step_timeline``). ``trials``: the report's
-    (data.Trial); ``recs``: its recommendations, whose verdicts at W_m say if the quality matched."""
+    """One basis per configuration with ok trials that recorded their step timelines
+    (``timeline_of(run_id)``: ``SweepReader.step_timeline``). ``trials``: the report's (data.Trial);
+    ``recs``: its recommendations, whose verdicts at W_m say whether the quality matched.
+
+    Quality (crossing steps, verdict) comes from the configuration's largest world size W_m, the
+    closest to the cluster. The step timelines come from its smallest world size above 1 where
+    every ok trial recorded one (W = 1 when it ran nothing else): on one host W ranks share its
+    cores, so the compute a rank records grows with W, and that is the basis bench/projection.py
+    checked (loopback, W = 2). Quality is a property of (configuration, W, seed), the step of
+    (configuration, W, link): the two need not come from the same trials."""
     by_config: dict[str, dict[int, dict[int, object]]] = {}
     for t in trials:
         if t.state == "ok":  # one trial per seed: a split sweep's joined trials share their quality run
             by_config.setdefault(t.config, {}).setdefault(t.world_size, {}).setdefault(t.seed, t)
     out = []
     for config, by_w in by_config.items():
-        for world_size in sorted(by_w, reverse=True):
-            seeds = by_w[world_size]
-            timelines = {s: timeline_of(t.run_id) for s, t in seeds.items()}
-            if all(tl is not None for tl in timelines.values()):
-                break
-        else:
+        recorded = _timelines(by_w, timeline_of)
+        if recorded is None:
             continue  # no world size where every ok trial recorded its step
+        quality_w = max(by_w)
+        seeds = by_w[quality_w]
         first = next(iter(seeds.values()))
         crossing = tuple(None if t.time_to_target is None else t.time_to_target.step for t in seeds.values())
-        out.append(Basis(config, first.hook, world_size, int(first.record.params["global_batch_size"]),
-                         tuple(timelines.values()), crossing, _matches(recs, config, world_size)))
+        out.append(Basis(config, first.hook, quality_w, int(first.record.params["global_batch_size"]),
+                         recorded[1], crossing, _matches(recs, config, quality_w), recorded[0]))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
     return out
+
+
+def _timelines(by_w: dict, timeline_of) -> Optional[tuple[int, tuple[TrialTimeline, ...]]]:
+    """(W, its trials' timelines) at the smallest W above 1 where every ok trial recorded one, else W = 1."""
+    for world_size in sorted(by_w, key=lambda w: (w == 1, w)):
+        timelines = tuple(timeline_of(t.run_id) for t in by_w[world_size].values())
+        if all(tl is not None for tl in timelines):
+            return world_size, timelines
+    return None
 
 
 def _matches(recs: list, config: str, world_size: int) -> bool:
@@ -302,7 +320,7 @@ def refusals(projections: list[CellProjection]) -> list[str]:
 def table(projections: list[CellProjection]) -> tuple[list[str], list[list[str]]]:
     """Header and rows: per configuration, its projected time to target at every cell."""
     keys = list(dict.fromkeys((p.world_size, p.link_gbps) for p in projections))
-    header = ["configuration", "quality from", "error band"] + [f"W={w} @{g:g} Gbit/s" for w, g in keys]
+    header = ["configuration", "quality from", "step from", "error band"] + [f"W={w} @{g:g} Gbit/s" for w, g in keys]
     rows, by_config = [], {}
     for p in projections:
         by_config.setdefault(p.config, {})[(p.world_size, p.link_gbps)] = p
@@ -310,7 +328,7 @@ def table(projections: list[CellProjection]) -> tuple[list[str], list[list[str]]
         first = next(iter(at.values()))
         quality = f"W={first.basis.measured_world_size}" + ("" if first.basis.matches_quality else " (not matching)")
         band = first.band.text() if first.band is not None else "unmeasured"
-        rows.append([config, quality, band] + [cell_text(at[k]) if k in at else "" for k in keys])
+        rows.append([config, quality, f"W={first.basis.timeline_world_size}", band] + [cell_text(at[k]) if k in at else "" for k in keys])
     return header, rows
 
 

@@ -43,7 +43,7 @@ def trial_timeline(compute_ms=40.0, batch=32, hook="allreduce", points=True) -> 
 
 def basis(config="allreduce", crossings=(100.0, 200.0), matches=True, hook=None, **kw) -> Basis:
     tl = trial_timeline(hook=hook or config, **kw)
-    return Basis(config, hook or config, 1, 64, (tl,) * len(crossings), crossings, matches)
+    return Basis(config, hook or config, 1, 64, (tl,) * len(crossings), crossings, matches, 1)
 
 
 NO_BANDS = ErrorBands({}, "unmeasured")
@@ -82,7 +82,7 @@ def test_projection_csv_has_one_row_per_configuration_and_cell(tmp_path):
     path = projection.write_csv(cells, tmp_path / projection.CSV)
     rows = list(csv.DictReader(open(path)))
     assert tuple(rows[0]) == projection.CSV_COLUMNS
-    for column in ("config", "hook", "measured_world_size", "world_size", "link_gbps", "projected_step_ms",
+    for column in ("config", "hook", "measured_world_size", "timeline_world_size", "world_size", "link_gbps", "projected_step_ms",
                    "projected_time_to_target_s", "error_low_pct", "error_high_pct"):
         assert column in rows[0]
     assert len(rows) == 2 * 2 * 2
@@ -127,6 +127,30 @@ def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_ha
     assert not projection.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
     # no band measured: the margin is taken as it is
     assert not projection.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
+
+
+def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_above_one():
+    from types import SimpleNamespace
+
+    from service.report.recommend import TimeToTarget
+
+    def trial(w, seed, step):
+        record = SimpleNamespace(params={"global_batch_size": "64"})
+        return SimpleNamespace(state="ok", config="allreduce", hook="allreduce", world_size=w, seed=seed,
+                               run_id=f"w{w}s{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False))
+
+    trials = [trial(w, s, 10.0 * w + s) for w in (1, 2, 4) for s in (0, 1)]
+    recorded = {t.run_id: trial_timeline() for t in trials}
+    (b,) = projection.bases(trials, [], recorded.get)
+    assert (b.measured_world_size, b.timeline_world_size) == (4, 2)
+    assert b.crossing_steps == (40.0, 41.0)
+    assert b.timelines == (recorded["w2s0"], recorded["w2s1"])
+    assert not b.matches_quality  # no recommendation judged it
+    del recorded["w2s1"]  # a W=2 trial without a timeline: the next world size up
+    assert projection.bases(trials, [], recorded.get)[0].timeline_world_size == 4
+    only_one = {k: v for k, v in recorded.items() if k.startswith("w1")}
+    assert projection.bases(trials, [], only_one.get)[0].timeline_world_size == 1
+    assert projection.bases(trials, [], {}.get) == []
 
 
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
@@ -212,7 +236,7 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
     assert {r["config"] for r in rows} == {"allreduce", "fp16_compress", "quantized_allreduce-c256"}
     assert {(int(r["world_size"]), float(r["link_gbps"])) for r in rows} == {(8, 10.0), (8, 100.0), (64, 10.0), (64, 100.0)}
     for r in rows:
-        assert r["measured_world_size"] == "1"
+        assert r["measured_world_size"] == r["timeline_world_size"] == "1"
         if r["world_size"] == "64":  # 32 samples over 64 ranks
             assert "more ranks than the global batch" in r["refused"] and r["projected_step_ms"] == ""
         else:
