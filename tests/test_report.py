@@ -339,13 +339,17 @@ def test_build_report_writes_and_attaches_every_file(store, tmp_path):
     out = tmp_path / "report"
     html_path = report.build_report(store["parent_id"], tracking_uri=store["uri"], out_dir=out)
     assert html_path == out / "report.html"
-    for name in report.REPORT_FILES:
+    # logged by hand: no trial recorded a step timeline, so nothing is projected (tests/test_projection.py is)
+    always = [name for name in report.REPORT_FILES if name not in report.PROJECTED_FILES]
+    for name in always:
         assert (out / name).stat().st_size > 0, name
+    assert not any((out / name).exists() for name in report.PROJECTED_FILES)
     for name in ("loss_curves.png", "throughput.png", "tradeoff.png"):
         image = plots.plt.imread(out / name)
         assert image.shape[0] > 200 and image.shape[1] > 300
     attached = {a.path for a in store["client"].list_artifacts(store["parent_id"])}
-    assert set(report.REPORT_FILES) <= attached
+    assert set(always) <= attached
+    assert "No trial recorded a step timeline" in html_path.read_text()
 
     with open(out / "summary.csv") as f:
         rows = list(csv.DictReader(f))
@@ -397,8 +401,8 @@ def test_report_of_interrupted_sweep_by_experiment_name(store, tmp_path):
     restarted = next(t for t in sweep.trials if t.state == "running")
     assert list(restarted.loss[0]) == list(range(7))  # a step logged twice: the latest value
     assert list(restarted.loss[1]) == pytest.approx([2.0, 1.9, 1.8, 1.7, 0.6, 0.5, 0.4])
-    for name in report.REPORT_FILES:
-        assert (tmp_path / "r" / name).stat().st_size > 0
+    for name in report.REPORT_FILES:  # no trial here recorded a step timeline: nothing projected
+        assert (tmp_path / "r" / name).exists() == (name not in report.PROJECTED_FILES), name
     assert not store["client"].list_artifacts(store["running_parent_id"])  # --no-attach
 
 
@@ -511,7 +515,9 @@ def test_report_html_escapes_what_mlflow_holds():
                          parent_status="FINISHED", started="2026-01-01 00:00 UTC",
                          tracking_uri="sqlite:///x.db", config_name="c.yaml",
                          config_text="name: <script>alert(1)</script>")
-    page = render_html(sweep, [], [], {}, "final_loss", [])
+    from service.report.projected import Projected
+
+    page = render_html(sweep, [], [], {}, "final_loss", Projected([]))
     assert "<script>" not in page and "<b>exp</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Sweep report: &lt;b&gt;exp&lt;/b&gt;" in page
     assert "No trial has finished yet" in page and "No trial logged the per-step accounting" in page

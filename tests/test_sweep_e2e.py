@@ -248,8 +248,8 @@ def test_report_of_a_real_smoke_sweep(smoke_sweep, tmp_path):
     for name in report.REPORT_FILES:
         assert (out / name).stat().st_size > 0, name
     assert set(report.REPORT_FILES) <= {a.path for a in client.list_artifacts(parent.info.run_id)}
-    # loss curves, throughput, tradeoff, and the projected throughput (real trials log the
-    # byte accounting the projection is computed from)
+    # loss curves, throughput, tradeoff, and the decision map (real trials record the step
+    # timeline the projection prices)
     assert html_path.read_text().count("data:image/png;base64,") == 4
 
     sweep = report.load_sweep(report.open_store(uri), parent.info.run_id)

@@ -11,13 +11,13 @@ The names below are the package's interface (service.sweep builds the report at 
 sweep; tests read the data the plots are drawn from).
 """
 
-from service.report.build import REPORT_FILES, build_report
+from service.report.build import PROJECTED_FILES, REPORT_FILES, build_report
 from service.report.cli import main
 from service.report.data import (LossCurve, ReportError, Sweep, Trial, TradeoffPoint, load_sweep,
                                  loss_curve_data, open_store, recommendations, summary_rows,
                                  throughput_data, tradeoff_data)
 from service.report.render import headline
 
-__all__ = ["REPORT_FILES", "LossCurve", "ReportError", "Sweep", "Trial", "TradeoffPoint", "build_report",
+__all__ = ["PROJECTED_FILES", "REPORT_FILES", "LossCurve", "ReportError", "Sweep", "Trial", "TradeoffPoint", "build_report",
            "headline", "load_sweep", "loss_curve_data", "main", "open_store", "recommendations",
            "summary_rows", "throughput_data", "tradeoff_data"]

@@ -12,8 +12,9 @@ from service.report.data import (ReportError, Sweep, load_sweep, loss_curve_data
 from service.report.render import render_html, summary_markdown, write_summary_csv
 from service.text import one_line
 
+PROJECTED_FILES = ("decision_map.png", "projection.csv")  # only when trials recorded their step timeline
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
-                "report.html", "decision_map.png", "projection.csv")
+                "report.html") + PROJECTED_FILES
 
 
 def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: Path | None = None,
