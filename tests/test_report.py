@@ -520,4 +520,4 @@ def test_report_html_escapes_what_mlflow_holds():
     page = render_html(sweep, [], [], {}, "final_loss", Projected([]))
     assert "<script>" not in page and "<b>exp</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Sweep report: &lt;b&gt;exp&lt;/b&gt;" in page
-    assert "No trial has finished yet" in page and "No trial logged the per-step accounting" in page
+    assert "No trial has finished yet" in page and "No trial recorded a step timeline" in page
