@@ -30,13 +30,20 @@ def _links(world: dict) -> dict[float, dict]:
                    for k in ("gbps", "latency_ms")} for link in links}
 
 
-def _bases(worlds: dict) -> dict[str, list[TrialTimeline]]:
-    """Per hook, the loopback basis trial's timeline of each repeat (W = 2's loopback arm)."""
-    out: dict[str, list[TrialTimeline]] = {}
+def _bases(worlds: dict) -> dict[str, list[dict]]:
+    """Per hook, the loopback basis trial of each repeat that ended ok with a timeline (W = 2's
+    loopback arm)."""
+    out: dict[str, list[dict]] = {}
     for run in _world(worlds, 2)["runs"]:
         if run["arm"] == LOOPBACK and run["status"] == "ok" and run["timeline"]:
-            out.setdefault(run["hook"], []).append(TrialTimeline.from_json(run["timeline"]))
+            out.setdefault(run["hook"], []).append(run)
     return out
+
+
+def quiet(runs: list[dict], limit: float) -> list[dict]:
+    """The repeats whose trial had the machine to itself: other processes kept at most ``limit``
+    cores busy on average (a repeat hit by a test suite is not the step the model prices)."""
+    return [r for r in runs if r.get("other_cores", 0.0) <= limit]
 
 
 def _world(worlds: dict, w: int) -> dict:
@@ -52,39 +59,48 @@ def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, l
     return _median(p.step_ms for p in prices), _median(p.compute_ms for p in prices), None
 
 
-def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, bases, global_batch: int,
-             carried: float) -> dict:
-    """One (hook, W, link) cell: measured (median over repeats), projected, error, counted or why not."""
+def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, bases: list[dict],
+             rules: dict) -> dict:
+    """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and of the basis:
+    measured and projected (medians), error, counted or why not (``rules``: global_batch, carried,
+    cores, quiet)."""
     ok = [r for r in runs if r["status"] == "ok"]
-    measured = _median(r["step_ms"] for r in ok)
-    timelines = [TrialTimeline.from_json(r["timeline"]) for r in ok if r["timeline"]]
+    calm, calm_bases = quiet(ok, rules["quiet"]), quiet(bases, rules["quiet"])
+    measured = _median(r["step_ms"] for r in calm)
+    timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
     row = {"hook": hook, "world_size": w, "link_gbps": link, "measured_ms": measured, "repeats": len(ok),
+           "quiet_repeats": len(calm), "other_cores": [round(r.get("other_cores", 0.0), 2) for r in ok],
            "measured_compute_ms": _median(t.timeline.compute_ms for t in timelines),
            "measured_timeline_ms": _median(t.own_step_ms() for t in timelines)}
-    if link == LOOPBACK:
-        gbps, latency_ms = float("inf"), 0.0
-    else:
-        gbps, latency_ms = link_fig["gbps"], link_fig["latency_ms"]
+    gbps, latency_ms = (float("inf"), 0.0) if link == LOOPBACK else (link_fig["gbps"], link_fig["latency_ms"])
+    if link != LOOPBACK:
         row.update(link_measured_gbps=gbps, latency_ms=latency_ms)
-    why = None
-    if not bases:
-        why = "no basis timeline"
-    else:
-        row["projected_ms"], row["projected_compute_ms"], why = _price(bases, global_batch, w, gbps, latency_ms)
+    why = None if calm_bases else "no quiet basis trial"
+    if calm_bases:
+        row["projected_ms"], row["projected_compute_ms"], why = _price(
+            [TrialTimeline.from_json(b["timeline"]) for b in calm_bases], rules["global_batch"], w, gbps, latency_ms)
     if measured is None:
-        why = why or "no measured trial ended ok"
+        why = why or f"no quiet measured trial (other processes kept {max(row['other_cores'], default=0):.1f} cores busy)"
     elif row.get("projected_ms") is not None:
         row["error_pct"] = 100.0 * (row["projected_ms"] - measured) / measured
-    if link == LOOPBACK:
-        why = why or "the basis itself (not held out)"
-    elif gbps < carried * link:
-        why = why or (f"not carried: measured {gbps:.2f} Gbit/s per host with {w} sending "
-                      f"({100 * gbps / link:.0f}% of {link:g})")
-    row["counted"], row["why_not"] = why is None, why
+    row["why_not"] = _why_not(w, link, gbps, rules, why)
+    row["counted"] = row["why_not"] is None
     return row
 
 
-def summarise(worlds: dict, global_batch: int, carried: float) -> dict:
+def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | None:
+    """Why a cell is not counted in the band, or None. The model prices W hosts with a core and
+    a link each: a cell this machine cannot give that is shown, not counted."""
+    if why or link == LOOPBACK:
+        return why or "the basis itself (not held out)"
+    if w > rules["cores"]:
+        return f"not carried: {w} ranks on {rules['cores']} cores (each rank's compute time-shared)"
+    if gbps < rules["carried"] * link:
+        return f"not carried: measured {gbps:.2f} Gbit/s per host with {w} sending ({100 * gbps / link:.0f}% of {link:g})"
+    return None
+
+
+def summarise(worlds: dict, rules: dict) -> dict:
     """Every cell's row, the per-hook bands, and time to target (when a quality run was made)."""
     bases, rows = _bases(worlds), []
     for w in sorted(int(k) for k in worlds):
@@ -95,7 +111,7 @@ def summarise(worlds: dict, global_batch: int, carried: float) -> dict:
         for hook in hooks_order:
             for arm in arms:
                 runs = [r for r in world["runs"] if r["hook"] == hook and r["arm"] == arm]
-                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), global_batch, carried))
+                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
     return {"rows": rows, "bands": bands(rows), "time_to_target": targets(quality, rows) if quality else None}
 
@@ -148,10 +164,11 @@ def _fmt_link(r: dict) -> str:
 def print_report(result: dict) -> None:
     rows = result["rows"]
     print(table(["hook", "W", "Gbit/s (measured, all W)", "projected ms", "measured ms", "error %",
-                 "proj. compute ms", "meas. compute ms", "counted"],
+                 "proj. compute ms", "meas. compute ms", "quiet/repeats", "counted"],
                 [[r["hook"], r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
                   None if r.get("error_pct") is None else round(r["error_pct"], 1), r.get("projected_compute_ms"),
-                  r["measured_compute_ms"], "yes" if r["counted"] else r["why_not"]] for r in rows]))
+                  r["measured_compute_ms"], f"{r['quiet_repeats']}/{r['repeats']}",
+                  "yes" if r["counted"] else r["why_not"]] for r in rows]))
     b = result["bands"]
     print()
     print(table(["hook", "low %", "high %", "median |error| %", "counted", "excluded"],
@@ -170,12 +187,14 @@ def print_report(result: dict) -> None:
         print(f"time to target: {ttt['error']}")
 
 
-def band_file(result: dict, args, load: list[float]) -> dict:
+def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     """The committed error band (format 1), keyed by hook name."""
     links = ",".join(f"{x:g}" for x in args.links)
+    crowded = [w for w in args.world_sizes if w > rules["cores"]]
+    note = f" (W={','.join(map(str, crowded))} measured, not counted: more ranks than the {rules['cores']} cores)" if crowded else ""
     return {"format": 1, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
-            "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s", "load_average": load,
+            "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s{note}", "load_average": load,
             "hooks": result["bands"]["hooks"], "overall": result["bands"]["overall"]}
 
 

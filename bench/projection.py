@@ -104,13 +104,26 @@ class EvalLog:
         pass
 
 
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (every process and the kernel), /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, *rest = (int(x) for x in f.readline().split()[1:])
+    return (user + nice + system + sum(rest[:3])) / os.sysconf("SC_CLK_TCK")  # + irq, softirq, steal
+
+
 def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
+    """One trial on this rank; rank 0's figures. ``other_cores``: the cores the rest of the machine
+    kept busy meanwhile (machine busy CPU per wall second less the ranks' own ``cpu_share``): on 2
+    cores a test suite started beside the bench doubles a step, and this says which trials it hit."""
     from service.train import run_training
 
+    busy0, t0 = busy_cpu_s(), time.perf_counter()
     result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu", process_group=group,
                           logger=logger)
+    wall = time.perf_counter() - t0
     return {"status": result.status, "step_ms": result.summary["step_time_ms_median"],
             "final_eval_loss": result.summary.get("final_eval_loss"),
+            "other_cores": (busy_cpu_s() - busy0) / wall - result.summary.get("cpu_share", 0.0),
             "timeline": result.timeline.to_json() if result.timeline else None}
 
 
@@ -217,12 +230,16 @@ def parse(argv) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--links", type=float, nargs="+", default=[0.5, 1.0, 2.5], help="Gbit/s per host")
-    parser.add_argument("--repeats", type=int, default=2, help="whole sweeps of the arms, alternated")
+    parser.add_argument("--repeats", type=int, default=3, help="whole sweeps of the arms, alternated")
     parser.add_argument("--steps", type=int, default=40, help="steps per trial (5 warm-up)")
     parser.add_argument("--quality-steps", type=int, default=100,
                         help="the loopback quality trial per hook, eval every quarter (0: no time to target)")
+    parser.add_argument("--quiet-cores", type=float, default=0.5, help="a repeat counts when other processes "
+                        "kept at most this many cores busy during its trial (on average)")
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
+    parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw runs "
+                        "through the current model and rules) instead of measuring")
     parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
     parser.add_argument("--band-out", help="the error band's path (default service/projection_error.json)")
     args = parser.parse_args(argv)
@@ -234,8 +251,28 @@ def parse(argv) -> argparse.Namespace:
     return args
 
 
+def rules(args) -> dict:
+    """What a counted cell needs (bench/_projection_rows.py): the cores and links it prices, a quiet machine."""
+    return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION, "cores": os.cpu_count() or 1,
+            "quiet": args.quiet_cores}
+
+
+def summarise_saved(args) -> int:
+    import json
+
+    saved = json.loads(open(args.summarise).read())
+    for key in ("world_sizes", "links", "steps"):
+        setattr(args, key, saved["settings"][key])
+    rows_mod.print_report(rows_mod.summarise(saved["raw"], rules(args)))
+    print(f"(saved run {saved['finished_utc']}: load average before {saved['load_average_before']}, "
+          f"after {saved['load_average_after']})")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.summarise:
+        return summarise_saved(args)
     if os.geteuid() != 0:
         print("error: bench/projection.py needs root (emulated hosts are network namespaces): run it with sudo",
               file=sys.stderr)
@@ -252,7 +289,7 @@ def main(argv=None) -> int:
         worlds[w] = run_world(w, args)
         print(f"W={w} done, {time.time() - started:.0f} s (load {load_average()})", flush=True)
     load_after = load_average()
-    result = rows_mod.summarise(worlds, GLOBAL_BATCH, CARRIED_FRACTION)
+    result = rows_mod.summarise(worlds, rules(args))
     rows_mod.print_report(result)
     print(f"load average at start {load_before}, at end {load_after}; {time.time() - started:.0f} s")
     path = write_json("projection", {"machine": machine(), "load_average_before": load_before,
@@ -260,7 +297,7 @@ def main(argv=None) -> int:
                                      "raw": {str(w): v for w, v in worlds.items()}}, args.out)
     print(f"wrote {path}")
     if args.band_out:
-        band = rows_mod.band_file(result, args, [load_before[0], load_after[0]])
+        band = rows_mod.band_file(result, args, rules(args), [load_before[0], load_after[0]])
         print(f"wrote {rows_mod.write_band(band, args.band_out)}")
     return 0
 
