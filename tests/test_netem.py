@@ -13,7 +13,7 @@ real gloo groups whose sockets live in the namespaces, real sweeps (local Ray, S
 * an interrupted sweep removes its trials' hosts;
 * the last test: ``ip netns list`` / ``ip link`` / ``iptables -S FORWARD`` show nothing of ours.
 
-Speeds are never asserted (bench/network.py measures them); the shaping is checked by what tc
+Speeds are never asserted (bench/projection.py measures them); the shaping is checked by what tc
 counted and by the measured rate never exceeding the asked one.
 """
 
