@@ -1,7 +1,8 @@
 """The step model (hooks/step_model.py) held against cells it never saw: every hook on emulated hosts.
 
-    sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook
+    sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook (~20 min)
     sudo .venv/bin/python bench/projection.py --quick      # W = 2, 1 Gbit/s, 3 hooks, few steps (smoke)
+    .venv/bin/python bench/projection.py --summarise bench/results/projection.json   # a saved run
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
 
 Needs root (network namespaces; service/netem.py). Workload: the quant preset's (char_lm, global
@@ -21,6 +22,13 @@ rank; the hooks one after another, rank 0 reshaping the links between barriers.
 * error % = (projected - measured) / measured; per hook its band (min, max over counted cells)
   and median |error|. Arms (loopback and the links) alternate in every repeat, the basis trained
   again in each, so load changes hit them alike; figures are medians over repeats.
+
+Counted cells (the rest are shown with the reason): held out (not the basis); one core per rank
+(the model prices W hosts with a CPU each: W above this machine's cores time-shares the compute);
+the link carried (above); and only the quiet repeats: each trial records the cores the rest of
+the machine kept busy meanwhile (/proc/stat busy time per second less the ranks' own CPU, ~0 on
+a quiet machine), and a repeat over --quiet-cores is left out of the cell's and the basis's
+medians (a test suite beside the bench doubles a step on 2 cores).
 
 Time to target (--quality-steps, 0: skip): one longer loopback trial per hook at W = 2 (eval
 every quarter); target = allreduce's final eval loss x 1.01; the crossing step from
