@@ -14,6 +14,9 @@ gloo group whose store and connections run over the link), and times
 * latency: one-way, half the shortest of 21 round trips of a 4-byte ping-pong (the link's
   own latency; longer trips are the 2 shared cores scheduling the processes late).
 
+:func:`time_group` is that timing (which ``measure`` runs) on any group of W emulated hosts,
+every host sending at once: the aggregate a W-host cell really gets (bench/projection.py).
+
 The sweep measures every link setting before its first trial and refuses a link that delivers
 less than :data:`MIN_FRACTION` of the asked rate (the machine's CPUs, not the shaping, are
 then the limit, and every figure of the trial would be about them).
@@ -58,39 +61,54 @@ def _rank_main(rank: int, host: netem.Host, master: str, port: int, nbytes: int,
     try:
         # c10d warns that a namespace has no resolvable hostname: true, and nothing to act on
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        import torch
         import torch.distributed as dist
 
         with netem.entered(host.namespace):
             os.environ["GLOO_SOCKET_IFNAME"] = host.ifname
             dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=2)
-            send = torch.zeros(nbytes // 4)
-            ping = torch.zeros(1)
-            # latency first: after the bulk transfer the bucket and the queues are still refilling
-            bandwidth, rtts = [], []
-            dist.barrier()
-            for _ in range(21):
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(ping, 1)
-                    dist.recv(ping, 1)
-                else:
-                    dist.recv(ping, 0)
-                    dist.send(ping, 0)
-                rtts.append(time.perf_counter() - t0)
-            for i in range(repeats + 1):  # the first round warms the connection (TCP slow start)
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(send)
-                elapsed = time.perf_counter() - t0
-                slowest = torch.tensor([elapsed], dtype=torch.float64)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-                if i:
-                    bandwidth.append(nbytes * 8 / slowest.item() / 1e9)
+            gbps, latency_ms = time_group(None, rank, 2, nbytes, repeats)
             dist.destroy_process_group()
-        queue.put((rank, statistics.median(bandwidth), min(rtts) / 2 * 1000.0, None))
+        queue.put((rank, gbps, latency_ms, None))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent as one line
         queue.put((rank, 0.0, 0.0, f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+
+
+def time_group(group, rank: int, world_size: int, nbytes: int = DEFAULT_BYTES, repeats: int = 3) -> tuple[float, float]:
+    """Collective (every rank of ``group`` calls it): what the links carry with all ``world_size``
+    hosts sending at once. (Gbit/s each host sends, one-way latency ms between ranks 0 and 1.)
+
+    Bandwidth: a ring allreduce of ``nbytes``, where every host sends 2(W-1)/W x nbytes to its
+    ring neighbour while receiving as much, all hosts at once; Gbit/s = bits a host sent / the
+    slowest host's time, median of ``repeats`` after one warm-up round (TCP slow start). At W = 2
+    this is the module doc's measurement; at larger W it is the aggregate: whether this
+    machine's CPUs carry W hosts at the rate together. Latency: as in the module doc, measured
+    first (after the bulk transfer the bucket and the queues are still refilling)."""
+    import torch
+    import torch.distributed as dist
+
+    send, ping, rtts, bandwidth = torch.zeros(nbytes // 4), torch.zeros(1), [], []
+    dist.barrier(group=group)
+    for _ in range(21):
+        t0 = time.perf_counter()
+        if rank == 0:
+            dist.send(ping, 1, group=group)
+            dist.recv(ping, 1, group=group)
+        elif rank == 1:
+            dist.recv(ping, 0, group=group)
+            dist.send(ping, 0, group=group)
+        rtts.append(time.perf_counter() - t0)
+    sent_bits = 2 * (world_size - 1) / world_size * nbytes * 8  # a ring allreduce's bytes per host
+    for i in range(repeats + 1):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        dist.all_reduce(send, group=group)
+        slowest = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+        if i:
+            bandwidth.append(sent_bits / slowest.item() / 1e9)
+    latency = torch.tensor([min(rtts) / 2 * 1000.0 if rank < 2 else 0.0], dtype=torch.float64)
+    dist.all_reduce(latency, group=group)  # every rank returns the mean of ranks 0 and 1's
+    return statistics.median(bandwidth), latency.item() / 2
 
 
 def measure(link_gbps: float, latency_ms: float = 0.0, *, nbytes: int | None = None,

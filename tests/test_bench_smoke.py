@@ -19,10 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_bench(script: str, out: Path, timeout: float, *extra: str) -> dict:
+def run_bench(script: str, out: Path, timeout: float, extra: list[str] | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *extra],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", "--out", str(out), *(extra or [])],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
@@ -31,6 +31,7 @@ def run_bench(script: str, out: Path, timeout: float, *extra: str) -> dict:
     for key in ("bench", "finished_utc", "machine", "load_average_before", "load_average_after", "settings"):
         assert key in data, key
     assert len(data["load_average_before"]) == 3
+    data["_stdout"] = proc.stdout  # no bench writes this key: what it printed, for the checks that read it
     return data
 
 
@@ -39,7 +40,7 @@ def positive(x) -> bool:
 
 
 def test_instrumentation_quick_writes_paired_step_times(tmp_path):
-    data = run_bench("instrumentation.py", tmp_path / "instrumentation.json", 600, "--timeline")
+    data = run_bench("instrumentation.py", tmp_path / "instrumentation.json", 600, ["--timeline"])
     assert data["bench"] == "instrumentation"
     assert {r["mode"] for r in data["runs"]} == {"on", "no_timeline", "off"}
     for run in data["runs"]:
@@ -114,6 +115,34 @@ def test_concurrency_quick_runs_both_sweeps_and_reports_distortion(tmp_path):
     assert data["wall_ratio_c1_over_c2"] == pytest.approx(runs["1"]["wall_s"] / runs["2"]["wall_s"])
     assert positive(data["throughput_ratio_shared_over_alone"])
     assert set(data["throughput_ratio_per_config"]) == set(runs["1"]["samples_per_s"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulated hosts need root (CI runs as root)")
+def test_projection_quick_prices_the_basis_at_every_cell_and_writes_the_band(tmp_path):
+    band_out = tmp_path / "band.json"
+    # --quiet-cores 100: every repeat counts however busy the machine is (a behaviour check, not a timing)
+    data = run_bench("projection.py", tmp_path / "projection.json", timeout=900,
+                     extra=["--band-out", str(band_out), "--quiet-cores", "100"])
+    rows, printed = data["rows"], data["_stdout"]
+    for heading in ("projected ms", "measured ms", "error %", "median |error| %", "load average at start"):
+        assert heading in printed, heading
+    assert {r["hook"] for r in rows} == {"allreduce", "fp16_compress", "quantized_allreduce"}
+    assert {r["link_gbps"] for r in rows} == {"loopback", 1.0} and {r["world_size"] for r in rows} == {2}
+    for r in rows:
+        assert positive(r["measured_ms"]) and positive(r["projected_ms"]), r
+        assert r["error_pct"] == pytest.approx(100 * (r["projected_ms"] - r["measured_ms"]) / r["measured_ms"])
+        assert r["counted"] == (r["why_not"] is None)
+    shaped = [r for r in rows if r["link_gbps"] == 1.0]
+    assert all(positive(r["link_measured_gbps"]) for r in shaped)
+    band = json.loads(band_out.read_text())
+    assert band["format"] == 1 and band["source"] == "bench/projection.py" and band["basis"] == "loopback, W=2"
+    assert set(band["hooks"]) == {r["hook"] for r in rows}
+    for name, h in band["hooks"].items():
+        assert h["counted"] + h["excluded"] == 1, name  # one held-out cell per hook in --quick
+        if h["counted"]:
+            assert h["low_pct"] <= h["high_pct"] and h["median_abs_pct"] >= 0
+    assert set(band["overall"]) == {"low_pct", "high_pct", "median_abs_pct"} and len(band["load_average"]) == 2
+    assert set(data["time_to_target"]["hooks"]) == {r["hook"] for r in rows}
 
 
 def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path):

@@ -1,0 +1,205 @@
+"""bench/projection.py's figures from its raw runs: each cell's projection from the loopback basis,
+the error against the measured step, the per-hook band, time to target, and the band file the
+report reads (service/projection_error.json, format 1). Pure Python over the runs' JSON."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from _common import table
+
+from hooks.step_model import CellRefused
+from service.report.recommend import time_to_target
+from service.step_timeline import TrialTimeline
+
+LOOPBACK = "loopback"
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _links(world: dict) -> dict[float, dict]:
+    """Each link's per-host goodput and latency with all W hosts sending: medians over repeats."""
+    links = {float(k) for rep in world["links"] for k in rep}
+    return {link: {k: statistics.median(rep[link][k] if link in rep else rep[str(link)][k] for rep in world["links"])
+                   for k in ("gbps", "latency_ms")} for link in links}
+
+
+def _bases(worlds: dict) -> dict[str, list[dict]]:
+    """Per hook, the loopback basis trial of each repeat that ended ok with a timeline (W = 2's
+    loopback arm)."""
+    out: dict[str, list[dict]] = {}
+    for run in _world(worlds, 2)["runs"]:
+        if run["arm"] == LOOPBACK and run["status"] == "ok" and run["timeline"]:
+            out.setdefault(run["hook"], []).append(run)
+    return out
+
+
+def quiet(runs: list[dict], limit: float) -> list[dict]:
+    """The repeats whose trial had the machine to itself: other processes kept at most ``limit``
+    cores busy on average (a repeat hit by a test suite is not the step the model prices)."""
+    return [r for r in runs if r.get("other_cores", 0.0) <= limit]
+
+
+def _world(worlds: dict, w: int) -> dict:
+    return worlds.get(w, worlds.get(str(w)))
+
+
+def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float):
+    """(projected step ms, projected compute ms), medians over the repeats' bases; or the refusal."""
+    try:
+        prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0) for b in bases]
+    except CellRefused as exc:
+        return None, None, str(exc)
+    return _median(p.step_ms for p in prices), _median(p.compute_ms for p in prices), None
+
+
+def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, bases: list[dict],
+             rules: dict) -> dict:
+    """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and of the basis:
+    measured and projected (medians), error, counted or why not (``rules``: global_batch, carried,
+    cores, quiet)."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    calm, calm_bases = quiet(ok, rules["quiet"]), quiet(bases, rules["quiet"])
+    measured = _median(r["step_ms"] for r in calm)
+    timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
+    row = {"hook": hook, "world_size": w, "link_gbps": link, "measured_ms": measured, "repeats": len(ok),
+           "quiet_repeats": len(calm), "other_cores": [round(r.get("other_cores", 0.0), 2) for r in ok],
+           "measured_compute_ms": _median(t.timeline.compute_ms for t in timelines),
+           "measured_timeline_ms": _median(t.own_step_ms() for t in timelines)}
+    gbps, latency_ms = (float("inf"), 0.0) if link == LOOPBACK else (link_fig["gbps"], link_fig["latency_ms"])
+    if link != LOOPBACK:
+        row.update(link_measured_gbps=gbps, latency_ms=latency_ms)
+    why = None if calm_bases else "no quiet basis trial"
+    if calm_bases:
+        row["projected_ms"], row["projected_compute_ms"], why = _price(
+            [TrialTimeline.from_json(b["timeline"]) for b in calm_bases], rules["global_batch"], w, gbps, latency_ms)
+    if measured is None:
+        why = why or f"no quiet measured trial (other processes kept {max(row['other_cores'], default=0):.1f} cores busy)"
+    elif row.get("projected_ms") is not None:
+        row["error_pct"] = 100.0 * (row["projected_ms"] - measured) / measured
+    row["why_not"] = _why_not(w, link, gbps, rules, why)
+    row["counted"] = row["why_not"] is None
+    return row
+
+
+def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | None:
+    """Why a cell is not counted in the band, or None. The model prices W hosts with a core and
+    a link each: a cell this machine cannot give that is shown, not counted."""
+    if why or link == LOOPBACK:
+        return why or "the basis itself (not held out)"
+    if w > rules["cores"]:
+        return f"not carried: {w} ranks on {rules['cores']} cores (each rank's compute time-shared)"
+    if gbps < rules["carried"] * link:
+        return f"not carried: measured {gbps:.2f} Gbit/s per host with {w} sending ({100 * gbps / link:.0f}% of {link:g})"
+    return None
+
+
+def summarise(worlds: dict, rules: dict) -> dict:
+    """Every cell's row, the per-hook bands, and time to target (when a quality run was made)."""
+    bases, rows = _bases(worlds), []
+    for w in sorted(int(k) for k in worlds):
+        world, links = _world(worlds, w), _links(_world(worlds, w))
+        hooks_order = list(dict.fromkeys(r["hook"] for r in world["runs"]))
+        arms = list(dict.fromkeys(r["arm"] for r in world["runs"]))
+        arms = [a for a in arms if a == LOOPBACK] + sorted(float(a) for a in arms if a != LOOPBACK)
+        for hook in hooks_order:
+            for arm in arms:
+                runs = [r for r in world["runs"] if r["hook"] == hook and r["arm"] == arm]
+                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
+    quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
+    return {"rows": rows, "bands": bands(rows), "time_to_target": targets(quality, rows) if quality else None}
+
+
+def _band(errors: list[float]) -> dict:
+    if not errors:
+        return {"low_pct": None, "high_pct": None, "median_abs_pct": None}
+    return {"low_pct": round(min(errors), 1), "high_pct": round(max(errors), 1),
+            "median_abs_pct": round(statistics.median(abs(e) for e in errors), 1)}
+
+
+def bands(rows: list[dict]) -> dict:
+    """Per hook (and overall): the error band over its counted cells, median |error|, counts.
+    The basis's own loopback cell is neither counted nor excluded (it is not a held-out cell)."""
+    held_out = [r for r in rows if r["link_gbps"] != LOOPBACK]
+    out = {}
+    for hook in dict.fromkeys(r["hook"] for r in held_out):
+        mine = [r for r in held_out if r["hook"] == hook]
+        counted = [r["error_pct"] for r in mine if r["counted"]]
+        out[hook] = {**_band(counted), "counted": len(counted), "excluded": len(mine) - len(counted)}
+    overall = _band([r["error_pct"] for r in held_out if r["counted"]])
+    return {"hooks": out, "overall": overall}
+
+
+def targets(quality: dict, rows: list[dict], tolerance: float = 0.01) -> dict:
+    """Time to target from each hook's quality run: target = allreduce's final eval loss x (1 +
+    tolerance); the crossing step (recommend.time_to_target); x each cell's projected step."""
+    base = quality.get("allreduce")
+    if not base or not base["evals"]:
+        return {"error": "no allreduce quality run: no target"}
+    target = base["evals"][-1][1] * (1 + tolerance)
+    out = {"target": target, "steps": base["steps"], "hooks": {}}
+    for hook, q in quality.items():
+        steps = list(range(1, q["steps"] + 1))
+        ttt = time_to_target([s for s, _ in q["evals"]], [v for _, v in q["evals"]], steps, [1.0] * len(steps), target)
+        cells = {f"W={r['world_size']} {r['link_gbps']:g}": (None if ttt.step is None or r.get("projected_ms") is None
+                                                            else ttt.step * r["projected_ms"] / 1000.0)
+                 for r in rows if r["hook"] == hook and r["link_gbps"] != LOOPBACK}
+        out["hooks"][hook] = {"crossing_step": ttt.step, "final_eval_loss": q["evals"][-1][1] if q["evals"] else None,
+                              "projected_s": cells}
+    return out
+
+
+def _fmt_link(r: dict) -> str:
+    if r["link_gbps"] == LOOPBACK:
+        return LOOPBACK
+    return f"{r['link_gbps']:g} ({r['link_measured_gbps']:.2f})"
+
+
+def print_report(result: dict) -> None:
+    rows = result["rows"]
+    print(table(["hook", "W", "Gbit/s (measured, all W)", "projected ms", "measured ms", "error %",
+                 "proj. compute ms", "meas. compute ms", "quiet/repeats", "counted"],
+                [[r["hook"], r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
+                  None if r.get("error_pct") is None else round(r["error_pct"], 1), r.get("projected_compute_ms"),
+                  r["measured_compute_ms"], f"{r['quiet_repeats']}/{r['repeats']}",
+                  "yes" if r["counted"] else r["why_not"]] for r in rows]))
+    b = result["bands"]
+    print()
+    print(table(["hook", "low %", "high %", "median |error| %", "counted", "excluded"],
+                [[h, v["low_pct"], v["high_pct"], v["median_abs_pct"], v["counted"], v["excluded"]]
+                 for h, v in b["hooks"].items()]))
+    o = b["overall"]
+    print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
+    ttt = result.get("time_to_target")
+    if ttt and "hooks" in ttt:
+        cells = list(next(iter(ttt["hooks"].values()))["projected_s"])
+        print(f"\ntime to target (allreduce's final eval loss x 1.01 = {ttt['target']:.4f}; quality runs of "
+              f"{ttt['steps']} steps on loopback, W=2): crossing step x projected step, s")
+        print(table(["hook", "crossing step", *cells],
+                    [[h, v["crossing_step"], *v["projected_s"].values()] for h, v in ttt["hooks"].items()]))
+    elif ttt:
+        print(f"time to target: {ttt['error']}")
+
+
+def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
+    """The committed error band (format 1), keyed by hook name."""
+    links = ",".join(f"{x:g}" for x in args.links)
+    crowded = [w for w in args.world_sizes if w > rules["cores"]]
+    note = f" (W={','.join(map(str, crowded))} measured, not counted: more ranks than the {rules['cores']} cores)" if crowded else ""
+    return {"format": 1, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
+            "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s{note}", "load_average": load,
+            "hooks": result["bands"]["hooks"], "overall": result["bands"]["overall"]}
+
+
+def write_band(band: dict, path: str) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(band, indent=1) + "\n")
+    return out

@@ -1,0 +1,314 @@
+"""The step model (hooks/step_model.py) held against cells it never saw: every hook on emulated hosts.
+
+    sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook (~20 min)
+    sudo .venv/bin/python bench/projection.py --quick      # W = 2, 1 Gbit/s, 3 hooks, few steps (smoke)
+    .venv/bin/python bench/projection.py --summarise bench/results/projection.json   # a saved run
+    sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
+
+Needs root (network namespaces; service/netem.py). Workload: the quant preset's (char_lm, global
+batch 64, AdamW, lr 0.003), a short trial (--steps, 5 warm-up steps, the step timeline sampled on
+5 steps, one eval at the end), every registered hook (error feedback on where it has it, PowerSGD
+compressing from step 3), trained by ``service.train.run_training`` (no Ray) in one process per
+rank; the hooks one after another, rank 0 reshaping the links between barriers.
+
+* basis: the trial on loopback at W = 2 (the default gloo group, unshaped) - its recorded step
+  timeline (``TrialTimeline``) is the model's only input;
+* measured cells: the same trial on W emulated hosts (one per rank) at each link; measured ms =
+  the trial's ``step_time_ms_median`` (rank 0's median step over the steps after warm-up);
+* projected ms: ``TrialTimeline.price(64, W, goodput, latency)`` of the basis, where goodput and
+  latency are the cell's link as MEASURED with all W hosts sending at once
+  (``service.link_measure.time_group``), not the nominal rate; a cell whose hosts get less than
+  85% of the nominal rate together is not carried by this machine and not counted;
+* error % = (projected - measured) / measured; per hook its band (min, max over counted cells)
+  and median |error|. Arms (loopback and the links) alternate in every repeat, the basis trained
+  again in each, so load changes hit them alike; figures are medians over repeats.
+
+Counted cells (the rest are shown with the reason): held out (not the basis); one core per rank
+(the model prices W hosts with a CPU each: W above this machine's cores time-shares the compute);
+the link carried (above); and only the quiet repeats: each trial records the cores the rest of
+the machine kept busy meanwhile (/proc/stat busy time per second less the ranks' own CPU, ~0 on
+a quiet machine), and a repeat over --quiet-cores is left out of the cell's and the basis's
+medians (a test suite beside the bench doubles a step on 2 cores).
+
+Time to target (--quality-steps, 0: skip): one longer loopback trial per hook at W = 2 (eval
+every quarter); target = allreduce's final eval loss x 1.01; the crossing step from
+``service.report.recommend.time_to_target``; projected seconds at each cell = crossing step x
+projected step.
+
+Global batch 64 splits over W = 2, 4, 8 only (W = 3 and 6 are refused by the workload's check).
+Writes bench/results/projection.json (every row, the load) and the error band the report reads,
+service/projection_error.json (--band-out; a --quick run writes one only when given --band-out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from _common import ROOT, free_port, load_average, machine, table, write_json  # noqa: F401  (ROOT: sys.path)
+
+import _projection_rows as rows_mod  # noqa: E402
+from service import link_measure, netem  # noqa: E402
+
+GLOBAL_BATCH = 64
+CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
+QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
+LOOPBACK = "loopback"
+
+
+def hook_entries(names: list[str] | None) -> list:
+    """Every registered hook (or ``names``), as a search.hooks entry: error feedback on where it
+    has it, PowerSGD compressing from step 3 so that every measured step compresses."""
+    import hooks
+
+    entries = []
+    for name, spec in hooks.available().items():
+        if names and name not in names:
+            continue
+        params = {"error_feedback": True} if "error_feedback" in spec.params else {}
+        if "start_iter" in spec.params:
+            params["start_iter"] = 2
+        entries.append({"name": name, **params} if params else name)
+    return entries
+
+
+def sweep_config(entries: list, world_size: int, steps: int, eval_every: int, timeline_steps: int = 5):
+    from service.config import SweepConfig
+
+    return SweepConfig.model_validate({
+        "name": "projection",
+        "search": {"hooks": entries, "world_size": [world_size], "seed": [0]},
+        "workload": {"name": "char_lm", "steps": steps, "global_batch_size": GLOBAL_BATCH, "lr": 0.003,
+                     "optimizer": "adamw", "eval_every": eval_every, "warmup_steps": 5 if steps > 10 else 2},
+        "tracking": {"timeline_steps": timeline_steps}})
+
+
+class EvalLog:
+    """A stand-in for rank 0's MetricLogger: keeps the eval losses (time to target needs them)."""
+
+    def __init__(self):
+        self.evals: list[tuple[int, float]] = []
+
+    def log(self, step: int, **metrics) -> None:
+        if "eval_loss" in metrics:
+            self.evals.append((step, metrics["eval_loss"]))
+
+    def flush(self) -> None:
+        pass
+
+    def log_summary(self, **summary) -> None:
+        pass
+
+    def log_dict(self, data, name) -> None:
+        pass
+
+    def set_tags(self, **tags) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has been busy (every process and the kernel), /proc/stat."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, *rest = (int(x) for x in f.readline().split()[1:])
+    return (user + nice + system + sum(rest[:3])) / os.sysconf("SC_CLK_TCK")  # + irq, softirq, steal
+
+
+def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
+    """One trial on this rank; rank 0's figures. ``other_cores``: the cores the rest of the machine
+    kept busy meanwhile (machine busy CPU per wall second less the ranks' own ``cpu_share``): on 2
+    cores a test suite started beside the bench doubles a step, and this says which trials it hit."""
+    from service.train import run_training
+
+    busy0, t0 = busy_cpu_s(), time.perf_counter()
+    result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu", process_group=group,
+                          logger=logger)
+    wall = time.perf_counter() - t0
+    return {"status": result.status, "step_ms": result.summary["step_time_ms_median"],
+            "final_eval_loss": result.summary.get("final_eval_loss"),
+            "other_cores": (busy_cpu_s() - busy0) / wall - result.summary.get("cpu_share", 0.0),
+            "timeline": result.timeline.to_json() if result.timeline else None}
+
+
+def _measure_links(rank: int, world_size: int, net, group, links: list[float]) -> dict:
+    """Each link's aggregate goodput and latency with every host of this world sending."""
+    import torch.distributed as dist
+
+    out = {}
+    for link in links:
+        if rank == 0:
+            net.reshape(link)
+        dist.barrier()
+        nbytes = max(link_measure.DEFAULT_BYTES, int(link * 1e9 / 8 * 0.1))
+        gbps, latency_ms = link_measure.time_group(group, rank, world_size, nbytes)
+        out[link] = {"gbps": gbps, "latency_ms": latency_ms}
+    return out
+
+
+def _arms(rank: int, world_size: int, net, args) -> dict:
+    """One rank's whole run in one world: per repeat the links measured, then every hook on every
+    arm (the order reversed on odd repeats); at W = 2 the loopback basis is an arm."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    group = netem.process_group_on_host(net.hosts[rank])
+    cfg = sweep_config(hook_entries(args.hooks), world_size, args.steps, args.steps)
+    arms = ([LOOPBACK] if world_size == 2 else []) + list(args.links)
+    out = {"links": [], "runs": []}
+    for rep in range(args.repeats):
+        out["links"].append(_measure_links(rank, world_size, net, group, args.links))
+        order = arms if rep % 2 == 0 else arms[::-1]
+        for trial in cfg.trials():
+            for arm in order:
+                if arm != LOOPBACK:
+                    if rank == 0:
+                        net.reshape(arm)
+                    dist.barrier()
+                run = _trial(trial, cfg, rank, world_size, None if arm == LOOPBACK else group)
+                out["runs"].append({"hook": trial.hook, "label": trial.config_label, "arm": arm,
+                                    "repeat": rep, **run})
+        if rank == 0:
+            print(f"W={world_size} repeat {rep + 1}/{args.repeats} done (load {load_average()})", flush=True)
+    if world_size == 2 and args.quality_steps:
+        out["quality"] = _quality(rank, world_size, args)
+    return out
+
+
+def _quality(rank: int, world_size: int, args) -> dict:
+    """Per hook, one longer loopback trial's eval losses (rank 0 logs them)."""
+    steps = args.quality_steps
+    cfg = sweep_config(hook_entries(args.hooks), world_size, steps, max(steps // 4, 1), timeline_steps=0)
+    out = {}
+    for trial in cfg.trials():
+        log = EvalLog()
+        run = _trial(trial, cfg, rank, world_size, None, log if rank == 0 else None)
+        out[trial.hook] = {"evals": log.evals, "status": run["status"], "steps": steps}
+    return out
+
+
+def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
+    try:
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d: "a namespace has no hostname"
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+        out = _arms(rank, world_size, net, args)
+        dist.destroy_process_group()
+        queue.put((rank, out, None))
+    except BaseException:  # noqa: BLE001 - the parent prints it
+        import traceback
+
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def run_world(world_size: int, args) -> dict:
+    """Every arm of one world size: W processes, one per emulated host (rank 0's results)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    with netem.Network(world_size, None) as net:
+        queue, port = ctx.Queue(), free_port()
+        procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, net, args, queue), daemon=True)
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        out = {}
+        try:
+            for _ in procs:
+                rank, result, err = queue.get(timeout=3 * 3600)
+                if err:
+                    raise RuntimeError(f"W={world_size} rank {rank} failed:\n{err}")
+                out[rank] = result
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+    return out[0]
+
+
+def parse(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--links", type=float, nargs="+", default=[0.5, 1.0, 2.5], help="Gbit/s per host")
+    parser.add_argument("--repeats", type=int, default=3, help="whole sweeps of the arms, alternated")
+    parser.add_argument("--steps", type=int, default=40, help="steps per trial (5 warm-up)")
+    parser.add_argument("--quality-steps", type=int, default=100,
+                        help="the loopback quality trial per hook, eval every quarter (0: no time to target)")
+    parser.add_argument("--quiet-cores", type=float, default=0.5, help="a repeat counts when other processes "
+                        "kept at most this many cores busy during its trial (on average)")
+    parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
+    parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
+    parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw runs "
+                        "through the current model and rules) instead of measuring")
+    parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
+    parser.add_argument("--band-out", help="the error band's path (default service/projection_error.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
+        args.hooks = args.hooks or QUICK_HOOKS
+    elif not args.band_out:
+        args.band_out = str(ROOT / "service" / "projection_error.json")
+    return args
+
+
+def rules(args) -> dict:
+    """What a counted cell needs (bench/_projection_rows.py): the cores and links it prices, a quiet machine."""
+    return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION, "cores": os.cpu_count() or 1,
+            "quiet": args.quiet_cores}
+
+
+def summarise_saved(args) -> int:
+    import json
+
+    saved = json.loads(open(args.summarise).read())
+    for key in ("world_sizes", "links", "steps"):
+        setattr(args, key, saved["settings"][key])
+    rows_mod.print_report(rows_mod.summarise(saved["raw"], rules(args)))
+    print(f"(saved run {saved['finished_utc']}: load average before {saved['load_average_before']}, "
+          f"after {saved['load_average_after']})")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    if args.summarise:
+        return summarise_saved(args)
+    if os.geteuid() != 0:
+        print("error: bench/projection.py needs root (emulated hosts are network namespaces): run it with sudo",
+              file=sys.stderr)
+        return 2
+    try:
+        netem.preflight(min(args.links))
+    except netem.NetemError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    load_before, started = load_average(), time.time()
+    print(f"load average at start {load_before}", flush=True)
+    worlds = {}
+    for w in args.world_sizes:
+        worlds[w] = run_world(w, args)
+        print(f"W={w} done, {time.time() - started:.0f} s (load {load_average()})", flush=True)
+    load_after = load_average()
+    result = rows_mod.summarise(worlds, rules(args))
+    rows_mod.print_report(result)
+    print(f"load average at start {load_before}, at end {load_after}; {time.time() - started:.0f} s")
+    path = write_json("projection", {"machine": machine(), "load_average_before": load_before,
+                                     "load_average_after": load_after, "settings": vars(args), **result,
+                                     "raw": {str(w): v for w, v in worlds.items()}}, args.out)
+    print(f"wrote {path}")
+    if args.band_out:
+        band = rows_mod.band_file(result, args, rules(args), [load_before[0], load_after[0]])
+        print(f"wrote {rows_mod.write_band(band, args.band_out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
