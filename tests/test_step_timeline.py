@@ -12,7 +12,7 @@ import pytest
 from service.config import SweepConfig
 from service.step_timeline import TrialTimeline, combine_ranks
 from service.train import run_training
-from service.train.timeline import timeline_steps
+from service.train.timeline import timeline_steps, window_steps
 from tests.dist_utils import run_distributed
 from tests.test_worker import single_rank_group, store  # noqa: F401 - fixtures
 
@@ -121,6 +121,11 @@ def test_rank_0_records_the_timeline_on_the_trials_run(single_rank_group, store)
     assert metrics["timeline_step_ms"] == pytest.approx(result.timeline.own_step_ms())
     assert metrics["timeline_vs_measured"] == pytest.approx(result.summary["timeline_vs_measured"])
     assert reader.step_timeline(parent) is None  # a run without one
+
+
+def test_a_compute_window_follows_every_other_sampled_step():
+    assert window_steps((7, 12, 20, 31, 40)) == {7, 20, 40}
+    assert window_steps((9,)) == {9} and window_steps(()) == frozenset()
 
 
 def test_timeline_steps_spread_over_the_trial_after_warm_up_and_skip_what_they_must():

@@ -7,7 +7,8 @@ call, no sync (an unsampled step pays a set lookup and an ``is not None`` per ph
 a sampled step (outside its measured time), a compute window times the rank's forward and backward
 on the bare module (no hook, no collective, no DDP) at its micro-batch and at half of it, the
 trajectory kept (``paired_timing.trajectory_kept``): the two points of the model's
-``ComputeScaling``. At the end of the trial :meth:`StepTimelines.gather` sends every rank's
+``ComputeScaling``; on every other sampled step only (:func:`window_steps`: each window costs about
+two training steps' compute, which bench/instrumentation.py --timeline counts against the budget). At the end of the trial :meth:`StepTimelines.gather` sends every rank's
 samples to every rank with ONE ``all_gather_object`` and combines them
 (``service.step_timeline.combine_ranks``); the loop's rank 0 records the result.
 """
@@ -44,6 +45,11 @@ def timeline_steps(count: int, first_step: int, last_step: int, warmup_steps: in
     return tuple(eligible[round(i * (len(eligible) - 1) / (count - 1))] for i in range(count))
 
 
+def window_steps(steps: tuple[int, ...]) -> frozenset[int]:
+    """The sampled steps followed by a compute window: the first, the third, ... (3 of the default 5)."""
+    return frozenset(steps[::2])
+
+
 class StepTimelines:
     """One rank's sampled step timelines and compute windows (the module doc). The loop calls
     ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
@@ -54,6 +60,7 @@ class StepTimelines:
                  latency_s: float):
         # a state of torch's own hooks (bench/instrumentation.py's plain arm) stamps nothing
         self.steps = frozenset(steps) if isinstance(hook_state, HookState) else frozenset()
+        self.window_steps = window_steps(tuple(sorted(self.steps)))
         self.state, self.module, self.wl, self.precision, self.device = hook_state, module, wl, precision, device
         self.sampler = StepSampler(hook_state, self.steps)
         self.world_size, self.rank_batch, self.accumulation = world_size, rank_batch, grad_accumulation
@@ -64,14 +71,14 @@ class StepTimelines:
         self.optimizer = self.sampler.optimizer
 
     def step_done(self, step: int, micro_batches) -> None:
-        """A sampled step's end (``StepSampler.done``), then its compute window: the rank's forward
-        and backward of the step's last micro-batch and of its first half, on the bare module
-        (local, the trajectory kept; none where the micro-batch has one sample)."""
+        """A sampled step's end (``StepSampler.done``), then, on a window step, its compute window:
+        the rank's forward and backward of the step's last micro-batch and of its first half, on
+        the bare module (local, the trajectory kept; none where the micro-batch has one sample)."""
         if step not in self.steps:
             return
         self.sampler.done()
         indices = micro_batches[-1]
-        if len(indices) < 2:
+        if len(indices) < 2 or step not in self.window_steps:
             return
         with trajectory_kept(self.module):
             self.windows.append((self._timed(indices), self._timed(indices[:len(indices) // 2])))
