@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from service.projection import Basis, CellProjection, CellWinner, ErrorBands, project, winner
+from service.projection import Basis, CellProjection, CellWinner, ErrorBands, default_world_sizes, project, winner
 
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
@@ -22,11 +22,7 @@ FIRST_MAP_W = 2
 
 def map_world_sizes(global_batch: int) -> list[int]:
     """2, 4, ... up to the global batch."""
-    sizes, w = [], FIRST_MAP_W
-    while w <= global_batch:
-        sizes.append(w)
-        w *= 2
-    return sizes or [FIRST_MAP_W]
+    return default_world_sizes(global_batch, FIRST_MAP_W)
 
 
 def winners(bases: list[Basis], world_sizes: list[int], links_gbps=MAP_LINKS_GBPS,

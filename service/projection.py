@@ -186,13 +186,14 @@ def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iter
     return [project_cell(b, w, g, bands) for b in bases for w, g in cells]
 
 
-def default_world_sizes(global_batch: int) -> list[int]:
-    """W = 8, 16, ... up to the global batch (a rank needs a sample)."""
-    sizes, w = [], FIRST_PROJECTED_W
+def default_world_sizes(global_batch: int, first: int = FIRST_PROJECTED_W) -> list[int]:
+    """W = first, 2 first, ... up to the global batch (a rank needs a sample); [first] when even
+    that is more (its cells are then refused, with the reason)."""
+    sizes, w = [], first
     while w <= global_batch:
         sizes.append(w)
         w *= 2
-    return sizes or [FIRST_PROJECTED_W]
+    return sizes or [first]
 
 
 def cells(project_cfg, global_batch: int) -> tuple[list[int], list[float]]:
