@@ -3,7 +3,8 @@
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
 each cell coloured by the configuration with the shortest projected time to target among those
 whose quality matched the baseline (service/projection.py), hatched where the winner's margin
-over the runner-up is inside the model's measured error band (``projection.too_close``), the measured
+over the runner-up is inside the model's measured error band and its trials' spread
+(``projection.too_close``), the measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
 of ``report.cluster`` starred.
 """
@@ -68,7 +69,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.set_xlabel("world size (ranks, log2)")
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
     handles = [Patch(facecolor=colour[c], label=c) for c in configs]
-    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///", label="too close to call (inside the error band)"),
+    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///", label="too close to call (error band, seeds' spread)"),
                 plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if cluster is not None:

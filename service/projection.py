@@ -139,16 +139,24 @@ class CellProjection:
     time_to_target_s: Optional[float]
     band: Optional[ErrorBand]
     refused: str = ""
+    seed_steps_ms: tuple[float, ...] = ()   # each basis trial's timeline priced here (step_ms: their median)
 
     @property
     def config(self) -> str:
         return self.basis.config
 
-    def measured_range(self) -> Optional[tuple[float, float]]:
-        """The time to target this projection stands for, given the model's error band."""
-        if self.time_to_target_s is None or self.band is None:
-            return None
-        return self.band.measured_range(self.time_to_target_s)
+    def measured_range(self) -> tuple[float, float]:
+        """The time to target this projection stands for: from its fastest seed's timeline at
+        the error band's high end to its slowest seed's at the low end (without a measured band,
+        the seeds' spread alone). Each basis trial's timeline is one measurement of the step,
+        and they disagree by more than the model's error on a busy machine."""
+        crossing = self.basis.crossing_step
+        if crossing is None or not self.seed_steps_ms:
+            return math.inf, math.inf  # never reached, or refused: nothing it stands for
+        fastest, slowest = (crossing * min(self.seed_steps_ms) / 1000.0, crossing * max(self.seed_steps_ms) / 1000.0)
+        if self.band is None:
+            return fastest, slowest
+        return self.band.measured_range(fastest)[0], self.band.measured_range(slowest)[1]
 
     def row(self) -> dict:
         b = self.basis
@@ -176,7 +184,7 @@ def project_cell(basis: Basis, world_size: int, link_gbps: float,
     step = statistics.median(steps)
     crossing = basis.crossing_step
     seconds = None if crossing is None else crossing * step / 1000.0
-    return CellProjection(basis, world_size, link_gbps, step, seconds, band)
+    return CellProjection(basis, world_size, link_gbps, step, seconds, band, seed_steps_ms=tuple(steps))
 
 
 def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float],
@@ -276,13 +284,10 @@ class CellWinner:
 
 
 def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
-    """Is the winner's margin inside the error band? The winner's worst measured time (its band's
-    low end: projected below measured) reaches the runner-up's best (its band's high end). Without
-    a measured band for either, the margin is taken as it is."""
-    a, b = winner.measured_range(), runner_up.measured_range()
-    if a is None or b is None:
-        return False
-    return a[1] >= b[0]
+    """Is the winner's margin inside what the projection cannot tell apart? The winner's worst
+    measured time (:meth:`CellProjection.measured_range`: its slowest seed, the band's low end)
+    reaches the runner-up's best (its fastest seed, the band's high end)."""
+    return winner.measured_range()[1] >= runner_up.measured_range()[0]
 
 
 def winner(at_cell: list[CellProjection]) -> CellWinner:
@@ -362,5 +367,5 @@ def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = N
     if cell.runner_up is not None:
         r = cell.runner_up
         text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
-        text += " (too close to call: inside the error band)" if cell.too_close else ""
+        text += " (too close to call: inside the error band and the seeds' spread)" if cell.too_close else ""
     return text + f"; quality from W={w.basis.measured_world_size}."

@@ -125,7 +125,7 @@ def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_ha
     assert cell.too_close
     far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
     assert not projection.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
-    # no band measured: the margin is taken as it is
+    # no band measured, seeds that agree: the margin is taken as it is
     assert not projection.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
 
 
@@ -151,6 +151,21 @@ def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_abov
     only_one = {k: v for k, v in recorded.items() if k.startswith("w1")}
     assert projection.bases(trials, [], only_one.get)[0].timeline_world_size == 1
     assert projection.bases(trials, [], {}.get) == []
+
+
+def test_seeds_whose_timelines_disagree_make_a_close_call():
+    # W=8 (8 of the measured 32 samples), 10 Gbit/s: a seed of compute 40 ms prices at forward 2.5
+    # + backward 5 + optimizer 10 (not batch-scaled) + wire 1.47 = 18.97 ms; one of 80 ms at 36.47.
+    # allreduce has one of each (median 27.72 ms) and crosses at step 100: 2.77 s; fp16 one fast
+    # seed, 105 steps: 1.99 s, the winner; but allreduce's fast seed alone is 1.90 s: too close.
+    fast, slow = trial_timeline(compute_ms=40.0), trial_timeline(compute_ms=80.0)
+    wide = Basis("allreduce", "allreduce", 1, 64, (fast, slow), (100.0, 100.0), True, 1)
+    one = Basis("fp16_compress", "fp16_compress", 1, 64, (fast,), (105.0,), True, 1)
+    cell = projection.winner(projection.project([wide, one], [8], [10.0], NO_BANDS))
+    assert cell.runner_up.step_ms == pytest.approx((18.97 + 36.47) / 2, abs=0.01)
+    assert cell.winner.config == "fp16_compress" and cell.too_close
+    narrow = Basis("allreduce", "allreduce", 1, 64, (slow, slow), (100.0, 100.0), True, 1)
+    assert not projection.winner(projection.project([narrow, one], [8], [10.0], NO_BANDS)).too_close
 
 
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():

@@ -230,7 +230,7 @@ _CAPTIONS = {
     "decision_map": "Projected: the configuration that reaches the target eval loss soonest among those "
                     "whose quality matched allreduce's, per world size (global batch kept) and link speed; "
                     "hatched where its margin over the runner-up is inside the step model's measured error "
-                    "band (too close to call); circles and triangles mark where trials ran, the star "
+                    "band and the spread of its trials' own timelines (too close to call); circles and triangles mark where trials ran, the star "
                     "report.cluster.",
 }
 
