@@ -59,7 +59,8 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     for w, g in measured:
         if w in sizes:
             y = links.index(g) if g in links else len(links) - 0.5
-            ax.plot(sizes.index(w), y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2)
+            ax.plot(sizes.index(w), y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2,
+                    clip_on=False)  # loopback: on the top edge, drawn whole
     if cluster is not None and cluster[0] in sizes and cluster[1] in links:
         ax.plot(sizes.index(cluster[0]), links.index(cluster[1]), marker="*", color="black", ms=16)
     ax.set_xlim(-0.5, len(sizes) - 0.5)
@@ -76,7 +77,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
         handles.append(plt.Line2D([], [], marker="*", color="black", ls="", ms=12, label="report.cluster"))
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     heading = "fastest to target at matching quality (projected)"
-    ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11)
+    ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11, pad=14)  # room for the loopback marks
     if quality_from:
         fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
     fig.tight_layout()

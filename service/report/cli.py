@@ -11,9 +11,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m service.report",
         description="Rebuild a sweep's report from MLflow alone: loss_curves.png, throughput.png, "
-                    "tradeoff.png, summary.csv, summary.md and a self-contained report.html with "
-                    "a 'which configuration to use' section. Works for finished, running and "
-                    "interrupted sweeps.",
+                    "tradeoff.png, summary.csv, summary.md, a self-contained report.html with "
+                    "a 'which configuration to use' section and, where trials recorded their step "
+                    "timeline, the projection to other world sizes and links (projection.csv, "
+                    "decision_map.png; the config's report.project and report.cluster). Works for "
+                    "finished, running and interrupted sweeps.",
         epilog="The MLflow store is MLFLOW_TRACKING_URI when set, else sqlite mlflow.db in the "
                "current directory (the sweep's default).")
     parser.add_argument("sweep", metavar="EXPERIMENT_OR_PARENT_RUN_ID",

@@ -102,9 +102,22 @@ class SweepReader:
         or None when the trial recorded none (timeline_steps 0, nothing sampled, an older run)."""
         if not any(a.path == TIMELINE_ARTIFACT for a in self.client.list_artifacts(run_id)):
             return None
-        with tempfile.TemporaryDirectory() as tmp:
-            local = self.client.download_artifacts(run_id, TIMELINE_ARTIFACT, tmp)
-            return TrialTimeline.from_json(json.loads(Path(local).read_text()))
+        return TrialTimeline.from_json(json.loads(self._artifact_text(run_id, TIMELINE_ARTIFACT)))
+
+    def _artifact_text(self, run_id: str, path: str) -> str:
+        """One small artifact's text, without MLflow's download progress bar (a report reads one
+        per trial: the bars would bury the sweep's own output)."""
+        quiet = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+        before = os.environ.get(quiet)
+        os.environ[quiet] = "false"
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                return Path(self.client.download_artifacts(run_id, path, tmp)).read_text(errors="replace")
+        finally:
+            if before is None:
+                os.environ.pop(quiet, None)
+            else:
+                os.environ[quiet] = before
 
     def config_text(self, run_id: str) -> tuple[str, str] | None:
         """(file name, text) of the sweep config the driver attached, if any."""
@@ -119,9 +132,7 @@ class SweepReader:
                                        if not b.is_dir and b.path.endswith((".yaml", ".yml"))]
             if not yaml_files:
                 return None
-            with tempfile.TemporaryDirectory() as tmp:
-                local = self.client.download_artifacts(run_id, yaml_files[0], tmp)
-                return yaml_files[0], Path(local).read_text(errors="replace")
+            return yaml_files[0], self._artifact_text(run_id, yaml_files[0])
         except Exception:  # a missing or unreadable config must not stop the report
             return None
 
