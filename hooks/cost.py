@@ -5,7 +5,7 @@ hooks/wire.py; the step model that uses both is hooks/step_model.py.
 from __future__ import annotations
 
 from .registry import spec
-from .wire import KINDS, Collective, check_kind, wire_bytes
+from .wire import Collective, check_kind, wire_bytes
 
 # ----------------------------------------------------------------------------- alpha-beta model
 # An alpha-beta model of each hook's collectives, to price a run on networks we do not have.

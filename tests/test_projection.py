@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import datetime
 import json
-import math
 
 import pytest
 import torch
@@ -291,4 +290,4 @@ def test_a_sweep_without_step_timelines_says_there_is_nothing_to_project():
     from service.report.projected import EMPTY, Projected
 
     md = Projected([]).markdown()
-    assert EMPTY in md and math.isfinite(len(md))
+    assert EMPTY in md and "## Projected time to target at scale" in md
