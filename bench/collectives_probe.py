@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/collectives_probe.py --world-sizes 2 4 --link 1
 
-W processes, each on its own emulated host (service/netem.py), time one gloo collective at a
+W processes, each on its own emulated host (service/network/netem.py), time one gloo collective at a
 time (barrier on the ordinary network first, median of repeats, max over ranks) for the
 payloads mlp_digits' buckets give each hook, and print measured ms beside
 hooks.cost.collective_seconds at the link's measured goodput and latency.
@@ -15,7 +15,8 @@ import sys
 from _common import free_port, load_average, time_collective  # noqa: F401  (sys.path)
 
 import hooks  # noqa: E402
-from service import link_measure, netem  # noqa: E402
+from service.network import link_measure  # noqa: E402
+from service.network import netem
 
 BUCKET_ELEMS = 4_273_157  # mlp_digits' 8.5 M gradients in DDP's two buckets (mean bucket)
 

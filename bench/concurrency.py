@@ -5,7 +5,7 @@ does to each trial's own throughput on a shared CPU.
     python bench/concurrency.py --quick    # 2 trials of 3 steps (smoke test)
 
 Both sweeps run through ``service.sweep.run_sweep`` (Tune -> Train -> MLflow) on one local
-Ray instance started once with room for two trials (``service.ray_runtime``), one after the
+Ray instance started once with room for two trials (``service.sweep.ray_runtime``), one after the
 other in one invocation (order: --order). Figures: total sweep wall at each concurrency and
 their ratio; and the throughput distortion: per configuration, samples/s (logged by the
 trial itself, warm-up excluded) when it ran alone (c=1) against when it shared the machine
@@ -89,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from service import ray_runtime, sweep
+    from service import sweep
+
+    from service.sweep import ray_runtime
 
     order = [int(c) for c in args.order.split(",")]
     paths = {}

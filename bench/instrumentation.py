@@ -9,7 +9,7 @@ Two gloo processes (torch.multiprocessing, no Ray) run ``service.train.run_train
 the same trial again and again, alternating the two modes, so both see the same machine load:
 
 - on:  rank 0 logs every step through ``tracking.MetricLogger`` into a SQLite MLflow store
-       (batched, flushed every ``flush_seconds``), ``service.nan.NanMonitor`` checks every
+       (batched, flushed every ``flush_seconds``), ``service.train.nan.NanMonitor`` checks every
        step (fused max-abs passes + one tiny all-reduce), and the hook is the library's
        ``allreduce`` with its byte/time/NaN-flag accounting;
 - off: no logger, a stand-in monitor that only reads the local loss, and torch's own
@@ -70,7 +70,7 @@ class _NoChecks:
         self._pending = None
 
     def submit(self, step, loss):
-        from service.nan import StepCheck
+        from service.train.nan import StepCheck
 
         self._pending = StepCheck(step=step, mean_loss=float(loss), nonfinite=False)
 
@@ -174,13 +174,14 @@ def _time_instrumentation_calls(train) -> _CallTimers:
     """Time the instrumentation's own calls in the loop: what it costs in itself, apart from
     what it does to the rest of the step (caches, threads, waiting for a peer)."""
     import hooks.state
-    from service import nan, tracking
+    from service import tracking
+    from service.train import nan
 
     timers = _CallTimers()
     timers.wrap(nan.NanMonitor, "submit", "nan_submit")
     timers.wrap(nan.NanMonitor, "resolve", "nan_resolve")
     timers.wrap(nan, "nonfinite", "nan_weight_read")  # inside nan_submit: the read of the weights
-    # inside nan_submit: launching the agreement's async all-reduce (service.nan's own `dist` only,
+    # inside nan_submit: launching the agreement's async all-reduce (service.train.nan's own `dist` only,
     # so the hooks' collectives are not counted)
     timers._saved.append((nan, "dist", nan.dist))
     nan.dist = _Delegate(nan.dist)

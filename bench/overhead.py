@@ -13,14 +13,14 @@ launched two ways, alternately, in one invocation:
 - service: ``service.sweep.run_sweep`` on a one-trial config: Tune trial -> MLflow child run
            -> Ray Train ``TorchTrainer`` -> ``train_loop_per_worker`` (MLflow logging on
            rank 0) -> report -> run closed; the Ray instance is started once (ray.init is a
-           per-sweep cost, reported on its own line), with ``service.ray_runtime``'s settings.
+           per-sweep cost, reported on its own line), with ``service.sweep.ray_runtime``'s settings.
 
 and, in the same rounds, Ray's floor: an empty TorchTrainer fitted from the bench process
 (``train_noop``), the same inside one Tune function trial as the service runs it
 (``tune_train_noop``: the floor of the mandated "Tune trial + TorchTrainer per trial", no
 MLflow anywhere), and one empty actor (``actor_start``).
 
-Each round runs every profile of Ray settings (``--profiles``: ``ours`` = service.ray_runtime
+Each round runs every profile of Ray settings (``--profiles``: ``ours`` = service.sweep.ray_runtime
 as the sweep starts it; ``warm`` = that plus WARM_SYSTEM_CONFIG, prestarted idle workers that
 preload torch / ray.train / service.train), in alternating order, on a fresh Ray instance each.
 ``service_marginal`` is a ``--marginal-trials``-trial sweep: (its wall - the one-trial sweep's
@@ -50,7 +50,7 @@ MARKS_ENV = "BENCH_OVERHEAD_MARKS_DIR"
 RAY_DEFAULT_NICENESS = 15  # Ray's worker_niceness default
 # bare and service are the comparison; train_noop (TorchTrainer with an empty loop) and
 # actor_start (one empty Ray actor) measure the floor Ray itself sets.
-# train_noop_ray_defaults: the same empty TorchTrainer with service.ray_runtime's Train/Tune
+# train_noop_ray_defaults: the same empty TorchTrainer with service.sweep.ray_runtime's Train/Tune
 # variables at Ray's defaults (what they save, side by side).
 # tune_train_noop: the empty TorchTrainer inside one Tune function trial with the service's
 # trial resources and settings, no MLflow: the floor of the architecture the spec mandates
@@ -218,9 +218,9 @@ def _noop_train_loop(config: dict) -> None:
 
 
 def set_train_env(ray_defaults: bool) -> None:
-    """service.ray_runtime's variables in this process: ours, or Ray's defaults (the health
+    """service.sweep.ray_runtime's variables in this process: ours, or Ray's defaults (the health
     check interval stays ours: the service had it before)."""
-    from service.ray_runtime import TRAIN_ENV
+    from service.sweep.ray_runtime import TRAIN_ENV
 
     for name, (ours, default) in TRAIN_ENV.items():
         os.environ[name] = default if ray_defaults and name != "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" else ours
@@ -261,7 +261,7 @@ def _tune_noop_trial(config: dict) -> None:
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from service import ray_runtime
+    from service.sweep import ray_runtime
 
     ray_runtime.apply_env()
     TorchTrainer(_noop_train_loop,
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="alternating bare/service rounds per world size")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--ray-defaults", action="store_true",
-                        help="run the service trials with service.ray_runtime's variables and worker niceness "
+                        help="run the service trials with service.sweep.ray_runtime's variables and worker niceness "
                              "at Ray's defaults (the settings before issue 7) to compare against a default run")
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=DEFAULT_ARMS,
                         help="run only these arms (bare and service always run: they are the comparison); "
@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                              "sweep per round) runs only when named")
     parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=["ours"],
                         help="Ray settings to compare, each on its own fresh Ray instance per round, in "
-                             "alternating order: ours (service.ray_runtime), warm (plus WARM_SYSTEM_CONFIG)")
+                             "alternating order: ours (service.sweep.ray_runtime), warm (plus WARM_SYSTEM_CONFIG)")
     parser.add_argument("--marginal-trials", type=int, default=3,
                         help="trials of the service_marginal sweep (>= 2; default 3)")
     parser.add_argument("--quick", action="store_true", help="world size 1, one round, 3 steps")
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from service import ray_runtime
+    from service.sweep import ray_runtime
     from service.config import load_config
 
     configs: dict = {}

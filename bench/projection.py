@@ -5,7 +5,7 @@
     .venv/bin/python bench/projection.py --summarise bench/results/projection.json   # a saved run
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
 
-Needs root (network namespaces; service/netem.py). Workload: the quant preset's (char_lm, global
+Needs root (network namespaces; service/network/netem.py). Workload: the quant preset's (char_lm, global
 batch 64, AdamW, lr 0.003), a short trial (--steps, 5 warm-up steps, the step timeline sampled on
 5 steps, one eval at the end), every registered hook (error feedback on where it has it, PowerSGD
 compressing from step 3), trained by ``service.train.run_training`` (no Ray) in one process per
@@ -17,7 +17,7 @@ rank; the hooks one after another, rank 0 reshaping the links between barriers.
   the trial's ``step_time_ms_median`` (rank 0's median step over the steps after warm-up);
 * projected ms: ``TrialTimeline.price(64, W, goodput, latency)`` of the basis, where goodput and
   latency are the cell's link as MEASURED with all W hosts sending at once
-  (``service.link_measure.time_group``), not the nominal rate; a cell whose hosts get less than
+  (``service.network.link_measure.time_group``), not the nominal rate; a cell whose hosts get less than
   85% of the nominal rate together is not carried by this machine and not counted;
 * error % = (projected - measured) / measured; per hook its band (min, max over counted cells)
   and median |error|. Arms (loopback and the links) alternate in every repeat, the basis trained
@@ -50,7 +50,8 @@ import time
 from _common import ROOT, free_port, load_average, machine, table, write_json  # noqa: F401  (ROOT: sys.path)
 
 import _projection_rows as rows_mod  # noqa: E402
-from service import link_measure, netem  # noqa: E402
+from service.network import link_measure  # noqa: E402
+from service.network import netem
 
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count

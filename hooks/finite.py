@@ -1,5 +1,5 @@
 """Exact NaN/inf tests: the one the hooks flag their inputs with and the NaN monitor reads the
-weights with (service/nan.py), and allreduce's divide that answers it on the way.
+weights with (service/train/nan.py), and allreduce's divide that answers it on the way.
 
 CPU float32 tensors go through one fused native pass (hooks/_native.py: ``x - x`` is 0 for
 every finite x and NaN for NaN and +-inf, so the pass cannot be fooled by an overflowing sum);

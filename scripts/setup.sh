@@ -71,7 +71,7 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # iproute2's `ip` and `tc` build the emulated hosts and links of a config's network: section
-# (service/netem.py); minimal images lack them. Only root can use them, so only root installs.
+# (service/network/netem.py); minimal images lack them. Only root can use them, so only root installs.
 if ! command -v tc >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing Debian's iproute2 (ip, tc) for emulated links" >&2

@@ -142,7 +142,7 @@ def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
     and the DDP model kept: per-step bucket counts, the view check, the buffers each training
     forward started from."""
     from service.config import SweepConfig
-    from service.nan import NanMonitor
+    from service.train.nan import NanMonitor
     from service.train import run_training
 
     out = {}

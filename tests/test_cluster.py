@@ -37,8 +37,8 @@ from pathlib import Path
 
 import pytest
 
-from service import cluster as cl
-from service import submit
+from service.sweep import cluster as cl
+from service.sweep import submit
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -494,7 +494,7 @@ def test_storage_probe_reaches_both_nodes(loopback_cluster):
     result = _ray_json(c, f"""
         import json, ray
         from pathlib import Path
-        from service import cluster
+        from service.sweep import cluster
         ray.init(address="{c.gcs_address}", log_to_driver=False)
         nodes = cluster.alive_nodes(ray.nodes())
         blind = cluster.ray_storage_probe(Path("{shared}"), nodes)

@@ -1,7 +1,7 @@
 """The cluster path across real hosts: a Ray cluster whose nodes sit on different emulated hosts.
 
 One module-wide cluster (each Ray start costs 30 s+), built from real parts as a person would
-on three machines, each machine an emulated host of service/netem.py (its own network
+on three machines, each machine an emulated host of service/network/netem.py (its own network
 namespace, its own 198.18.0.x address on eth0, a veth into one bridge, its egress shaped by
 tc tbf to LINK_GBPS):
 
@@ -13,7 +13,7 @@ tc tbf to LINK_GBPS):
   - `mlflow server` in the root namespace on the bridge's own address (198.18.0.254), which
     every host reaches (the "shared service" of a real cluster).
 
-So Ray sees three nodes on three addresses, and the multi-host rules of service/cluster.py
+So Ray sees three nodes on three addresses, and the multi-host rules of service/sweep/cluster.py
 meet a real cluster: the SQLite store and the node-local storage_path are refused by a real
 sweep submitted with `python -m service.submit`, the loopback tracking URI by the rules run
 against the cluster's own `ray.nodes()`; and a sweep whose two ranks must sit on h1 and h2
@@ -39,7 +39,9 @@ from pathlib import Path
 
 import pytest
 
-from service import netem, submit
+from service.network import netem
+
+from service.sweep import submit
 from tests.test_cluster import (BIN, RAY_CLI, ROOT, _assert_sweep_recorded, _error_lines, _free_port,
                                 _jobs, _parent_runs, _process_trees_under, _ray_json, _ray_start, _run,
                                 _stop_everything, _wait_http_ok)
@@ -184,7 +186,7 @@ def test_ray_sees_three_hosts_with_their_own_addresses(host_cluster):
     c = host_cluster
     addresses = sorted(n["NodeManagerAddress"] for n in c.nodes)
     assert addresses == [h.address for h in c.net.hosts]
-    from service import cluster
+    from service.sweep import cluster
 
     assert cluster.cluster_hosts(c.nodes) == addresses
 
@@ -223,7 +225,7 @@ def test_rules_hold_against_the_real_nodes(host_cluster):
     result = _driver_json(c, f"""
         import json, ray
         from pathlib import Path
-        from service import cluster
+        from service.sweep import cluster
         ray.init(address=GCS, log_to_driver=False)
         nodes = cluster.alive_nodes(ray.nodes())
         out = {{"blind_hidden": cluster.ray_storage_probe(Path({str(c.hidden)!r}), nodes),

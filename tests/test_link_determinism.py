@@ -4,7 +4,7 @@ not depend on the link it runs on.
 Every registered hook (``hooks.available()``, so a hook added later is covered without touching
 this file) trains the same (hook, W = 2, seed) with ``service.train.run_training`` (no Ray) three
 times: on the default gloo group over loopback (the unshaped path a network sweep's quality run
-takes), then on a gloo group between two emulated hosts (service/netem.py) whose links are shaped
+takes), then on a gloo group between two emulated hosts (service/network/netem.py) whose links are shaped
 to 1 Gbit/s, then the same hosts reshaped to 0.02 Gbit/s. The loss history of every step, the
 final eval loss and accuracy (a function of every final weight) and the wire bytes must be equal
 bit for bit on the three paths.
@@ -26,7 +26,7 @@ import os
 
 import pytest
 
-from service import netem
+from service.network import netem
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 

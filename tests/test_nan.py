@@ -1,4 +1,4 @@
-"""service.nan: the per-step finite checks and their provenance, on a real DDP model with the
+"""service.train.nan: the per-step finite checks and their provenance, on a real DDP model with the
 real hooks in a one-rank gloo group (the cross-rank agreement with 2 real processes is in
 test_worker.py and test_faults.py)."""
 
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
-from service.nan import NanMonitor, nonfinite
+from service.train.nan import NanMonitor, nonfinite
 from tests.dist_utils import free_port
 
 

@@ -1,4 +1,4 @@
-"""Emulated hosts for real (service/netem.py, service/link_measure.py, the sweep's network:).
+"""Emulated hosts for real (service/network/netem.py, service/network/link_measure.py, the sweep's network:).
 
 Real network namespaces, veth links, a bridge and tc qdiscs (CI runs as root on this machine),
 real gloo groups whose sockets live in the namespaces, real sweeps (local Ray, SQLite MLflow):
@@ -29,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from service import link_measure, netem
+from service.network import link_measure
+
+from service.network import netem
 
 ROOT = Path(__file__).resolve().parent.parent
 NETWORK_SWEEP = ROOT / "tests" / "network_sweep.yaml"
@@ -144,7 +146,7 @@ def test_network_exists_while_open_and_is_gone_after():
         # host 0 reaches host 2 through the bridge (a TCP connection made inside the namespaces)
         probe = textwrap.dedent(f"""
             import socket, threading
-            from service import netem
+            from service.network import netem
             with netem.entered({net.hosts[2].namespace!r}):
                 server = socket.create_server(("{net.hosts[2].address}", 0))
             port = server.getsockname()[1]

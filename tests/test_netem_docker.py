@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from service import netem
+from service.network import netem
 from tests.docker_engine import docker_engine
 
 ROOT = Path(__file__).resolve().parent.parent

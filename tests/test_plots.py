@@ -9,7 +9,7 @@ import matplotlib.colors as mcolors
 import numpy as np
 
 import hooks
-from service import plots
+from service.report import plots
 from service.report import LossCurve
 
 STOP_MARKERS = {"X", "P"}  # the loss plot's "went NaN" / "failed here" marks

@@ -1,4 +1,4 @@
-"""Time to target at the scale you will run (service/projection.py, service/decision_map.py).
+"""Time to target at the scale you will run (service/report/projection.py, service/report/decision_map.py).
 
 Unit tests on hand-built step timelines (every expected figure worked out beside its assertion):
 time to target from a crossing step, a refused cell, projection.csv's columns, the error band
@@ -18,10 +18,12 @@ import torch
 import torch.distributed as dist
 
 from hooks.step_model import BucketTiming, LinearCost, StepTimeline
-from service import decision_map, projection, report
+from service import report
+from service.report import decision_map
+from service.report import projection
 from service.config import ConfigError, load_config
 from service.config.loading import report_section
-from service.projection import Basis, ErrorBand, ErrorBands
+from service.report.projection import Basis, ErrorBand, ErrorBands
 from service.step_timeline import ComputePoint, TrialTimeline
 from tests.dist_utils import free_port
 
@@ -269,7 +271,7 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
 
 
 def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, built):
-    from service import plots
+    from service.report import plots
     from service.tracking import SweepReader
 
     out, page = built

@@ -68,7 +68,7 @@ def test_every_service_exception_survives_a_pickle_round_trip_with_its_message(c
 
 
 def test_a_workload_error_keeps_its_one_line_through_pickle():
-    from service.preflight import WorkloadError
+    from service.train.preflight import WorkloadError
 
     err = pickle.loads(pickle.dumps(WorkloadError("x", "bad\nthing")))
     assert str(err) == "workload 'x': bad thing"

@@ -28,7 +28,9 @@ mlflow = pytest.importorskip("mlflow")  # part of the service extra: always inst
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 
-from service import plots, report, tracking  # noqa: E402
+from service import report, tracking  # noqa: E402
+
+from service.report import plots
 from service.config import TrialSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import hooks
-from service import preflight
+from service.train import preflight
 from service.config import SweepConfig
-from service.preflight import WorkloadError
-from service.training_options import Precision
+from service.train.preflight import WorkloadError
+from service.train.training_options import Precision
 from service.workloads import build_workload
 from tests.dist_utils import run_distributed
 from tests.user_models import USER_MODELS, train_every_trial

@@ -19,8 +19,8 @@ from torch.utils.data import TensorDataset
 
 import hooks
 from service.config import ConfigError, SweepConfig, load_config
-from service.preflight import WorkloadError
-from service.training_options import clip_gradients, lr_at
+from service.train.preflight import WorkloadError
+from service.train.training_options import clip_gradients, lr_at
 from service.train import run_training
 from service.workloads import (
     DictTensorDataset,
@@ -211,7 +211,7 @@ def test_clipping_keeps_the_nan_provenance_exact():
     """A hook output with NaN in one tensor, clipped, then the optimizer step and the NaN
     check (as the loop runs them): the check names that tensor alone. torch's own clip would
     multiply every gradient by the NaN norm, and the check would name them all."""
-    from service.nan import NanMonitor
+    from service.train.nan import NanMonitor
 
     def provenance(clip):
         torch.manual_seed(0)

@@ -122,7 +122,7 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
     import logging
 
     from service.config import SweepConfig
-    from service.preflight import WorkloadError
+    from service.train.preflight import WorkloadError
     from service.train import run_training
 
     lines: list[str] = []

@@ -36,7 +36,7 @@ class WorkloadConfig(BaseModel):
     optimizer: Literal["sgd", "adamw"] = "sgd"
     eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
     warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
-    # Training realism (service/training_options.py says what each does, and where).
+    # Training realism (service/train/training_options.py says what each does, and where).
     precision: Literal["fp32", "bf16_autocast", "bf16"] = Field(
         "fp32", description="fp32 | bf16_autocast (fp32 weights, bf16 forward) | bf16 (bf16 weights and DDP buckets)")
     grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")

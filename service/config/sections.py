@@ -90,7 +90,7 @@ class TrackingConfig(BaseModel):
 
 
 class ProjectCells(BaseModel):
-    """The (world size, link) cells the report projects every configuration to (service/projection.py);
+    """The (world size, link) cells the report projects every configuration to (service/report/projection.py);
     left out: W from 8 in powers of two up to the global batch, x 10, 25, 100 Gbit/s."""
 
     model_config = STRICT
@@ -141,7 +141,7 @@ class ReportConfig(BaseModel):
 
 
 class NetworkConfig(BaseModel):
-    """Emulated hosts joined by shaped links (service/netem.py): every rank of a trial on its
+    """Emulated hosts joined by shaped links (service/network/netem.py): every rank of a trial on its
     own network namespace, DDP's traffic over a tc-shaped veth link. Needs root (CAP_NET_ADMIN)."""
 
     model_config = STRICT

@@ -5,6 +5,10 @@
     recommend.py  which configuration to use: time to target, paired quality gaps, the ranking
     render.py     markdown / CSV tables, the headline, report.html from templates/report.html.j2
     build.py      build_report: every file written into a folder and attached to the parent run
+    projection.py  time to target at (W, link) cells, priced by the step model from trials' timelines
+    projected.py  the projected section of the report (projection.csv, the cluster's answer)
+    decision_map.py  the decision map: the projected winner per (W, link) cell
+    plots.py      the report's figures (loss curves, throughput, trade-off)
     cli.py        the command line
 
 The names below are the package's interface (service.sweep builds the report at the end of a

@@ -22,7 +22,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     """Write every report file for the sweep whose parent run is `parent_run_id` into
     `out_dir` (default results/report-<id8>), attach them to the parent run when `attach`,
     and return the path of report.html. Raises ReportError for problems the user can fix."""
-    from service import plots  # here: `--help` and the package import stay light
+    from service.report import plots  # here: `--help` and the package import stay light
     from service.config import ConfigError
     from service.config.loading import report_section
     from service.report.projected import projected
@@ -55,7 +55,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
                                         title=sweep.experiment),
     }
-    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment)  # service/projection.py
+    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment)  # service/report/projection.py
     if scale.image is not None:  # nothing priced (no step timeline recorded): the section says so, no map
         images["decision_map"] = scale.image
     write_summary_csv(rows, recs, out_dir / "summary.csv")

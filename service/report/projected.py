@@ -1,6 +1,6 @@
 """The report's projected half: the sweep's configurations at ``report.project``'s cells
 (projection.csv, the table), at ``report.cluster`` (the headline) and over the decision map's grid
-(decision_map.png), all through service/projection.py's one step model."""
+(decision_map.png), all through service/report/projection.py's one step model."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service import decision_map, projection
-from service.projection import Basis, CellProjection
+from service.report import decision_map
+
+from service.report import projection
+from service.report.projection import Basis, CellProjection
 
 
 @dataclass

@@ -26,7 +26,7 @@ from service.text import format_bytes
 def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None, cluster: str = "") -> str:
     """The answer in a sentence: the choice at the largest world size that communicates, on
     the slowest link measured; with adaptive seeds, how many trials they saved; then, with
-    ``report.cluster``, the projected answer there (``cluster``: service/projection.py's)."""
+    ``report.cluster``, the projected answer there (``cluster``: service/report/projection.py's)."""
     with_comm = [r for r in recs if r.world_size > 1] or recs
     if not with_comm:
         return "No trial has finished yet: nothing to recommend."
@@ -243,7 +243,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                 images: dict[str, Path], quality_metric: str, scale) -> str:
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``scale``: the projected half (service/report/projected.py's Projected)."""
-    from service import projection  # imports hooks (torch): only when a report is built
+    from service.report import projection  # imports hooks (torch): only when a report is built
     from service.report.projected import EMPTY
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"

@@ -6,7 +6,7 @@ The shape of a sweep:
       -> ray.init: a local Ray instance, or the cluster RAY_ADDRESS names
       -> MLflow parent run (tracking.start_parent_run)
       -> Ray Tune, one function trial per grid point (run._run_trial), max_concurrent_trials at once
-           -> MLflow child run (opened by the sweep's TrialRuns actor, service/trial_runs.py)
+           -> MLflow child run (opened by the sweep's TrialRuns actor, service/sweep/trial_runs.py)
            -> TorchTrainer(service.train.train_loop_per_worker).fit(): world_size workers,
               rank 0 logs the trial into the child run
            -> the child run ends FINISHED, or FAILED with the error text (TrialRuns again)
@@ -25,6 +25,11 @@ The modules, by what they hold:
     logs.py      the sweep's log file; Ray's and MLflow's records routed into it
     paths.py     where the sweep writes: storage root, local directory, Tune's trial directories
     errors.py    SweepError: a problem the user can fix, said in one line
+    trial_runs.py  TrialRuns: the actor that opens and closes the trials' MLflow runs
+    progress.py  progress of a running sweep: trial rank 0s to the driver, cheaply
+    ray_runtime.py  how the sweep starts and tunes Ray (environment, ray.init arguments)
+    cluster.py   checks that storage and tracking reach every host of a Ray cluster
+    submit.py    python -m service.submit: a sweep shipped to a Ray cluster as a Ray Job
 
 Ray is only here: the workers see plain PyTorch (service/train/) and MLflow is only behind
 service/tracking/. The Tune trial's process never imports MLflow (a CPU-heavy import on the

@@ -4,7 +4,7 @@ answers, and the cluster can place the largest trial and reach the sweep's store
 from __future__ import annotations
 
 from service import uris
-from service.cluster import ClusterConfigError, alive_nodes, check_storage_for_cluster, check_tracking_uri_for_cluster
+from service.sweep.cluster import ClusterConfigError, alive_nodes, check_storage_for_cluster, check_tracking_uri_for_cluster
 from service.config import SweepConfig, TrialSpec
 from service.sweep.capacity import check_fits
 from service.sweep.errors import SweepError

@@ -1,5 +1,5 @@
 """A sweep with a network: section: the links measured before Ray starts, each trial's
-emulated hosts (service/netem.py) created and removed, and what the trial's link really did."""
+emulated hosts (service/network/netem.py) created and removed, and what the trial's link really did."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ log = logging.getLogger("service.sweep")
 
 def prepare_network(cfg: SweepConfig, trials: list[TrialSpec], out: TextIO):
     """{link_gbps: LinkMeasurement} for a config with network: (None without): leftovers of
-    killed sweeps removed, the machine checked and each link measured (service/link_measure.py)."""
+    killed sweeps removed, the machine checked and each link measured (service/network/link_measure.py)."""
     if cfg.network is None:
         return None
-    from service import link_measure, netem
+    from service.network import link_measure
 
     # Ctrl-C/SIGTERM during the measurement: KeyboardInterrupt (even where the shell started us
+    from service.network import netem
     # with SIGINT ignored), and the measurement's hosts are removed on the way out
     with signals_raise_keyboard_interrupt():
         try:
@@ -36,7 +37,7 @@ def prepare_network(cfg: SweepConfig, trials: list[TrialSpec], out: TextIO):
 
 
 def remove_networks() -> None:
-    from service import netem
+    from service.network import netem
 
     removed = netem.remove_owned(os.getpid())
     if removed:
@@ -47,7 +48,7 @@ def trial_network(cfg: SweepConfig, trial: TrialSpec, network: dict | None):
     """The trial's emulated hosts (one per rank), created; None without network:."""
     if network is None or trial.link_gbps is None:
         return None
-    from service import netem
+    from service.network import netem
 
     return netem.Network(trial.world_size, trial.link_gbps, cfg.network.latency_ms,
                          owner_pid=network["owner_pid"]).create()

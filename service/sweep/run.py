@@ -121,9 +121,9 @@ class _SweepRun:
         import ray
 
         from service import tracking
-        from service.progress import ProgressBoard, ProgressPrinter
+        from service.sweep.progress import ProgressBoard, ProgressPrinter
         from service.sweep.searcher import SeedSearcher
-        from service.trial_runs import TrialRuns
+        from service.sweep.trial_runs import TrialRuns
 
         # Tune's console reporter (a config box, per-trial error banners) would interleave with
         # the progress lines; the legacy reporter at verbose=0 prints nothing.
@@ -205,13 +205,13 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
 
     A failing fit ends the run FAILED with the error text and returns normally, so the
     sweep goes on with the other trials. The run is opened and closed by ``trial_runs``
-    (service.trial_runs.TrialRuns): this process never imports MLflow, and says so in its
+    (service.sweep.trial_runs.TrialRuns): this process never imports MLflow, and says so in its
     Tune result (``trial_process_imported_mlflow``).
     """
     import ray
     from ray import tune
 
-    from service import ray_runtime
+    from service.sweep import ray_runtime
 
     ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
     trial = TrialSpec.from_dict(config["trial"])
@@ -219,7 +219,7 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
     run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
     board.trial_started.remote(trial.key, trial.run_name, cfg.run_config(trial).workload.steps)
 
-    # network: this trial's emulated hosts (service/netem.py), owned by the driver's pid so the
+    # network: this trial's emulated hosts (service/network/netem.py), owned by the driver's pid so the
     # driver removes them if this process is killed; the workers join them (service/train/ray_entry.py)
     try:
         net = trial_network(cfg, trial, network)
@@ -265,8 +265,8 @@ def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str,
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
-    from service.cluster import torch_config as cluster_torch_config
-    from service.progress import Publisher
+    from service.sweep.cluster import torch_config as cluster_torch_config
+    from service.sweep.progress import Publisher
 
     use_gpu = cfg.resources.use_gpu
     resources = {"CPU": cfg.resources.cpus_per_worker}
@@ -284,7 +284,7 @@ def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str,
         },
         scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
                                                resources_per_worker=resources),
-        # across hosts gloo must not bind to a loopback hostname (service/cluster.py)
+        # across hosts gloo must not bind to a loopback hostname (service/sweep/cluster.py)
         torch_config=cluster_torch_config("nccl" if use_gpu else "gloo", ray.nodes()),
         run_config=ray.train.RunConfig(
             name=trial.run_name, storage_path=trials_storage,
@@ -336,7 +336,7 @@ def _interrupted(board) -> bool:
 def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
     import ray
 
-    from service import ray_runtime
+    from service.sweep import ray_runtime
 
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if address:

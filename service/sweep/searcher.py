@@ -25,7 +25,7 @@ class SeedSearcher(Searcher):
         self._outcomes: dict[str, Outcome] = dict(done or {})
         self._queue: deque = deque()
         self._running: dict[str, str] = {}     # Tune trial id -> trial key
-        self._board = board                    # service.progress.ProgressBoard: the round is shown
+        self._board = board                    # service.sweep.progress.ProgressBoard: the round is shown
 
     def suggest(self, trial_id: str):
         while not self._queue:

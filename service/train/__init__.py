@@ -10,6 +10,9 @@
     checkpoint.py  capture / restore a rank's state; the checkpoint directory Ray merges
     ddp.py         DDP's arguments for a trial (knobs, unused parameters, buffers)
     ray_entry.py   train_loop_per_worker: the function TorchTrainer runs (pickled by module path)
+    preflight.py   checks at the start of a trial, before DDP wraps the model
+    nan.py         NanMonitor: the cross-rank agreement that a step is finite, and NanReport (its cause)
+    training_options.py  precision (autocast), gradient clipping, the learning-rate schedule
 
 The names below are the package's interface (the sweep, benches and tests run the loop).
 """

@@ -12,7 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.state import HookState
 from service.train.batches import GlobalBatches
-from service.training_options import Precision
+from service.train.training_options import Precision
 from service.workloads import Workload, to_device
 
 SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)

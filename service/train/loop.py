@@ -4,7 +4,7 @@
 trial's comm hook, optimizer), then every optimizer step: inject configured faults,
 forward/backward over ``grad_accumulation`` micro-batches (all but the last under
 ``no_sync()``), the previous step's NaN verdict, optimizer step, this step's NaN check
-(``service.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
+(``service.train.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
 read after the next step's backward, or at once before an eval or a checkpoint, and a
 non-finite step stops every rank before the following update is applied), gradient
 fidelity every ``tracking.fidelity_every`` steps (when asked), the step's DDP timeline on
@@ -27,7 +27,7 @@ without Ray; its hook builder, NaN monitor and step timer are parameters (benche
 (``Start``); ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every``
 steps with this rank's training state; ``on_fault(index, fault)``: called just before a
 configured fault fires; ``process_group``: the group DDP and the hook communicate on (None:
-the default group; an emulated network's, service/netem.py); ``build_hook(name,
+the default group; an emulated network's, service/network/netem.py); ``build_hook(name,
 process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes NanMonitor's
 arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its NaN checks and
 its step timer (default: hooks.build, NanMonitor, StepMeter; benches and tests pass their own
@@ -48,13 +48,13 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
-from service.nan import NanMonitor, NanReport
+from service.train.nan import NanMonitor, NanReport
 from service.step_timeline import TrialTimeline
 from service.train.checkpoint import RankCheckpoint, capture
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import StepMeter, trial_summary
 from service.train.setup import TrialParts, set_up
-from service.training_options import Precision, clip_gradients, lr_at, set_lr
+from service.train.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, evaluate_workload, to_device
 
 

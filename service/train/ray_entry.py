@@ -84,12 +84,12 @@ def train_loop_per_worker(config: dict) -> None:
 
 def _network_group(config: dict, rank: int):
     """With an emulated network (config network:), a gloo group whose sockets live in this
-    rank's host namespace: DDP's traffic crosses the shaped links (service/netem.py; Ray Train
+    rank's host namespace: DDP's traffic crosses the shaped links (service/network/netem.py; Ray Train
     made the default group on the ordinary network before this function ran). None otherwise."""
     network = config.get("network")
     if not network:
         return None
-    from service import netem
+    from service.network import netem
 
     return netem.process_group_on_host(network["hosts"][rank])
 

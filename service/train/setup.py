@@ -9,8 +9,8 @@ from typing import Any, Callable
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from service import preflight
-from service.nan import NanMonitor
+from service.train import preflight
+from service.train.nan import NanMonitor
 from service.train.batches import GlobalBatches
 from service.train.checkpoint import restore
 from service.train.ddp import ddp_arguments, say_find_unused_is_on
@@ -20,7 +20,7 @@ from service.train.metrics import HookAccounting, LoadMeter, StepMeter
 from service.train.paired_timing import PairedTimer, is_baseline
 from service.train.reporter import Reporter
 from service.train.timeline import StepTimelines, timeline_steps
-from service.training_options import Precision
+from service.train.training_options import Precision
 from service.workloads import Workload, build_workload
 
 
@@ -57,7 +57,7 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
     torch.manual_seed(trial.seed)
     wl = build_workload(wl_cfg.name, trial.seed)
     precision = Precision(wl_cfg.precision, device)
-    # the start-of-trial checks (service.preflight): one line naming the workload, on every
+    # the start-of-trial checks (service.train.preflight): one line naming the workload, on every
     # rank alike (the cross-rank one first: the others are then local and deterministic)
     preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
     preflight.check_items(wl_cfg.name, wl)

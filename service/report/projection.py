@@ -21,7 +21,7 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
 
 Cells: ``report.project`` (default: W from 8 in powers of two up to the global batch x 10, 25,
 100 Gbit/s) and ``report.cluster`` (the one the headline answers for). The decision map
-(service/decision_map.py) prices a wider grid the same way.
+(service/report/decision_map.py) prices a wider grid the same way.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
 each cell coloured by the configuration with the shortest projected time to target among those
-whose quality matched the baseline (service/projection.py), hatched where the winner's margin
+whose quality matched the baseline (service/report/projection.py), hatched where the winner's margin
 over the runner-up is inside the model's measured error band and its trials' spread
 (``projection.too_close``), the measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from service.projection import Basis, CellProjection, CellWinner, ErrorBands, default_world_sizes, project, winner
+from service.report.projection import Basis, CellProjection, CellWinner, ErrorBands, default_world_sizes, project, winner
 
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
@@ -42,7 +42,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     loopback) where trials ran."""
     from matplotlib.patches import Patch, Rectangle
 
-    from service import plots
+    from service.report import plots
 
     plt = plots.plt
     sizes = sorted({w for w, _ in cells})

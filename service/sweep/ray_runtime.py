@@ -3,7 +3,7 @@ that decide what a trial costs beyond its training (each one's measured effect, 
 settings measured and not kept, are in docs/performance.md, section 1; ``bench/overhead.py``
 measures them).
 
-    from service import ray_runtime
+    from service.sweep import ray_runtime
     ray_runtime.apply_env()                  # in the driver and in each Tune trial, before TorchTrainer
     ray_runtime.init_local(num_cpus=4)       # a local Ray instance with the settings below
 

@@ -1,6 +1,6 @@
 """What an emulated link really delivers: a short timed gloo exchange between two of its hosts.
 
-``measure(link_gbps, latency_ms)`` builds a two-host :class:`service.netem.Network` shaped as
+``measure(link_gbps, latency_ms)`` builds a two-host :class:`service.network.netem.Network` shaped as
 asked, starts one process per host (each enters its host's namespace and joins a two-rank
 gloo group whose store and connections run over the link), and times
 
@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from service import netem
+from service.network import netem
 
 MIN_FRACTION = 0.8
 DEFAULT_BYTES = 16 * 2**20
