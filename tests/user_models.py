@@ -123,7 +123,7 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
 
     from service.config import SweepConfig
     from service.train.preflight import WorkloadError
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -135,7 +135,7 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
         for trial in cfg.trials():
             lines.clear()
             try:
-                result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+                result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
                 out[key, trial.run_name] = {"status": result.status, "steps": result.steps_done,
                                             "losses": result.losses, "log": list(lines)}
             except WorkloadError as err:
