@@ -15,7 +15,7 @@ import jinja2
 from service import uris
 from service.report import recommend
 from service.report.data import SummaryRow, Sweep, link_order
-from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.recommend import BASELINE_HOOK
 from service.text import format_bytes
 
 
