@@ -1,6 +1,6 @@
 """bench/projection.py's figures from its raw runs: each cell's projection from the loopback basis,
 the error against the measured step, the per-hook band, time to target, and the band file the
-report reads (service/projection_error.json, format 1). Pure Python over the runs' JSON."""
+report reads (service/step_model/projection_error.json, format 1). Pure Python over the runs' JSON."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 from _common import table
 
-from hooks.step_model import CellRefused
 from service.report.recommend import time_to_target
-from service.step_timeline import TrialTimeline
+from service.step_model.price import CellRefused
+from service.step_model.trial import TrialTimeline
 
 LOOPBACK = "loopback"
 

@@ -1,4 +1,4 @@
-"""The step model (hooks/step_model.py) held against cells it never saw: every hook on emulated hosts.
+"""The step model (service/step_model/) held against cells it never saw: every hook on emulated hosts.
 
     sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook (~20 min)
     sudo .venv/bin/python bench/projection.py --quick      # W = 2, 1 Gbit/s, 3 hooks, few steps (smoke)
@@ -37,7 +37,7 @@ projected step.
 
 Global batch 64 splits over W = 2, 4, 8 only (W = 3 and 6 are refused by the workload's check).
 Writes bench/results/projection.json (every row, the load) and the error band the report reads,
-service/projection_error.json (--band-out; a --quick run writes one only when given --band-out).
+service/step_model/projection_error.json (--band-out; a --quick run writes one only when given --band-out).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from _common import ROOT, free_port, load_average, machine, table, write_json  #
 import _projection_rows as rows_mod  # noqa: E402
 from service.network import link_measure  # noqa: E402
 from service.network import netem
+from service.step_model.bands import ERROR_FILE  # noqa: E402
 
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
@@ -249,13 +250,13 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw runs "
                         "through the current model and rules) instead of measuring")
     parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
-    parser.add_argument("--band-out", help="the error band's path (default service/projection_error.json)")
+    parser.add_argument("--band-out", help="the error band's path (default service/step_model/projection_error.json)")
     args = parser.parse_args(argv)
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
     elif not args.band_out:
-        args.band_out = str(ROOT / "service" / "projection_error.json")
+        args.band_out = str(ERROR_FILE)
     return args
 
 

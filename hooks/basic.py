@@ -124,14 +124,13 @@ def _16bit_allreduce(n, world_size, element_size, **_):
 
 SPECS = [
     HookSpec(name="allreduce", hook=allreduce, make_state=_exact_state, collectives=_fp32_allreduce,
-             doc="fp32 ring allreduce of the mean (exact; DDP's default)", colour="black", marker="o"),
+             doc="fp32 ring allreduce of the mean (exact; DDP's default)"),
     HookSpec(name="allgather_then_aggregate", hook=allgather_then_aggregate, make_state=_exact_state,
-             collectives=_fp32_allgather, decodes_each_rank=True, doc="allgather every rank's bucket, average locally (exact)",
-             colour="tab:gray", marker="s"),
+             collectives=_fp32_allgather, decodes_each_rank=True, doc="allgather every rank's bucket, average locally (exact)"),
     HookSpec(name="fp16_compress", hook=fp16_compress, make_state=_cast_state(torch.float16),
              collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
-             doc="allreduce in float16 (2 bytes/float)", colour="tab:orange", marker="^"),
+             doc="allreduce in float16 (2 bytes/float)"),
     HookSpec(name="bf16_compress", hook=bf16_compress, make_state=_cast_state(torch.bfloat16),
              collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
-             doc="allreduce in bfloat16 (2 bytes/float)", colour="tab:brown", marker="v"),
+             doc="allreduce in bfloat16 (2 bytes/float)"),
 ]

@@ -1,6 +1,6 @@
 """Pricing a hook's communication: an alpha-beta model of its collectives (from its spec), and
 which collective kinds overlap their transport with the wire. Bytes per collective live in
-hooks/wire.py; the step model that uses both is hooks/step_model.py.
+hooks/wire.py; the step model that uses both is service/step_model/.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .wire import Collective, check_kind, wire_bytes
 # * ring allreduce of n bytes: 2(W-1) rounds of n/W bytes; ring allgather of n bytes per rank:
 #   W-1 rounds of n bytes; all_to_all of n bytes per rank: W-1 rounds of n/W bytes;
 # * one collective's wire time: overlap with compute and other buckets, transport and the hooks'
-#   kernels are the step model's (hooks/step_model.py).
+#   kernels are the step model's (service/step_model/price.py).
 
 DEFAULT_LATENCY_S = 5e-6  # a typical one-hop datacenter latency per message
 
@@ -63,7 +63,7 @@ def hook_seconds(name: str, n: int, world_size: int, link_gbps: float, latency_s
 
 
 # ----------------------------------------------------------------------------- transport and wire
-# What the step model (hooks/step_model.py) keeps of a collective measured on one link when it
+# What the step model (service/step_model/price.py) keeps of a collective measured on one link when it
 # prices it on another. Its communication window holds the wire time of its collectives, the CPU work
 # that moves their bytes (copies, the TCP stack, a ring allreduce's reductions) and the hook's
 # serial work (compression kernels, PowerSGD's matrix products, the wait between two collectives).

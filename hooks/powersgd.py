@@ -271,5 +271,5 @@ _PARAMETERS = {
 SPEC = HookSpec(
     name="powersgd", hook=powersgd, make_state=PowerSGDHookState, collectives=_collectives, from_stats=_from_stats,
     parameters=_PARAMETERS, check=_check, wire_bits=None, lossy=True, waits_in_call=True,
-    doc="PowerSGD low-rank compression (torch's), after start_iter plain allreduces", colour="tab:purple", marker="*",
+    doc="PowerSGD low-rank compression (torch's), after start_iter plain allreduces",
 )

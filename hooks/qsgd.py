@@ -101,5 +101,4 @@ SPEC = HookSpec(
                 **error_feedback()},
     wire_bits=8, chunked=True, lossy=True, decodes_each_rank=True,
     doc="QSGD: stochastic rounding to levels of each chunk's L2 norm, int8 codes by allgather (unbiased)",
-    colour="navy", marker="8",
 )

@@ -95,9 +95,9 @@ SPECS = [
     HookSpec(name="quantization_pertensor", hook=quantization_pertensor, make_state=_pertensor_state,
              collectives=_pertensor_collectives, parameters=error_feedback(), wire_bits=8, lossy=True,
              decodes_each_rank=True,
-             doc="uint8 min/max, one scale per bucket, by allgather", colour="tab:blue", marker="D"),
+             doc="uint8 min/max, one scale per bucket, by allgather"),
     HookSpec(name="quantization_perchannel", hook=quantization_perchannel, make_state=_perchannel_state,
              collectives=_perchannel_collectives, parameters={"chunk_size": positive_int(512), **error_feedback()},
              wire_bits=8, chunked=True, lossy=True, decodes_each_rank=True,
-             doc="uint8 min/max, one scale per chunk of chunk_size floats, by allgather", colour="tab:green", marker="p"),
+             doc="uint8 min/max, one scale per chunk of chunk_size floats, by allgather"),
 ]

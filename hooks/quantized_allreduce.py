@@ -149,5 +149,4 @@ SPEC = HookSpec(
     parameters={"chunk_size": positive_int(512), **error_feedback()}, wire_bits=8, chunked=True, lossy=True,
     waits_in_call=True,
     doc="uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
-    colour="tab:red", marker="h",
 )

@@ -124,5 +124,4 @@ SPEC = HookSpec(
     parameters={"chunk_size": positive_int(512), "majority_vote": flag(False), **error_feedback()},
     wire_bits=1, chunked=True, lossy=True, decodes_each_rank=True,
     doc="1 sign bit per value (8 per byte) + a mean-|x| scale per chunk by allgather; mean or majority vote (biased)",
-    colour="tab:pink", marker="d",
 )

@@ -161,10 +161,8 @@ def _ratio() -> dict:
 SPECS = [
     HookSpec(name="topk", hook=topk, make_state=_state, collectives=_topk_collectives, parameters=_ratio(),
              wire_bits=None, lossy=True, decodes_each_rank=True,
-             doc="each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)",
-             colour="tab:cyan", marker=">"),
+             doc="each rank's ceil(ratio*N) largest |values| as (index, value) pairs by allgather, mean densified (biased)"),
     HookSpec(name="randomk", hook=randomk, make_state=_state, collectives=_randomk_collectives, parameters=_ratio(),
              wire_bits=None, lossy=True,
-             doc="the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)",
-             colour="tab:olive", marker="<"),
+             doc="the same ceil(ratio*N) random indices on every rank (seeded per call), allreduce of those values (biased)"),
 ]

@@ -4,7 +4,7 @@ Each hook module declares its ``HookSpec`` next to its hook function; hooks/regi
 collects them. Everything the rest of the code knows about a hook comes from its spec: how to
 build it (``hook``, ``make_state``), its parameters (:class:`Param`: default and check),
 whether it is lossy, what it puts on the wire (``wire_bits``, ``chunked``, the collectives one
-call issues, for the cost model in hooks/cost.py) and how plots draw it.
+call issues, for the cost model in hooks/cost.py).
 """
 from __future__ import annotations
 
@@ -95,14 +95,13 @@ class HookSpec:
     * ``decodes_each_rank``: the completion work decodes one message per rank (the W rows of an
       allgather), so it grows with W; False where it is one pass over the bucket whatever W
       (an allreduce's result, quantized_allreduce's W shards that together make one bucket).
-      The step model (hooks/step_model.py) scales the measured decode by it;
+      The step model (service/step_model/) scales the measured decode by it;
     * ``waits_in_call``: the hook waits inside its call for (some of) its collectives, holding
       the autograd thread, so the rest of the backward pass waits with it (quantized_allreduce's
       all_to_all; PowerSGD's compressed exchange): the step model stalls the backward by it;
-    * ``lossy``, ``doc`` (one line);
-    * ``colour`` (a matplotlib colour) and ``marker`` (a matplotlib marker; not "X" or "P",
-      which mark where a trial went NaN or failed): every registered hook has its own pair, so
-      no two hooks draw alike in a report (line style is left to the chunk size).
+    * ``lossy``, ``doc`` (one line).
+
+    How a report draws a hook is the report's (service/report/hook_styles.py), not the hook's.
     """
 
     name: str
@@ -118,8 +117,6 @@ class HookSpec:
     waits_in_call: bool = False
     lossy: bool = False
     doc: str = ""
-    colour: str = "grey"
-    marker: str = "o"
 
     def __post_init__(self):
         if self.chunked and CHUNK_SIZE not in self.parameters:

@@ -1,4 +1,4 @@
-"""Sampling a trial's DDP step as a timeline (the step model's input, hooks/step_model.py).
+"""The raw stamps of a sampled DDP step: what the step model (service/step_model/) makes a timeline of.
 
 A training loop holds one :class:`StepSampler` per hook state and calls it at the step's phase
 boundaries: ``forward(step)``, ``backward()``, ``optimizer()``, ``done()``. On a sampled step
@@ -9,21 +9,8 @@ its first collective launched, since every hook accounts a collective just befor
 ``time.perf_counter()`` five times per bucket on a sampled step, no device or cross-rank sync;
 on any other step one ``is not None`` test per state method and per phase call.
 
-:meth:`StepSampler.timelines` turns the samples into ``StepTimeline`` objects:
-
-* ready = hook called - backward start; encode = first launch - called;
-* comm = completed - max(first launch, the previous bucket's completion): collectives queue on
-  the group, so a bucket's own time on the link starts when the one before it finished; a
-  collective the hook waits for inside its call (quantized_allreduce's all_to_all, PowerSGD's
-  whole compressed exchange with its matrix products) counts as comm;
-* decode = decode done - completed (split per peer by ``step_model.decode_cost``);
-* a hook that waits in its call (``HookSpec.waits_in_call``): waited = (returned - comm start) /
-  comm, and its hold (returned - first launch) left out of the later ready times and the
-  backward end, which the model puts back as its link and W make it;
-* backward end = the last hook call's return (the autograd thread's own work: its gradients and
-  the hooks' encodes, not DDP's wait for the collectives at the end of ``backward()``).
-
-Times are this rank's: the lead rank's or a median over ranks is the caller's choice.
+The stamps are all this module keeps (hooks/ holds no model): service/step_model/stamps.py
+turns them into the step model's ``StepTimeline``. Times are this rank's.
 """
 from __future__ import annotations
 
@@ -31,9 +18,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
-
-from .registry import spec
-from .step_model import BucketTiming, StepTimeline, decode_cost
 
 
 class BucketCall:
@@ -79,30 +63,6 @@ class SampledStep:
     end: float = math.nan
     calls: list[BucketCall] = field(default_factory=list)
 
-    def timeline(self, hook: str, hook_params: dict, world_size: int, batch: int,
-                 link_gbps: float = math.inf, latency_s: float = 0.0) -> StepTimeline:
-        """This step as the step model's ``StepTimeline`` (ms; see the module doc)."""
-        ms, waits = _ms, spec(hook).waits_in_call
-        buckets, link_free, held = [], -math.inf, 0.0
-        for c in self.calls:
-            launched = c.launched if c.launched is not None else c.returned
-            comm_from = max(launched, link_free)
-            comm = ms(comm_from, c.completed)
-            buckets.append(BucketTiming(
-                ready_ms=max(ms(self.backward, c.called) - held, 0.0), numel=c.numel, element_size=c.element_size,
-                encode_ms=ms(c.called, launched), comm_ms=comm,
-                decode=decode_cost(hook, ms(c.completed, c.decoded), world_size),
-                waited=min(ms(comm_from, c.returned) / comm, 1.0) if waits and comm > 0 else 0.0))
-            if waits:  # the thread's hold after the launch: the model puts it back at its own W and link
-                held += ms(launched, c.returned)
-            link_free = c.completed
-        own_end = max((c.returned for c in self.calls), default=self.optimizer)
-        return StepTimeline(hook=hook, hook_params=dict(hook_params), world_size=world_size, batch=batch,
-                            forward_ms=ms(self.forward, self.backward), buckets=tuple(buckets),
-                            backward_end_ms=max(ms(self.backward, own_end) - held, 0.0),
-                            optimizer_ms=ms(self.optimizer, self.end),
-                            link_gbps=link_gbps, latency_s=latency_s)
-
 
 class StepSampler:
     """Records the steps in ``steps`` of a trial whose hook state is ``state`` (built by
@@ -136,14 +96,3 @@ class StepSampler:
             self._open.calls = self.state.sampling.calls
             self.samples.append(self._open)
             self._open, self.state.sampling = None, None
-
-    def timelines(self, world_size: int, batch: int, link_gbps: float = math.inf, latency_s: float = 0.0,
-                  **measured_params) -> list[StepTimeline]:
-        """The sampled steps as ``StepTimeline`` objects; ``measured_params``: the hook's
-        ``HookSpec.from_stats`` inputs read from its measured stats (PowerSGD's)."""
-        params = {**self.state.params, **measured_params}
-        return [s.timeline(self.state.name, params, world_size, batch, link_gbps, latency_s) for s in self.samples]
-
-
-def _ms(earlier: float, later: float) -> float:
-    return 1000.0 * max(later - earlier, 0.0)

@@ -1,5 +1,5 @@
-"""Plot identity: every registered hook draws in its own (colour, marker), read from its
-registry entry, and the figures use exactly that (issue 13: fp16_compress used to hash to
+"""Plot identity: every registered hook draws in its own (colour, marker), read from
+service/report/hook_styles.py, and the figures use exactly that (issue 13: fp16_compress used to hash to
 quantization_pertensor's colour, both solid, indistinguishable in a report)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import matplotlib.colors as mcolors
 import numpy as np
 
 import hooks
-from service.report import plots
+from service.report import hook_styles, plots
+from service.report.hook_styles import hook_style
 from service.report import LossCurve
 
 STOP_MARKERS = {"X", "P"}  # the loss plot's "went NaN" / "failed here" marks
@@ -17,14 +18,17 @@ STOP_MARKERS = {"X", "P"}  # the loss plot's "went NaN" / "failed here" marks
 
 def test_every_registered_hook_has_a_distinct_colour_and_marker_pair():
     specs = hooks.available()
-    pairs = {name: (mcolors.to_hex(spec.colour), spec.marker) for name, spec in specs.items()}
+    pairs = {name: (mcolors.to_hex(hook_style(name)[0]), hook_style(name)[1]) for name in specs}
     assert len(set(pairs.values())) == len(pairs), pairs
     # and distinct colours outright, as far as a palette reaches: a legend reads by colour first
     assert len({c for c, _ in pairs.values()}) == len(pairs), pairs
     for name, (_, marker) in pairs.items():
         assert marker not in STOP_MARKERS, f"{name}: marker {marker!r} is a stop mark"
     for name in specs:
-        assert plots.hook_style(name) == (specs[name].colour, specs[name].marker)
+        assert plots.hook_style(name) == hook_style(name)
+    # a spare pair is no built-in's, and an unregistered hook (an old run) draws in grey
+    assert not set(hook_styles.SPARE) & set(hook_styles.STYLES.values())
+    assert hook_style("no_such_hook") == hook_styles.UNREGISTERED
 
 
 def test_fp16_and_pertensor_draw_differently(tmp_path: Path, monkeypatch):
@@ -41,8 +45,7 @@ def test_fp16_and_pertensor_draw_differently(tmp_path: Path, monkeypatch):
     ax = next(a for a in figures[0].axes if a.get_title() == "world size 2")
     drawn = [(mcolors.to_hex(l.get_color()), l.get_marker(), l.get_linestyle()) for l in ax.lines]
     assert len(drawn) == 2 and drawn[0] != drawn[1]
-    assert drawn[0][:2] == (mcolors.to_hex(hooks.available()["fp16_compress"].colour),
-                            hooks.available()["fp16_compress"].marker)
+    assert drawn[0][:2] == (mcolors.to_hex(hook_style("fp16_compress")[0]), hook_style("fp16_compress")[1])
     legend = figures[0].legends[0]
     legend_styles = {t.get_text(): (mcolors.to_hex(h.get_color()), h.get_marker())
                      for t, h in zip(legend.get_texts(), legend.legend_handles)}
@@ -107,6 +110,6 @@ def test_loss_plot_has_a_panel_of_each_configuration_minus_the_baseline(tmp_path
     plots.plot_loss_curves(curves, tmp_path / "loss.png")
     delta = next(a for a in figures[0].axes if a.get_title() == "minus allreduce, world size 2")
     drawn = {mcolors.to_hex(l.get_color()): l.get_ydata() for l in delta.lines if len(l.get_xdata()) > 2}
-    assert np.allclose(drawn[mcolors.to_hex(hooks.available()["fp16_compress"].colour)], 0.001)
-    assert np.allclose(drawn[mcolors.to_hex(hooks.available()["quantization_pertensor"].colour)], 0.01)
+    assert np.allclose(drawn[mcolors.to_hex(hook_style("fp16_compress")[0])], 0.001)
+    assert np.allclose(drawn[mcolors.to_hex(hook_style("quantization_pertensor")[0])], 0.01)
     assert not _overlapping_texts(figures[0])

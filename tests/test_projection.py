@@ -17,14 +17,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hooks.step_model import BucketTiming, LinearCost, StepTimeline
 from service import report
 from service.report import decision_map
 from service.report import projection
 from service.config import ConfigError, load_config
 from service.config.loading import report_section
-from service.report.projection import Basis, ErrorBand, ErrorBands
-from service.step_timeline import ComputePoint, TrialTimeline
+from service.report.projection import Basis
+from service.step_model import bands as step_bands
+from service.step_model.bands import ErrorBand, ErrorBands
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+from service.step_model.trial import ComputePoint, TrialTimeline
 from tests.dist_utils import free_port
 
 N = 250_000  # fp32 values: 1e6 bytes; allreduce at W on G Gbit/s: 2(W-1)/W * 1e6 * 8 / (G * 1e9) s
@@ -105,12 +107,12 @@ def test_error_bands_are_read_from_the_benchs_file(tmp_path):
                   "powersgd": {"low_pct": -20.0, "high_pct": 1.0, "median_abs_pct": 9.0, "counted": 6, "excluded": 3},
                   "topk": {"low_pct": 0.0, "high_pct": 0.0, "median_abs_pct": 0.0, "counted": 0, "excluded": 9}},
         "overall": {"low_pct": -20.0, "high_pct": 4.0, "median_abs_pct": 3.0}}))
-    bands = projection.error_bands(path)
+    bands = step_bands.error_bands(path)
     assert bands.for_hook("allreduce") == ErrorBand(-3.0, 4.0, "measured for allreduce")
     widest = bands.for_hook("topk")  # nothing counted: not a measured band
     assert (widest.low_pct, widest.high_pct) == (-20.0, 4.0) and "topk was not measured" in widest.source
     assert "bench/projection.py, 2026-12-02" in bands.provenance
-    missing = projection.error_bands(tmp_path / "none.json")
+    missing = step_bands.error_bands(tmp_path / "none.json")
     assert missing.for_hook("allreduce") is None and "unmeasured" in missing.provenance
 
 

@@ -1,4 +1,4 @@
-"""The DDP step model (hooks/step_model.py) on hand-built timelines, every expected figure
+"""The DDP step model (service/step_model/) on hand-built timelines, every expected figure
 worked out by hand beside the assertion.
 
 Sizes chosen so the wire is round: a bucket of 250,000 fp32 values is 1e6 bytes; 8 Gbit/s is
@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 
 import hooks
-from hooks.step_model import (BucketTiming, CellRefused, ComputeScaling, LinearCost, StepTimeline,
-                              at_batch, combine, comm_ms, decode_cost, fit_linear, price_cell, price_step,
-                              rank_batch)
+from service.step_model.combine import combine
+from service.step_model.price import CellRefused, ComputeScaling, at_batch, comm_ms, price_cell, price_step, rank_batch
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, decode_cost, fit_linear
 
 N = 250_000  # fp32 values: 1e6 bytes
 FAST, SLOW = 8.0, 0.08  # Gbit/s: 1e9, 1e7 bytes/s

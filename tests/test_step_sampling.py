@@ -1,4 +1,4 @@
-"""Timeline sampling (hooks/step_sampling.py) on 2 gloo ranks: DDP over a small MLP in several
+"""Timeline sampling (hooks/step_sampling.py's stamps, service/step_model/stamps.py's timelines) on 2 gloo ranks: DDP over a small MLP in several
 buckets, steps 3 and 5 of 6 sampled, for allreduce, an allgather quantizer and a hook that waits
 for a collective inside its call."""
 import math
@@ -8,8 +8,9 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
-from hooks.step_model import price_step
 from hooks.step_sampling import StepSampler
+from service.step_model.price import price_step
+from service.step_model.stamps import sampled_timelines
 from tests.dist_utils import run_distributed
 
 HOOKS = ("allreduce", "quantization_pertensor", "quantized_allreduce")
@@ -43,7 +44,7 @@ def _train_sampled(name: str, rank: int) -> dict:
                 [(c.called, c.launched, c.returned, c.completed, c.decoded) for c in s.calls])
                for s in sampler.samples]
     return {"calls": calls, "sampling_seen": sampling_seen, "samples": samples,
-            "timelines": sampler.timelines(world_size=2, batch=BATCH), "left_attached": state.sampling is not None}
+            "timelines": sampled_timelines(sampler, world_size=2, batch=BATCH), "left_attached": state.sampling is not None}
 
 
 def sample_both_hooks(rank: int, world_size: int) -> dict:

@@ -1,4 +1,4 @@
-"""A trial's own DDP step timeline (issue 24 item 1; service/train/timeline.py, service/step_timeline.py):
+"""A trial's own DDP step timeline (service/train/step_sampling.py, service/step_model/):
 run_training on 2 real gloo ranks with the timeline sampled and without, the combined timeline's
 shape, its JSON round trip, and rank 0's record on the trial's MLflow run read back. No Ray."""
 from __future__ import annotations
@@ -10,9 +10,10 @@ from dataclasses import replace
 import pytest
 
 from service.config import SweepConfig
-from service.step_timeline import TrialTimeline, combine_ranks
+from service.step_model.combine import combine_ranks
+from service.step_model.trial import TrialTimeline
 from service.train import run_training
-from service.train.timeline import timeline_steps, window_steps
+from service.train.step_sampling import timeline_steps, window_steps
 from tests.dist_utils import run_distributed
 from tests.test_worker import single_rank_group, store  # noqa: F401 - fixtures
 

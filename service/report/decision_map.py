@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from service.report.projection import Basis, CellProjection, CellWinner, ErrorBands, default_world_sizes, project, winner
+from service.report.projection import Basis, CellProjection, CellWinner, default_world_sizes, project, winner
+from service.step_model.bands import ErrorBands
 
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)

@@ -1,7 +1,7 @@
 """Drawings of the report's data (service.report computes it; this module only draws).
 
 matplotlib with the Agg backend: no display needed. Every plot keeps the same visual code:
-colour and marker = hook (from the hook's registry entry, ``hooks.available()``), line style =
+colour and marker = hook (service/report/hook_styles.py), line style =
 chunk size, so one legend reads across all figures.
 """
 
@@ -17,17 +17,10 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import hooks  # noqa: E402
+from service.report.hook_styles import hook_style  # noqa: E402
 from service.text import byte_unit  # noqa: E402
 
 _LINESTYLES = ["-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
-# A hook no longer registered (an old run read back from MLflow) still draws, in grey.
-_UNREGISTERED = ("grey", "o")
-
-
-def hook_style(hook: str) -> tuple[str, str]:
-    """(colour, marker) of ``hook``: its registry entry's, the same in every sweep."""
-    spec = hooks.available().get(hook)
-    return (spec.colour, spec.marker) if spec is not None else _UNREGISTERED
 
 
 def hook_colour(hook: str) -> str:

@@ -1,9 +1,9 @@
 """Time to target at the scale you will run: every configuration projected to (world size, link)
-cells it never ran on, through the one step model (hooks/step_model.py), with its measured error.
+cells it never ran on, through the one step model (service/step_model/), with its measured error.
 
 For each configuration, its *basis* (:func:`bases`): the time-to-target crossing step of each
 seed at the largest world size it ran at (W_m; ``recommend.time_to_target``) and the step
-timelines (``step_timeline.json``: service/step_timeline.py) its ok trials recorded at its smallest
+timelines (``step_timeline.json``: service/step_model/trial.py) its ok trials recorded at its smallest
 world size above 1 (where ranks share this machine least). At a cell (W, link):
 
     projected step ms   = median over the basis trials of TrialTimeline.price(global batch, W, link)
@@ -16,8 +16,8 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
   The crossing step is a count of optimizer steps at that global batch; evals are left out as in
   the measured time to target, and warm-up steps are priced as steady ones.
 * Beside every projected figure, the model's error measured on held-out emulated cells by
-  bench/projection.py (``service/projection_error.json``: :func:`error_bands`, the one place the
-  report takes it from).
+  bench/projection.py (``service/step_model/projection_error.json``: ``bands.error_bands``, the one
+  place the report takes it from).
 
 Cells: ``report.project`` (default: W from 8 in powers of two up to the global batch x 10, 25,
 100 Gbit/s) and ``report.cluster`` (the one the headline answers for). The decision map
@@ -27,78 +27,24 @@ Cells: ``report.project`` (default: W from 8 in powers of two up to the global b
 from __future__ import annotations
 
 import csv
-import json
 import math
 import statistics
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from hooks.step_model import CellRefused
 from service.report.recommend import BASELINE_HOOK
 from service.report.sequential import Verdict
-from service.step_timeline import TrialTimeline
+from service.step_model.bands import ErrorBand, ErrorBands, error_bands
+from service.step_model.price import CellRefused
+from service.step_model.trial import TrialTimeline
 
-ERROR_FILE = Path(__file__).with_name("projection_error.json")
 CSV = "projection.csv"
 DEFAULT_LINKS_GBPS = (10.0, 25.0, 100.0)
 FIRST_PROJECTED_W = 8
 CSV_COLUMNS = ("config", "hook", "measured_world_size", "timeline_world_size", "world_size", "link_gbps", "projected_step_ms",
                "projected_time_to_target_s", "crossing_step", "error_low_pct", "error_high_pct", "matches_quality",
                "refused")
-
-
-# --------------------------------------------------------------------------------------------
-# The model's measured error
-
-
-@dataclass(frozen=True)
-class ErrorBand:
-    """(projected - measured) / measured, %, over bench/projection.py's counted cells."""
-
-    low_pct: float
-    high_pct: float
-    source: str   # "measured for <hook>" | "widest measured: <hook> was not measured"
-
-    def text(self) -> str:
-        return f"{self.low_pct:+.0f} to {self.high_pct:+.0f} %"
-
-    def measured_range(self, projected: float) -> tuple[float, float]:
-        """The measured values a projection of ``projected`` stands for: (best, worst)."""
-        return projected / (1 + self.high_pct / 100), projected / (1 + self.low_pct / 100)
-
-
-@dataclass(frozen=True)
-class ErrorBands:
-    by_hook: dict[str, ErrorBand]
-    provenance: str   # what was measured, where and when (one line)
-
-    def for_hook(self, hook: str) -> Optional[ErrorBand]:
-        """The hook's band; for a hook the bench did not measure, the widest band any hook had."""
-        if hook in self.by_hook:
-            return self.by_hook[hook]
-        if not self.by_hook:
-            return None
-        return ErrorBand(min(b.low_pct for b in self.by_hook.values()),
-                         max(b.high_pct for b in self.by_hook.values()),
-                         f"widest measured: {hook} was not measured")
-
-
-@lru_cache(maxsize=4)
-def error_bands(path: Path = ERROR_FILE) -> ErrorBands:
-    """The per-hook error bands bench/projection.py wrote (format 1); none when it never ran."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return ErrorBands({}, "the step model's error is unmeasured (run bench/projection.py)")
-    if data.get("format") != 1:
-        raise ValueError(f"{path}: format {data.get('format')!r}, this reader reads 1")
-    bands = {hook: ErrorBand(float(b["low_pct"]), float(b["high_pct"]), f"measured for {hook}")
-             for hook, b in data["hooks"].items() if b.get("counted")}
-    provenance = (f"{data['source']}, {data['measured'][:10]}: {data['workload']}, basis {data['basis']}, "
-                  f"checked at {data['cells']}")
-    return ErrorBands(bands, provenance)
 
 
 # --------------------------------------------------------------------------------------------
@@ -347,7 +293,7 @@ def note(bands: Optional[ErrorBands] = None) -> str:
     bands = bands or error_bands()
     return ("Projected time to target = the configuration's crossing step (mean over its seeds, measured at the "
             "world size in 'quality from': quality is assumed the same at other world sizes) x the step the "
-            "step model (hooks/step_model.py) prices from the trials' own recorded step timelines at that world "
+            "step model (service/step_model/) prices from the trials' own recorded step timelines at that world "
             "size and link, keeping the sweep's global batch (each rank's compute at its share of it; evals left "
             "out, as in the measured time to target; latency 5 µs per message). Error band: (projected - measured) "
             f"/ measured over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets the "

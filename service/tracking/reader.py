@@ -17,8 +17,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from service import uris
-from service.step_timeline import ARTIFACT as TIMELINE_ARTIFACT
-from service.step_timeline import TrialTimeline
+from service.step_model.trial import ARTIFACT as TIMELINE_ARTIFACT
+from service.step_model.trial import TrialTimeline
 from service.text import one_line
 from service.tracking.identity import TrialRecord
 from service.tracking.store import PARENT_TAG, StoreError, search_all_runs
@@ -98,7 +98,7 @@ class SweepReader:
                 np.array([latest[s] for s in steps], dtype=np.float64))
 
     def step_timeline(self, run_id: str) -> TrialTimeline | None:
-        """The trial's recorded step timeline (``step_timeline.json``, service/step_timeline.py),
+        """The trial's recorded step timeline (``step_timeline.json``, service/step_model/trial.py),
         or None when the trial recorded none (timeline_steps 0, nothing sampled, an older run)."""
         if not any(a.path == TIMELINE_ARTIFACT for a in self.client.list_artifacts(run_id)):
             return None

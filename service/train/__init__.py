@@ -4,7 +4,7 @@
     batches.py     GlobalBatches: which samples each rank trains on at each step
     metrics.py     StepMeter (step times), HookAccounting (the hook's counters), trial_summary
     fidelity.py    FidelitySampler: gradient fidelity on every N-th step
-    timeline.py    StepTimelines: the trial's DDP step timeline on a few sampled steps, gathered at the end
+    step_sampling.py  TimelineSampler: the trial's DDP step sampled on a few steps, gathered at the end
     reporter.py    Reporter: rank 0's MLflow step metrics, progress and the trial's end
     faults.py      FaultInjector: configured NaN / scaled gradients and crashes
     checkpoint.py  capture / restore a rank's state; the checkpoint directory Ray merges

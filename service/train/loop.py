@@ -9,7 +9,7 @@ read after the next step's backward, or at once before an eval or a checkpoint, 
 non-finite step stops every rank before the following update is applied), gradient
 fidelity every ``tracking.fidelity_every`` steps (when asked), the step's DDP timeline on
 ``tracking.timeline_steps`` sampled steps (timestamps, then a local compute window; all ranks'
-gathered once at the end: service/train/timeline.py), logging
+gathered once at the end: service/train/step_sampling.py), logging
 (``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
 checkpoints every ``checkpoint.every`` steps. Each verdict is read the same three lines
 wherever the loop needs one, so every side effect shows where it happens (as nanoGPT's
@@ -48,8 +48,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
+from service.step_model.trial import TrialTimeline
 from service.train.nan import NanMonitor, NanReport
-from service.step_timeline import TrialTimeline
 from service.train.checkpoint import RankCheckpoint, capture
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import StepMeter, trial_summary
@@ -106,10 +106,10 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
             os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
         batches = t.batches.micro_batches(step)  # this rank's samples of the step
-        t.timeline.forward(step)  # a sampled step: perf_counter stamps at its phases and hook calls, no sync
+        t.step_sampler.forward(step)  # a sampled step: perf_counter stamps at its phases and hook calls, no sync
         # the backward runs the comm hook: every bucket's collectives, across the ranks
         with t.pairing.own():  # timed: paired timing compares it with the baseline's
-            loss = forward_backward(model, t.optimizer, t.wl, batches, device, t.precision, phases=t.timeline)
+            loss = forward_backward(model, t.optimizer, t.wl, batches, device, t.precision, phases=t.step_sampler)
         # the previous step's NaN verdict, read only now: its all-reduce travelled beside this backward's collectives
         check = monitor.resolve()
         reporter.log(check)  # the previous step's metrics, with its agreed loss
@@ -125,7 +125,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
         if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
             t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
-        t.timeline.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
+        t.step_sampler.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -159,7 +159,7 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))
     summary.update(t.load.summary(t.process_group, device))  # a collective: every rank gets here
-    timeline = t.timeline.gather(t.process_group)  # with timeline_steps: ONE all_gather_object, every rank
+    timeline = t.step_sampler.gather(t.process_group)  # with timeline_steps: ONE all_gather_object, every rank
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
     status = "nan" if report else "ok"
@@ -187,8 +187,8 @@ def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
     the last backward runs the comm hook, bucket by bucket, and waits for it. The optimizer
     step is the caller's (the loop reads the previous step's NaN verdict in between).
     Either workload form goes through ``wl.fetch`` and ``wl.step_loss``; the forward runs
-    in ``precision``'s autocast, floating inputs in its dtype. ``phases`` (the step timeline,
-    train/timeline.py): ``backward()`` just before the last backward (the one that runs the
+    in ``precision``'s autocast, floating inputs in its dtype. ``phases`` (the step sampler,
+    train/step_sampling.py): ``backward()`` just before the last backward (the one that runs the
     hook), ``optimizer()`` once it returned: timestamps on a sampled step, nothing otherwise.
     """
     precision = precision or Precision("fp32", device)

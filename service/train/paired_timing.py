@@ -100,7 +100,7 @@ def trajectory_kept(module: torch.nn.Module):
     """A side window (a forward/backward the trial does not train on) that leaves the trajectory
     as it was: the module's gradients set aside (the window's land in fresh storage) and given
     back, its buffers (BatchNorm's running statistics) and torch's RNG (dropout draws from it)
-    saved and restored. Also used by the step timeline's compute window (train/timeline.py)."""
+    saved and restored. Also used by the step timeline's compute window (train/step_sampling.py)."""
     grads = [p.grad for p in module.parameters()]
     buffers = [b.detach().clone() for b in module.buffers()]
     cpu = torch.get_rng_state()

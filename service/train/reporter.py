@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from service.step_timeline import ARTIFACT as TIMELINE_ARTIFACT
+from service.step_model.trial import ARTIFACT as TIMELINE_ARTIFACT
 
 STEP_METRICS = ("loss", "step_time_ms", "eval_loss", "eval_accuracy", "grad_rel_error", "grad_cosine")
 PROGRESS_EVERY_S = 2.0

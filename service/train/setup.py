@@ -19,7 +19,7 @@ from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, LoadMeter, StepMeter
 from service.train.paired_timing import PairedTimer, is_baseline
 from service.train.reporter import Reporter
-from service.train.timeline import StepTimelines, timeline_steps
+from service.train.step_sampling import TimelineSampler, timeline_steps
 from service.train.training_options import Precision
 from service.workloads import Workload, build_workload
 
@@ -41,7 +41,7 @@ class TrialParts:
     meter: StepMeter
     accounting: HookAccounting
     pairing: PairedTimer
-    timeline: StepTimelines
+    step_sampler: TimelineSampler
     load: LoadMeter
     reporter: Reporter
     process_group: Any
@@ -89,18 +89,18 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
                           else cfg.tracking.paired_timing_every,
                           warmup_steps=wl_cfg.warmup_steps, device=device, process_group=process_group,
                           ddp_kwargs=ddp_kwargs)
-    # DDP's step as a timeline on a few steps (train/timeline.py): not where another hook or collective runs;
+    # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs;
     # not with find_unused_parameters either (its compute window's backward on the bare module reaches
     # DDP's autograd hooks, and the reducer then stops the next step: tests/test_user_models.py)
     steps = timeline_steps(0 if find_unused else cfg.tracking.timeline_steps, first_step, wl_cfg.steps,
                            wl_cfg.warmup_steps,
                            skip=lambda s: fidelity.due(s) or pairing.due(s))
-    timeline = StepTimelines(hook_state, wl.model, wl, precision, device, steps=steps, world_size=world_size,
-                             rank_batch=wl_cfg.global_batch_size // world_size,
-                             grad_accumulation=wl_cfg.grad_accumulation, link_gbps=trial.link_gbps,
-                             latency_s=cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0)
+    step_sampler = TimelineSampler(hook_state, wl.model, wl, precision, device, steps=steps, world_size=world_size,
+                                   rank_batch=wl_cfg.global_batch_size // world_size,
+                                   grad_accumulation=wl_cfg.grad_accumulation, link_gbps=trial.link_gbps,
+                                   latency_s=cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
-                      faults, meter, accounting, pairing, timeline, LoadMeter(), Reporter(logger, progress, rank),
+                      faults, meter, accounting, pairing, step_sampler, LoadMeter(), Reporter(logger, progress, rank),
                       process_group)
 
 

@@ -1,4 +1,4 @@
-"""The trial's own DDP step timeline (issue 24, item 1), what the step model prices it from.
+"""Sampling the trial's own DDP step timeline, what the step model prices it from.
 
 ``tracking.timeline_steps`` steps after the warm-up (spread over the trial, never a fidelity or a
 paired-timing step: those run extra hooks and collectives) are sampled by
@@ -8,9 +8,10 @@ a sampled step (outside its measured time), a compute window times the rank's fo
 on the bare module (no hook, no collective, no DDP) at its micro-batch and at half of it, the
 trajectory kept (``paired_timing.trajectory_kept``): the two points of the model's
 ``ComputeScaling``; on every other sampled step only (:func:`window_steps`: each window costs about
-two training steps' compute, which bench/instrumentation.py --timeline counts against the budget). At the end of the trial :meth:`StepTimelines.gather` sends every rank's
-samples to every rank with ONE ``all_gather_object`` and combines them
-(``service.step_timeline.combine_ranks``); the loop's rank 0 records the result.
+two training steps' compute, which bench/instrumentation.py --timeline counts against the budget).
+At the end of the trial :meth:`TimelineSampler.gather` sends every rank's samples to every rank
+with ONE ``all_gather_object`` and combines them (``service.step_model.combine.combine_ranks``)
+into the trial's ``TrialTimeline``; the loop's rank 0 records it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.distributed as dist
 from hooks.registry import spec
 from hooks.state import HookState
 from hooks.step_sampling import StepSampler
-from service.step_timeline import ComputePoint, TrialTimeline, combine_ranks
+from service.step_model.combine import combine_ranks
+from service.step_model.stamps import sampled_timelines
+from service.step_model.trial import ComputePoint, TrialTimeline
 from service.train.paired_timing import trajectory_kept
 from service.workloads import to_device
 
@@ -50,7 +53,7 @@ def window_steps(steps: tuple[int, ...]) -> frozenset[int]:
     return frozenset(steps[::2])
 
 
-class StepTimelines:
+class TimelineSampler:
     """One rank's sampled step timelines and compute windows (the module doc). The loop calls
     ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
     and ``step_done(step, micro_batches)`` every step, and ``gather`` once at the end."""
@@ -103,8 +106,8 @@ class StepTimelines:
         stats = self.state.stats()
         from_stats = spec(self.state.name).from_stats
         measured = from_stats(stats) if from_stats is not None and stats.get("calls") else {}
-        mine = (self.sampler.timelines(self.world_size, self.rank_batch, self.link_gbps, self.latency_s,
-                                       **measured), self.windows)
+        mine = (sampled_timelines(self.sampler, self.world_size, self.rank_batch, self.link_gbps, self.latency_s,
+                                  **measured), self.windows)
         per_rank = [mine]
         if dist.is_initialized() and dist.get_world_size(process_group) > 1:
             per_rank = [None] * dist.get_world_size(process_group)

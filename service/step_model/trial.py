@@ -1,22 +1,20 @@
-"""A trial's recorded DDP step (issue 24): the ranks' sampled step timelines combined into one
-``hooks.step_model.StepTimeline``, the rank's compute at two micro-batch sizes (the model's
-``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run (``step_timeline.json``,
-read back by ``service.tracking.SweepReader.step_timeline``).
+"""A trial's recorded DDP step: the ranks' sampled step timelines combined into one
+``StepTimeline`` (service/step_model/combine.py), the rank's compute at two micro-batch sizes (the
+model's ``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run
+(``step_timeline.json``, read back by ``service.tracking.SweepReader.step_timeline``).
 
-Written by the training loop (service/train/timeline.py), read by the projection. Pure Python over
-hooks/step_model.py.
+Written by the training loop (service/train/step_sampling.py), read by the projection.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Optional
 
 from hooks.cost import DEFAULT_LATENCY_S
-from hooks.step_model import (BucketTiming, CellRefused, ComputeScaling, LinearCost, StepPrice, StepTimeline,
-                              combine, fit_linear, price_cell, price_step, rank_batch)
+from service.step_model.price import CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, fit_linear
 
 ARTIFACT = "step_timeline.json"
 FORMAT = 1  # the JSON's version: a reader refuses any other
@@ -64,7 +62,7 @@ class TrialTimeline:
     def price(self, global_batch: int, world_size: int, link_gbps: float,
               latency_s: float = DEFAULT_LATENCY_S) -> StepPrice:
         """The step at ``world_size`` ranks on ``link_gbps`` keeping ``global_batch`` (the one
-        step model: ``step_model.price_cell``). CellRefused where the cell's rank batch is not the
+        step model: ``price.price_cell``). CellRefused where the cell's rank batch is not the
         measured one and the trial has no compute scaling to take it there."""
         scaling = self.compute
         if scaling is None:
@@ -97,35 +95,3 @@ class TrialTimeline:
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
                    tuple(ComputePoint(**p) for p in data["compute_points"]))
-
-
-def combine_ranks(per_rank: list[tuple[list[StepTimeline], list[tuple[ComputePoint, ...]]]],
-                  sampled_steps: tuple[int, ...]) -> Optional[TrialTimeline]:
-    """The trial's timeline from each rank's (sampled timelines, compute windows; ``sampled_steps``
-    the steps of the timelines): the timelines by ``step_model.combine``, only those with the
-    buckets of the last sampled step (a step sampled before DDP settled its buckets would not
-    combine; the sampler waits for that, this keeps a trial from failing at its end if DDP
-    rebuilds later); each compute point, like the compute side there, per rank the median over
-    its windows, then the slowest rank's. None when no step was sampled."""
-    if not per_rank or not per_rank[0][0]:
-        return None
-    final = _layout(per_rank[0][0][-1])
-    kept = [[t for t in timelines if _layout(t) == final] for timelines, _ in per_rank]
-    if not all(kept):
-        return None
-    timeline = combine(kept)
-    sampled_steps = tuple(s for s, t in zip(sampled_steps, per_rank[0][0]) if _layout(t) == final)
-    windows = [w for _, w in per_rank]
-    points: tuple[ComputePoint, ...] = ()
-    if all(windows):
-        sizes = len(windows[0][0])
-        points = tuple(
-            ComputePoint(windows[0][0][i].samples,
-                         max(statistics.median(w[i].forward_ms for w in rank) for rank in windows),
-                         max(statistics.median(w[i].backward_ms for w in rank) for rank in windows))
-            for i in range(sizes))
-    return TrialTimeline(timeline, sampled_steps, points)
-
-
-def _layout(timeline: StepTimeline) -> tuple:
-    return tuple((b.numel, b.element_size) for b in timeline.buckets)
