@@ -260,3 +260,16 @@ def test_the_headline_names_each_choice_once_with_its_world_sizes():
                     "(2.50x / 2.50x faster than allreduce).")
     assert render.headline([rec(2, "loopback", False)], cluster="Projected: x.").startswith(
         "Measured here: keep allreduce at W = 2 on loopback. Projected: x.")
+
+
+def test_the_speed_table_and_summary_csv_compare_on_the_seeds_both_ran():
+    from types import SimpleNamespace
+
+    from service.report import render
+
+    base = candidate("allreduce", [10, 10, 30], [1.0, 1.0, 1.0], spread=0.5)
+    fast = candidate("fp16_compress", [5, 5], [1.0, 1.0], spread=0.5)
+    rec = recommend.recommend(2, "loopback", [base, fast])
+    assert render._versus_cells(fast, rec, "speed")[0] == "2.00x"      # not (50/3)/5 = 3.33x
+    row = SimpleNamespace(world_size=2, link="loopback", config="fp16_compress")
+    assert float(render._speedup(row, [rec])) == pytest.approx(2.0)

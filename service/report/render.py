@@ -148,9 +148,9 @@ def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation |
             cells.append("")
         elif ref is c:
             cells.append("ref")
-        elif part == "speed":
-            cells.append(f"{ref.seconds / c.seconds:.2f}x"
-                         if math.isfinite(ref.seconds) and math.isfinite(c.seconds) else "")
+        elif part == "speed":  # on the seeds both ran
+            up = recommend.speedup(c, ref)
+            cells.append(f"{up:.2f}x" if math.isfinite(up) else "")
         else:
             cells.append(gap.text() if gap else "")
     return cells
@@ -223,12 +223,11 @@ _CSV_ONLY = ("step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr", "load_avg_1
 
 
 def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
-    """The baseline's time to target over this configuration's (paired when the trials timed
-    the baseline); empty when either never reached it."""
+    """The baseline's time to target over this configuration's on the seeds both ran (paired
+    when the trials timed the baseline); empty when either never reached it."""
     c, rec = _candidate_of(row, recs)
-    if c is None or rec.baseline is None or not math.isfinite(c.seconds) or not math.isfinite(rec.baseline.seconds):
-        return ""
-    return repr(rec.baseline.seconds / c.seconds)
+    up = recommend.speedup(c, rec.baseline) if c is not None and rec.baseline is not None else math.nan
+    return repr(up) if math.isfinite(up) else ""
 
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
