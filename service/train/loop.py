@@ -96,6 +96,9 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
                make_monitor=make_monitor, make_meter=make_meter or StepMeter)
     monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
     for step in range(t.first_step, wl_cfg.steps + 1):
+        batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
+        if t.pairing.before(step):  # every other window: the baseline's forward/backward first, outside the step's time
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
         t.meter.begin()
         t.fidelity.begin(step)  # a sampled step: DDP runs the fidelity hook (+1 fp32 all-reduce per bucket)
         if t.faults.due(step):  # no configured fault fires after the trial went non-finite
@@ -105,7 +108,6 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
                 break
         if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
             os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
-        batches = t.batches.micro_batches(step)  # this rank's samples of the step
         t.timeline.forward(step)  # a sampled step: perf_counter stamps at its phases and hook calls, no sync
         # the backward runs the comm hook: every bucket's collectives, across the ranks
         with t.pairing.own():  # timed: paired timing compares it with the baseline's
@@ -123,7 +125,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         t.meter.end(step)
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
-        if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
+        if t.pairing.after(step):  # the others: the baseline hook's forward/backward (its collectives) of the batches
             t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
         t.timeline.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
