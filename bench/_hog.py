@@ -17,12 +17,14 @@ def _spin() -> None:
 
 
 class HogDuringBaseline(threading.Thread):
-    """Polls the sweep's MLflow store; while a run tagged ``trial_config = baseline`` is
-    RUNNING, ``count`` busy processes run, and none otherwise. ``seen``: the hogs ran at all."""
+    """Polls the sweep's MLflow store; while a run tagged ``trial_config = baseline`` (and, with
+    ``seed``, ``trial_seed = seed``: only that seed's trial) is RUNNING, ``count`` busy processes
+    run, and none otherwise. ``seen``: the hogs ran at all."""
 
-    def __init__(self, uri: str, experiment: str, count: int, baseline: str = "allreduce"):
+    def __init__(self, uri: str, experiment: str, count: int, baseline: str = "allreduce", seed: int | None = None):
         super().__init__(daemon=True)
         self.client, self.experiment, self.count, self.baseline = MlflowClient(uri), experiment, count, baseline
+        self.where = f"tags.trial_config = '{baseline}'" + ("" if seed is None else f" and tags.trial_seed = '{seed}'")
         self.stop, self.hogs, self.seen = threading.Event(), [], False
         self.hogged_s = 0.0
 
@@ -30,7 +32,7 @@ class HogDuringBaseline(threading.Thread):
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is None:
             return False
-        runs = self.client.search_runs([exp.experiment_id], f"tags.trial_config = '{self.baseline}'")
+        runs = self.client.search_runs([exp.experiment_id], self.where)
         return any(r.info.status == "RUNNING" for r in runs)
 
     def run(self) -> None:

@@ -143,3 +143,15 @@ def test_a_split_network_sweeps_timing_runs_run_in_round_one_and_decide_nothing(
     assert {t.key for t in timing} <= {t.key for t in plan[0]} and not any(t.kind == "timing" for r in plan[1:] for t in r)
     assert list(rounds.verdicts(outcomes)) == [(2, None)]  # the quality runs' group only
     assert _by_hook(rounds.verdicts(outcomes)[(2, None)])["topk"] == "matches"
+
+
+def test_left_to_run_replays_the_rounds_over_what_is_done():
+    """--resume decides what is unfinished before anything is measured or started: after the whole
+    schedule nothing is left; after round 1 alone, round 2's trials are."""
+    from service.sweep.adaptive import left_to_run
+
+    plan, outcomes = _run(SeedRounds(_grid(), 2, MAX, tolerance=0.01), _ok)
+    assert left_to_run(SeedRounds(_grid(), 2, MAX, tolerance=0.01), outcomes) == []
+    first = {t.key: outcomes[t.key] for t in plan[0]}
+    left = left_to_run(SeedRounds(_grid(), 2, MAX, tolerance=0.01), first)
+    assert [t.key for t in left] == [t.key for t in plan[1]] and left

@@ -437,11 +437,14 @@ def test_two_link_sweep_trains_once_and_times_each_link(tmp_path):
         assert float(row["step_time_ms_median_mean"]) == timing["step_time_ms_median"]  # speed: the link's
     parent = client.get_run(quality.data.tags["mlflow.parentRunId"])
     assert {"recommended.w2.0.05Gbitpers", "recommended.w2.0.1Gbitpers"} <= set(parent.data.tags)
-    # --resume matches the quality and timing runs by key: nothing left to run (in-process: the
-    # command would first measure both links again)
+    # --resume matches the quality and timing runs by key: nothing left to run, so it measures
+    # no link (a busy moment's measurement cannot refuse to resume a finished sweep)
     cfg = load_config(config)[0]
     plan = plan_resume(cfg, cfg.trials(), uri)
     assert (plan.reusable_runs, plan.pending) == ({}, [])
+    resumed = sweep("--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "Nothing left to run." in resumed.stdout and "network: link" not in resumed.stdout
     assert _ours() == ([], [])
 
 

@@ -156,6 +156,26 @@ def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_abov
     assert projection.bases(trials, [], {}.get) == []
 
 
+def test_the_crossing_steps_are_those_of_the_seeds_every_configuration_ran():
+    """Adaptive seeds give the baseline (and the undecided) a third seed: the projection compares
+    crossing steps on the seeds all ran, as the measured answer compares times."""
+    from types import SimpleNamespace
+
+    from service.report.recommend import TimeToTarget
+
+    def trial(config, seed, step):
+        record = SimpleNamespace(params={"global_batch_size": "64"})
+        return SimpleNamespace(state="ok", config=config, hook=config, world_size=2, seed=seed,
+                               run_id=f"{config}{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False))
+
+    trials = [trial("allreduce", s, step) for s, step in ((0, 10.0), (1, 12.0), (2, 50.0))]
+    trials += [trial("bf16_compress", s, step) for s, step in ((0, 10.0), (1, 12.0))]
+    recorded = {t.run_id: trial_timeline() for t in trials}
+    by_config = {b.config: b for b in projection.bases(trials, [], recorded.get)}
+    assert by_config["allreduce"].crossing_steps == (10.0, 12.0)   # seed 2 shown in the tables, not compared
+    assert by_config["allreduce"].crossing_step == by_config["bf16_compress"].crossing_step == 11.0
+
+
 def test_seeds_whose_timelines_disagree_make_a_close_call():
     # W=8 (8 of the measured 32 samples), 10 Gbit/s: a seed of compute 40 ms prices at forward 2.5
     # + backward 5 + optimizer 10 (not batch-scaled) + wire 1.47 = 18.97 ms; one of 80 ms at 36.47.

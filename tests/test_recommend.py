@@ -76,7 +76,7 @@ def test_a_ci_straddling_the_tolerance_is_undecided_never_avoided():
     # sd 1.61%, 0.83% from the tolerance: t(0.975, 16) * 1.61% / sqrt(17) = 0.826% < 0.83%,
     # while 16 seeds give 0.856%
     assert "about 17 seeds at this scatter would decide it" in why
-    assert "keep allreduce" in rec.reason and "loopback" in rec.reason
+    assert "nothing reached the target faster" in rec.reason and "loopback" in rec.reason
     # one seed: the gap itself decides, and the verdict says it is a single-seed one
     single = recommend.recommend(2, "loopback", [candidate("allreduce", [10], [1.0]),
                                                  candidate("quantization_pertensor", [4], [1.005])])
@@ -215,3 +215,61 @@ def test_comparisons_across_very_different_load_are_flagged():
     base2 = candidate("allreduce", [41, 41], [1.0, 1.0])
     base2.load_avg, even.load_avg = 1.3, 1.1
     assert "different load" not in recommend.recommend(4, "loopback", [base2, even]).reason
+
+
+def test_speed_is_compared_on_the_seeds_both_ran():
+    """The baseline's extra seed (run later, here 3x slower under another job's load) is shown
+    but never compared: the speed-up, 'faster' and the reason use seeds 0 and 1 only."""
+    base = candidate("allreduce", [10, 10, 30], [1.0, 1.0, 1.0], spread=0.5)
+    same = candidate("bf16_compress", [10.2, 9.8], [1.0, 1.0], spread=0.5)
+    rec = recommend.recommend(2, "loopback", [base, same])
+    assert recommend.speedup(same, base) == pytest.approx(1.0)     # not 50/3 / 10 = 1.67
+    assert not recommend.faster(same, base) and rec.choice is base  # the same speed: keep it
+    assert "runner-up bf16_compress took 10.00 s vs 10.00 s, seeds 0, 1" in rec.reason
+    assert base.seconds == pytest.approx(50 / 3)   # its own mean, all seeds, as the table shows it
+    fast = candidate("fp16_compress", [5, 5], [1.0, 1.0], spread=0.5)
+    rec = recommend.recommend(2, "loopback", [base, same, fast])
+    assert rec.choice is fast and "2.00x faster than allreduce (10.00 s, seeds 0, 1)" in rec.reason
+
+
+def test_the_ranking_compares_each_configuration_with_the_baseline_on_its_own_seeds():
+    # a: two seeds at 0.5x the baseline's; b: three seeds, its mean lower only because the
+    # baseline's seed 2 ran fast: against the baseline on the same seeds, a is the faster
+    base = candidate("allreduce", [10, 10, 2], [1.0, 1.0, 1.0])
+    a = candidate("fp16_compress", [5, 5], [1.0, 1.0])
+    b = candidate("bf16_compress", [6, 6, 1.5], [1.0, 1.0, 1.0])
+    rec = recommend.recommend(2, "loopback", [base, a, b])
+    assert b.seconds < a.seconds   # own means: b looks faster
+    assert [c.config for c in rec.ranked[:2]] == ["fp16_compress", "bf16_compress"]
+    assert recommend.speedup(a, base) == pytest.approx(2.0)
+    assert recommend.speedup(b, base) == pytest.approx((22 / 3) / (13.5 / 3))
+
+
+def test_the_headline_names_each_choice_once_with_its_world_sizes():
+    from service.report import render
+
+    def rec(w, link, fast):
+        base = candidate("allreduce", [10, 10], [1.0, 1.0])
+        other = candidate("bf16_compress", [4 if fast else 10, 4 if fast else 10], [1.0, 1.0])
+        return recommend.recommend(w, link, [base, other])
+
+    line = render.headline([rec(1, "loopback", False), rec(2, "loopback", False), rec(4, "loopback", False)])
+    assert line == "Keep allreduce at W = 2 and 4 on loopback."
+    line = render.headline([rec(2, "loopback", False), rec(4, "1 Gbit/s", True), rec(2, "1 Gbit/s", True)])
+    assert line == ("Keep allreduce at W = 2 on loopback; use bf16_compress at W = 2 and 4 on 1 Gbit/s "
+                    "(2.50x / 2.50x faster than allreduce).")
+    assert render.headline([rec(2, "loopback", False)], cluster="Projected: x.").startswith(
+        "Measured here: keep allreduce at W = 2 on loopback. Projected: x.")
+
+
+def test_the_speed_table_and_summary_csv_compare_on_the_seeds_both_ran():
+    from types import SimpleNamespace
+
+    from service.report import render
+
+    base = candidate("allreduce", [10, 10, 30], [1.0, 1.0, 1.0], spread=0.5)
+    fast = candidate("fp16_compress", [5, 5], [1.0, 1.0], spread=0.5)
+    rec = recommend.recommend(2, "loopback", [base, fast])
+    assert render._versus_cells(fast, rec, "speed")[0] == "2.00x"      # not (50/3)/5 = 3.33x
+    row = SimpleNamespace(world_size=2, link="loopback", config="fp16_compress")
+    assert float(render._speedup(row, [rec])) == pytest.approx(2.0)

@@ -333,8 +333,9 @@ def test_recommendation_ranks_by_time_to_target_at_matching_quality(store, sweep
         reached = [s for s in eval_steps if 1.1 * logged["loss"][s] <= target]
         assert (trial.time_to_target.seconds is None) == (not reached), trial.run_name
     line = report.headline(list(recs.values()))
-    assert line.startswith("Use allreduce at world size 2: keep allreduce")
-    assert "loopback" in line
+    assert line.startswith("Keep allreduce at W = 2 on loopback"), line
+    assert "W = 1" not in line  # one rank communicates nothing: no answer needed there
+    assert line.count("allreduce") == 1  # said once, not "use allreduce: keep allreduce"
 
 
 def test_build_report_writes_and_attaches_every_file(store, tmp_path):
@@ -372,7 +373,7 @@ def test_build_report_writes_and_attaches_every_file(store, tmp_path):
     assert "0.953 ± 0.007" in md
     page = html_path.read_text()
     assert "Which configuration to use" in page
-    assert "Use allreduce at world size 2" in page
+    assert "Keep allreduce at W = 2 on loopback" in page
     assert "speed-up vs allreduce" in page and "eval-loss gap vs allreduce (CI)" in page
     # undecided is open, never avoid: the open column names both quantizers with what would decide
     avoid_cell, open_cell = page.split("<td class='left'>quantization_pertensor: 1 failed, 1 nan")[1] \

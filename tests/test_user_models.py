@@ -107,11 +107,20 @@ FEEDBACK = [{"name": "powersgd", "start_iter": 2}, {"name": "quantization_percha
             {"name": "topk", "error_feedback": True}]
 
 
-def _config(workload: str, hook_entries, search=None, **settings) -> dict:
+# paired timing and the step timeline beside find_unused_parameters (on a copy of the module):
+# windows on steps 2 (before the trial's own), 4 (after) and 6 (before), the timeline on 3 and 5
+WINDOWS_ON = {"paired_timing_every": 2, "timeline_steps": 2}
+WINDOWS_OFF = {"paired_timing_every": 0, "timeline_steps": 0}
+WINDOW_HOOKS = [{"name": "fp16_compress"}, {"name": "quantization_perchannel", "chunk_size": 64, "error_feedback": True}]
+UNUSED_MODELS = [m for m in USER_MODELS if m != "with_buffers"]
+
+
+def _config(workload: str, hook_entries, search=None, tracking=None, **settings) -> dict:
     return SweepConfig.model_validate({
         "name": "user-models", "workload": {"name": U + workload, "steps": 6, "global_batch_size": 32, "lr": 0.05,
                                              "eval_every": 6, "warmup_steps": 1, **settings},
-        "search": {"hooks": hook_entries, "world_size": [2], "seed": [0], **(search or {})}}).model_dump()
+        "search": {"hooks": hook_entries, "world_size": [2], "seed": [0], **(search or {})},
+        "tracking": tracking or {}}).model_dump()
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +130,9 @@ def trained():
     dumps["moe_static"] = _config("tiny_moe", FEEDBACK, {"bucket_cap_mb": 0.002, "static_graph": True})
     dumps["refused"] = _config("eval_only_head", ["allreduce"], find_unused_parameters=False)
     dumps["pinned_on"] = _config("with_buffers", ["allreduce"], find_unused_parameters=True)
+    for model in UNUSED_MODELS:
+        dumps["windows_on", model] = _config(model, WINDOW_HOOKS, tracking=WINDOWS_ON)
+        dumps["windows_off", model] = _config(model, WINDOW_HOOKS, tracking=WINDOWS_OFF)
     return run_distributed(train_every_trial, 2, args=(dumps,))
 
 
@@ -165,3 +177,22 @@ def test_a_model_with_unused_parameters_and_the_setting_false_is_refused_naming_
 def test_find_unused_parameters_pinned_on_trains_a_model_without_unused_ones_and_says_nothing(trained):
     r = trained[0]["pinned_on", "allreduce-w2-s0"]
     assert r["status"] == "ok" and not any("find_unused" in ln for ln in r["log"])
+
+
+@pytest.mark.parametrize("model", UNUSED_MODELS)
+def test_a_model_that_needs_find_unused_parameters_gets_paired_timing_and_the_timeline_untouched(trained, model):
+    """The same answer as a model without unused parameters: the paired ratio (windows in both
+    orders) and the step timeline, and the training bit for bit as with both off."""
+    for rank in (0, 1):
+        on = {k[1]: v for k, v in trained[rank].items() if k[0] == ("windows_on", model)}
+        off = {k[1]: v for k, v in trained[rank].items() if k[0] == ("windows_off", model)}
+        assert on.keys() == off.keys() and len(on) == len(WINDOW_HOOKS)
+        for name, r in on.items():
+            assert not isinstance(r, str) and r["status"] == "ok" and r["steps"] == 6, (name, r)
+            assert r["losses"] == off[name]["losses"], name  # every step's agreed loss, exactly
+            for metric in ("final_loss", "final_eval_loss", "final_eval_accuracy", "comm_bytes_per_step"):
+                assert r["summary"].get(metric) == off[name]["summary"].get(metric), (name, metric)
+            assert r["summary"]["paired_windows"] == 3 and r["summary"]["step_ratio_vs_baseline"] > 0, name
+            assert r["summary"]["paired_order_effect"] > 0, name
+            assert r["timeline"] and not off[name]["timeline"], name
+            assert "step_ratio_vs_baseline" not in off[name]["summary"], name

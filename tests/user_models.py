@@ -118,7 +118,8 @@ USER_MODELS = {"eval_only_head": eval_only_head, "branchy": branchy, "tiny_moe":
 
 def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
     """Every trial of each config through service.train.run_training on this rank: its status,
-    steps, losses and the worker's log lines, or a start-of-trial refusal's message."""
+    steps, losses, summary, whether it recorded a step timeline and the worker's log lines, or a
+    start-of-trial refusal's message."""
     import logging
 
     from service.config import SweepConfig
@@ -137,7 +138,8 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
             try:
                 result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
                 out[key, trial.run_name] = {"status": result.status, "steps": result.steps_done,
-                                            "losses": result.losses, "log": list(lines)}
+                                            "losses": result.losses, "log": list(lines),
+                                            "summary": result.summary, "timeline": result.timeline is not None}
             except WorkloadError as err:
                 out[key, trial.run_name] = str(err)
     return out

@@ -180,11 +180,14 @@ def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialT
     every ok trial recorded one (W = 1 when it ran nothing else): on one host W ranks share its
     cores, so the compute a rank records grows with W, and that is the basis bench/projection.py
     checked (loopback, W = 2). Quality is a property of (configuration, W, seed), the step of
-    (configuration, W, link): the two need not come from the same trials."""
+    (configuration, W, link): the two need not come from the same trials. The crossing steps are
+    those of the seeds every configuration ran (adaptive seeds give some an extra one): the
+    projected times are compared like with like."""
     by_config: dict[str, dict[int, dict[int, object]]] = {}
     for t in trials:
         if t.state == "ok":  # one trial per seed: a split sweep's joined trials share their quality run
             by_config.setdefault(t.config, {}).setdefault(t.world_size, {}).setdefault(t.seed, t)
+    shared = set.intersection(*(set(by_w[max(by_w)]) for by_w in by_config.values())) if by_config else set()
     out = []
     for config, by_w in by_config.items():
         recorded = _timelines(by_w, timeline_of)
@@ -193,7 +196,8 @@ def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialT
         quality_w = max(by_w)
         seeds = by_w[quality_w]
         first = next(iter(seeds.values()))
-        crossing = tuple(None if t.time_to_target is None else t.time_to_target.step for t in seeds.values())
+        crossing = tuple(None if t.time_to_target is None else t.time_to_target.step
+                         for seed, t in sorted(seeds.items()) if seed in shared or not shared)
         out.append(Basis(config, first.hook, quality_w, int(first.record.params["global_batch_size"]),
                          recorded[1], crossing, _matches(recs, config, quality_w), recorded[0]))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))

@@ -175,26 +175,46 @@ class Candidate:
         return bool(self.time_to_target) and all(t.seconds is not None for t in self.time_to_target.values())
 
     @property
+    def seeds(self) -> frozenset[int]:
+        """The seeds this configuration has a time to target for (reached or not)."""
+        return frozenset(self.time_to_target)
+
+    @property
     def seconds(self) -> float:
-        """Mean time to target over seeds (inf when some seed never reached it): paired with
-        the baseline's step time when the trials timed it (:func:`pair_with_baseline`)."""
-        if not self.reached_every_seed:
-            return math.inf
-        if self.paired_seconds is not None:
-            return statistics.fmean(self.paired_seconds.values())
-        return statistics.fmean(t.seconds for t in self.time_to_target.values())
+        """Mean time to target over its own seeds (inf when some seed never reached it): paired
+        with the baseline's step time when the trials timed it (:func:`pair_with_baseline`). A
+        comparison with another configuration uses :meth:`seconds_on` their common seeds."""
+        return self.seconds_on(self.seeds)
+
+    def _times(self, seeds) -> list[float] | None:
+        """Time to target at each of ``seeds`` (paired where timed); None if one never reached it."""
+        if not seeds or any(s not in self.time_to_target or self.time_to_target[s].seconds is None for s in seeds):
+            return None
+        if self.paired_seconds is not None and all(s in self.paired_seconds for s in seeds):
+            return [self.paired_seconds[s] for s in sorted(seeds)]
+        return [self.time_to_target[s].seconds for s in sorted(seeds)]
+
+    def seconds_on(self, seeds) -> float:
+        """Mean time to target over ``seeds`` (inf: a seed never reached it, or none given)."""
+        times = self._times(seeds)
+        return statistics.fmean(times) if times else math.inf
 
     @property
     def seconds_spread(self) -> float:
-        """The spread of the mean time: step-time noise (paired: the ratio's spread over its
-        windows), and the seeds' own scatter."""
-        if self.paired_seconds is not None:
+        return self.spread_on(self.seeds)
+
+    def spread_on(self, seeds) -> float:
+        """The spread of the mean time over ``seeds``: step-time noise (paired: the ratio's
+        spread over its windows), and the seeds' own scatter."""
+        times = self._times(seeds)
+        if not times:
+            return 0.0
+        if self.paired_seconds is not None and all(s in self.paired_seconds for s in seeds):
             noise = statistics.fmean(self.paired_seconds[s] * self.step_ratio_iqr.get(s, 0.0) / self.step_ratio[s]
-                                     for s in self.paired_seconds)
-            times = list(self.paired_seconds.values())
+                                     for s in seeds)
         else:
-            noise = statistics.fmean(self.spread_s.values()) if self.spread_s else 0.0
-            times = [t.seconds for t in self.time_to_target.values() if t.seconds is not None]
+            noise = statistics.fmean(self.spread_s[s] for s in seeds if s in self.spread_s) if any(
+                s in self.spread_s for s in seeds) else 0.0
         scatter = statistics.stdev(times) if len(times) > 1 else 0.0
         return max(noise, scatter)
 
@@ -216,9 +236,33 @@ def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
         c.paired_seconds = {s: c.time_to_target[s].step * c.step_ratio[s] * per_step[s] for s in seeds}
 
 
+def common_seeds(a: Candidate, b: Candidate) -> frozenset[int]:
+    """The seeds both configurations ran: the only ones a comparison of the two uses (a seed
+    one of them ran alone ran at another time, under whatever load the machine had then)."""
+    return a.seeds & b.seeds
+
+
 def faster(a: Candidate, b: Candidate) -> bool:
-    """Is ``a`` faster to the target than ``b`` by more than their spread?"""
-    return b.seconds - a.seconds > max(a.seconds_spread, b.seconds_spread)
+    """Is ``a`` faster to the target than ``b`` by more than their spread, on their common seeds?"""
+    seeds = common_seeds(a, b)
+    return b.seconds_on(seeds) - a.seconds_on(seeds) > max(a.spread_on(seeds), b.spread_on(seeds))
+
+
+def speedup(c: Candidate, ref: Candidate) -> float:
+    """``ref``'s time to target over ``c``'s, both on their common seeds (nan: no common seed
+    where both reached the target)."""
+    seeds = common_seeds(c, ref)
+    mine, theirs = c.seconds_on(seeds), ref.seconds_on(seeds)
+    return theirs / mine if math.isfinite(mine) and math.isfinite(theirs) and mine > 0 else math.nan
+
+
+def _rank_key(c: Candidate, baseline: Candidate | None) -> tuple:
+    """Fastest first: by the speed-up against the baseline on the seeds each shares with it (so
+    no configuration is ranked on seeds another did not run), then its own mean time."""
+    if baseline is not None:
+        up = 1.0 if c is baseline else speedup(c, baseline)
+        return (-up if math.isfinite(up) else math.inf, c.seconds, -_finite(c.samples_per_s), c.bytes_per_step)
+    return (0.0, c.seconds, -_finite(c.samples_per_s), c.bytes_per_step)
 
 
 @dataclass
@@ -255,7 +299,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     for c in candidates if baseline is not None else []:
         pair_with_baseline(c, baseline)
     sixteen = [c for c in candidates if hook_facts.sixteen_bit(c.hook) and c.ok]
-    best_16bit = min(sixteen, key=lambda c: (c.seconds, -c.samples_per_s), default=None)
+    best_16bit = min(sixteen, key=lambda c: _rank_key(c, baseline), default=None)
     for c in candidates:
         c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss, rule) if baseline else None
         c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss, rule) if best_16bit else None
@@ -274,7 +318,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
             avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
         else:
             eligible.append(c)
-    ranked = sorted(eligible, key=lambda c: (c.seconds, -_finite(c.samples_per_s), c.bytes_per_step))
+    ranked = sorted(eligible, key=lambda c: _rank_key(c, baseline))
     single = any(c.gap is not None and c.gap.single_seed for c in candidates)
     rec = Recommendation(world_size, link, None, None, baseline, best_16bit, "", ranked, candidates,
                          avoid, open_, single)
@@ -340,6 +384,30 @@ def _time(c: Candidate) -> str:
     return f"{c.seconds:.2f} s" if math.isfinite(c.seconds) else "—"
 
 
+def _on_seeds(a: Candidate, b: Candidate) -> str:
+    """', seeds 0, 1' when the two ran different seeds: the comparison used only the common ones."""
+    seeds = common_seeds(a, b)
+    return "" if a.seeds == b.seeds else f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, sorted(seeds)))}"
+
+
+def _versus(a: Candidate, b: Candidate, verb: str) -> str:
+    """'took 1.20 s vs 1.00 s' over the seeds both ran."""
+    seeds = common_seeds(a, b)
+    x, y = a.seconds_on(seeds), b.seconds_on(seeds)
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return f"{verb} {_time(a)} vs {_time(b)}"
+    return f"{verb} {x:.2f} s vs {y:.2f} s{_on_seeds(a, b)}"
+
+
+def _speedup_text(c: Candidate, ref: Candidate, what: str) -> str:
+    """'1.67x faster than allreduce (1.00 s vs 1.67 s)', on the seeds both ran."""
+    up = speedup(c, ref)
+    if not math.isfinite(up):
+        return f"{ref.config} never reached the target on a seed {c.config} ran"
+    seeds = common_seeds(c, ref)
+    return f"{up:.2f}x {what} ({ref.seconds_on(seeds):.2f} s{_on_seeds(c, ref)})"
+
+
 def _reason(rec: Recommendation, tolerance: float) -> str:
     c, runner, base = rec.choice, rec.runner_up, rec.baseline
     where = (f"on {rec.link}" if rec.link != LOOPBACK
@@ -349,21 +417,20 @@ def _reason(rec: Recommendation, tolerance: float) -> str:
                 f"throughput {where}")
     parts = []
     if c.is_baseline:
-        parts.append(f"keep {BASELINE_HOOK}: nothing reached the target faster at equal quality {where}")
+        parts.append(f"nothing reached the target faster at equal quality {where}")
         if runner is not None:
             same = not faster(runner, c) and not faster(c, runner)
-            parts.append(f"runner-up {runner.config} took {_time(runner)} vs {_time(c)}"
+            parts.append(f"runner-up {runner.config} {_versus(runner, c, 'took')}"
                          + (" (the same speed here: within the step-time spread)" if same else ""))
     else:
         parts.append(f"reaches the target eval loss in {_time(c)} {where}")
-        if base is not None and math.isfinite(base.seconds):
-            parts.append(f"{base.seconds / c.seconds:.2f}x faster than {BASELINE_HOOK} ({_time(base)})")
-        if rec.best_16bit is not None and rec.best_16bit is not c and math.isfinite(rec.best_16bit.seconds):
-            parts.append(f"{rec.best_16bit.seconds / c.seconds:.2f}x vs {rec.best_16bit.config} "
-                         f"({_time(rec.best_16bit)})")
+        if base is not None:
+            parts.append(_speedup_text(c, base, f"faster than {BASELINE_HOOK}"))
+        if rec.best_16bit is not None and rec.best_16bit is not c:
+            parts.append(_speedup_text(c, rec.best_16bit, f"vs {rec.best_16bit.config}"))
         if runner is not None:
-            parts.append(f"runner-up {runner.config} ({_time(runner)}, "
-                         f"{runner.seconds / c.seconds - 1:+.0%})" if math.isfinite(runner.seconds)
+            up = speedup(c, runner)
+            parts.append(f"runner-up {runner.config} ({up - 1:+.0%}{_on_seeds(c, runner)})" if math.isfinite(up)
                          else f"runner-up {runner.config}")
         if c.gap is not None:
             parts.append(f"quality gap {c.gap.text()}")

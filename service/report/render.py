@@ -15,7 +15,7 @@ import jinja2
 from service import uris
 from service.report import recommend
 from service.report.data import SummaryRow, Sweep, link_order
-from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.recommend import BASELINE_HOOK
 from service.text import format_bytes
 
 
@@ -24,20 +24,56 @@ from service.text import format_bytes
 # --------------------------------------------------------------------------------------------
 
 def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None, cluster: str = "") -> str:
-    """The answer in a sentence: the choice at the largest world size that communicates, on
-    the slowest link measured; with adaptive seeds, how many trials they saved; then, with
-    ``report.cluster``, the projected answer there (``cluster``: service/report/projection.py's)."""
-    with_comm = [r for r in recs if r.world_size > 1] or recs
-    if not with_comm:
+    """The answer in a sentence: each measured choice once with the world sizes (and links) it
+    holds at ("keep allreduce at W = 2 and 4 on loopback; use bf16_compress at W = 8 on 1 Gbit/s (1.31x
+    faster than allreduce)"), what stays open; with adaptive seeds, how many trials they saved;
+    then, with ``report.cluster``, the projected answer there (``cluster``: report/projection.py's)."""
+    if not recs:
         return "No trial has finished yet: nothing to recommend."
-    top = max(with_comm, key=lambda r: (r.world_size, -link_order(r.link)))
-    where = f"world size {top.world_size}" + ("" if top.link == LOOPBACK else f" on {top.link}")
     saved = _trials_saved(recs, sweep) if sweep is not None else ""
-    answer = (f"at {where}: {top.reason}." if top.choice is None
-              else f"use {top.choice.config} at {where}: {top.reason}.")
+    recs = [r for r in recs if r.world_size > 1] or recs  # one rank communicates nothing
+    clauses = [_choice_clause(choice, group) for choice, group in _by_choice(recs)]
+    opened = sorted({config for r in recs for config, _ in r.open})
+    if opened:
+        clauses.append("open (undecided quality): " + ", ".join(
+            f"{config} at {_places([r for r in recs if any(o == config for o, _ in r.open)])}" for config in opened))
+    answer = "; ".join(clauses) + "."
     if not cluster:
         return answer[0].upper() + answer[1:] + saved
     return f"Measured here: {answer}{saved} {cluster}"
+
+
+def _by_choice(recs: list[recommend.Recommendation]) -> list[tuple[str | None, list[recommend.Recommendation]]]:
+    """The recommendations grouped by their choice (None: nothing qualified), in first-seen order."""
+    groups: dict[str | None, list[recommend.Recommendation]] = {}
+    for r in sorted(recs, key=lambda r: (r.world_size, -link_order(r.link))):
+        groups.setdefault(r.choice.config if r.choice else None, []).append(r)
+    return list(groups.items())
+
+
+def _choice_clause(choice: str | None, group: list[recommend.Recommendation]) -> str:
+    if choice is None:
+        return f"nothing qualifies at {_places(group)} ({group[0].reason})"
+    if choice == BASELINE_HOOK:
+        return f"keep {BASELINE_HOOK} at {_places(group)}"
+    ups = [f"{recommend.speedup(r.choice, r.baseline):.2f}x" for r in group
+           if r.baseline is not None and math.isfinite(recommend.speedup(r.choice, r.baseline))]
+    faster = f" ({' / '.join(ups)} faster than {BASELINE_HOOK})" if ups else ""
+    return f"use {choice} at {_places(group)}{faster}"
+
+
+def _places(recs: list[recommend.Recommendation]) -> str:
+    """'W = 2 and 4 on loopback', 'W = 2 on 1 Gbit/s and W = 4 on loopback' (one world size list per link)."""
+    by_link: dict[str, list[int]] = {}
+    for r in sorted(recs, key=lambda r: (-link_order(r.link), r.world_size)):
+        by_link.setdefault(r.link, []).append(r.world_size)
+    parts = [f"W = {_and(sorted(set(ws)))} on {link}" for link, ws in by_link.items()]
+    return _and(parts)
+
+
+def _and(items: list) -> str:
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _trials_saved(recs: list[recommend.Recommendation], sweep: Sweep) -> str:
@@ -112,9 +148,9 @@ def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation |
             cells.append("")
         elif ref is c:
             cells.append("ref")
-        elif part == "speed":
-            cells.append(f"{ref.seconds / c.seconds:.2f}x"
-                         if math.isfinite(ref.seconds) and math.isfinite(c.seconds) else "")
+        elif part == "speed":  # on the seeds both ran
+            up = recommend.speedup(c, ref)
+            cells.append(f"{up:.2f}x" if math.isfinite(up) else "")
         else:
             cells.append(gap.text() if gap else "")
     return cells
@@ -187,12 +223,11 @@ _CSV_ONLY = ("step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr", "load_avg_1
 
 
 def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
-    """The baseline's time to target over this configuration's (paired when the trials timed
-    the baseline); empty when either never reached it."""
+    """The baseline's time to target over this configuration's on the seeds both ran (paired
+    when the trials timed the baseline); empty when either never reached it."""
     c, rec = _candidate_of(row, recs)
-    if c is None or rec.baseline is None or not math.isfinite(c.seconds) or not math.isfinite(rec.baseline.seconds):
-        return ""
-    return repr(rec.baseline.seconds / c.seconds)
+    up = recommend.speedup(c, rec.baseline) if c is not None and rec.baseline is not None else math.nan
+    return repr(up) if math.isfinite(up) else ""
 
 
 def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],

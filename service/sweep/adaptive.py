@@ -105,6 +105,18 @@ class SeedRounds:
         return f"{low} to {len(self._grid)} trials"
 
 
+def left_to_run(rounds: SeedRounds, done: dict[str, Outcome]) -> list[TrialSpec]:
+    """The trials the rounds would still run after ``done`` (the SeedSearcher's replay: rounds are
+    planned over the outcomes until one has a trial not yet done); ``[]``: the sweep is complete."""
+    while True:
+        planned = rounds.plan(done)
+        if not planned:
+            return []
+        missing = [t for t in planned if t.key not in done]
+        if missing:
+            return missing
+
+
 def _candidate(name: str, trials: list[TrialSpec], outcomes: dict[str, Outcome]) -> recommend.Candidate:
     """The planned trials of one configuration as a recommend.Candidate (quality only)."""
     ended = {t.seed: outcomes[t.key] for t in trials if t.key in outcomes}

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from service.sweep.processes import LocalRay, child_pids, descendants, kill
+
 # name -> (our value, Ray's default).
 TRAIN_ENV: dict[str, tuple[str, str]] = {
     # The Train controller polls its workers at this interval, and every ray.train.report is
@@ -69,48 +71,22 @@ INIT_ATTEMPTS = 3
 
 
 def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int = WORKER_NICENESS,
-               system_config: dict[str, Any] | None = None) -> None:
+               system_config: dict[str, Any] | None = None) -> LocalRay:
     """Start a local Ray instance with TRAIN_ENV applied (inherited by every Ray process),
-    retrying the start-up timeout of a loaded machine."""
+    retrying the start-up timeout of a loaded machine; returns it (``.stop()`` ends all of it)."""
     import ray
 
     apply_env()
     for attempt in range(1, INIT_ATTEMPTS + 1):
-        before = _child_pids()
+        before = child_pids()
         try:
             ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness, system_config))
-            return
+            return LocalRay(frozenset(child_pids() - before))
         except Exception as exc:  # ray raises a bare Exception for this timeout
             ray.shutdown()
             # The timed-out node (GCS, raylet, monitors) was started as our children and is not
             # ours to reach through ray.shutdown(): left alive, each retry would add a whole Ray
             # instance to an already loaded machine.
-            _kill(_child_pids() - before)
+            kill(descendants(child_pids() - before))
             if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
                 raise
-
-
-def _child_pids() -> set[int]:
-    """Pids of this process's direct children (Linux /proc; empty elsewhere)."""
-    me, children = os.getpid(), set()
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == me:
-            children.add(int(entry))
-    return children
-
-
-def _kill(pids: set[int]) -> None:
-    import signal
-
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 
 from service.config import SweepConfig, TrialSpec
 from service.sweep import logs
-from service.sweep.adaptive import SeedRounds
+from service.sweep.adaptive import SeedRounds, left_to_run
 from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
 from service.sweep.context import SweepContext
@@ -56,8 +56,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
 
     logs.route_library_logs_to_file()  # with main()'s log file: the terminal keeps the sweep's own lines
     trials = cfg.trials() if trials is None else trials
-    # plan: first of all, before MLflow or Ray is touched (refuses in one line, leaves nothing)
-    links = prepare_network(cfg, trials, out)
+    # plan: the links first of all, before MLflow or Ray is touched (a refusal leaves nothing);
+    # --resume first decides what is unfinished, and measures only the links it still needs
+    links = None if resume else prepare_network(cfg, trials, out)
     tracking_uri = tracking.resolve_tracking_uri()
     check_tracking_store(tracking_uri)  # before Ray starts: an unreachable store fails in seconds
     adaptive = cfg.search.adaptive is not None  # seeds added while undecided: service/sweep/adaptive.py
@@ -70,19 +71,25 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
               + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
                  if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),
               file=out, flush=True)
-        if not pending:
+        if not (left_to_run(seed_rounds(cfg, trials), done) if adaptive else pending):
+            print("Nothing left to run.", file=out, flush=True)
             return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
                                                                         ran_only=adaptive))
+        links = prepare_network(cfg, pending, out)
     # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
-    (init_ray or _init_ray)(cfg, pending)
-    log.info("ray ready in %.1f s", time.monotonic() - started)
-    check_cluster(cfg, pending, tracking_uri, storage)
-    # open the record, run the trials, close every run (whatever happens)
-    run = _SweepRun(cfg, trials, pending, tracking_uri, storage, parent_run_id, reusable_runs, links)
-    run.go(config_path, train_loop or _default_train_loop(), resume, out, done)
-    log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
+    local_ray = (init_ray or _init_ray)(cfg, pending)  # a LocalRay when this sweep started one
+    try:
+        log.info("ray ready in %.1f s", time.monotonic() - started)
+        check_cluster(cfg, pending, tracking_uri, storage)
+        # open the record, run the trials, close every run (whatever happens)
+        run = _SweepRun(cfg, trials, pending, tracking_uri, storage, parent_run_id, reusable_runs, links)
+        run.go(config_path, train_loop or _default_train_loop(), resume, out, done, local_ray)
+        log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
+    finally:
+        if local_ray is not None:  # every process of the Ray instance it started, however it ended
+            stop_ray(local_ray, out)
     if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
     # report: the table, read back from MLflow
@@ -117,10 +124,9 @@ class _SweepRun:
         self.status = "FAILED"  # FINISHED | FAILED | KILLED (interrupted)
 
     def go(self, config_path: Path, train_loop: Callable[[dict], None], resume: bool, out: TextIO,
-           done: dict) -> None:
-        """``done``: an adaptive sweep's outcomes so far (--resume), for its seed rounds."""
-        import ray
-
+           done: dict, local_ray=None) -> None:
+        """``done``: an adaptive sweep's outcomes so far (--resume), for its seed rounds;
+        ``local_ray``: the Ray instance the sweep started (None: one it joined)."""
         from service import tracking
         from service.sweep.progress import ProgressBoard, ProgressPrinter
         from service.sweep.searcher import SeedSearcher
@@ -166,7 +172,7 @@ class _SweepRun:
                     printer.stop()
                 if self.status == "KILLED":
                     _tell_trials_interrupted(board)
-                    ray.shutdown()  # ends the trial actors, their Train controllers and workers
+                    stop_ray(local_ray, out)  # ends the trial actors, their Train controllers and workers
                 if self.links is not None:  # the trials' emulated hosts, also of trials that were killed
                     remove_networks()
                 if self.parent_run_id is not None:  # every child run closed, then the parent
@@ -331,7 +337,23 @@ def _interrupted(board) -> bool:
         return True
 
 
-def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
+def stop_ray(local_ray, out: TextIO) -> None:
+    """Ray shut down; with a local instance this sweep started (``local_ray``), every one of its
+    processes stopped (service/sweep/processes.py), and a line on ``out`` if one would not stop."""
+    if local_ray is None:
+        import ray
+
+        ray.shutdown()  # a cluster's Ray (or a bench's own): this driver disconnects, its trials end
+        return
+    left = local_ray.stop()
+    if left:
+        print(f"warning: could not stop {len(left)} process(es) of this sweep's Ray instance "
+              f"(pids {' '.join(map(str, sorted(left)))}): kill them by hand", file=out, flush=True)
+
+
+def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]):
+    """Connect to the cluster RAY_ADDRESS names (returns None), or start a local Ray instance
+    (returns it, a processes.LocalRay: the sweep stops all of it at its end)."""
     import ray
 
     from service.sweep import ray_runtime
@@ -339,7 +361,7 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
     address = os.environ.get("RAY_ADDRESS", "").strip()
     if address:
         ray.init(address=address, log_to_driver=False)
-        return
+        return None
     gpus = None
     if cfg.resources.use_gpu:
         import torch
@@ -349,4 +371,4 @@ def _init_ray(cfg: SweepConfig, trials: list[TrialSpec]) -> None:
     # Logical CPUs, not cores: a world size of 4 on a 2-core machine still runs (slower).
     # init_local retries Ray's fixed 30 s raylet start-up window on a loaded machine, and
     # kills what a timed-out attempt left behind.
-    ray_runtime.init_local(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)
+    return ray_runtime.init_local(max(1, math.ceil(cpus_needed(cfg, trials))), gpus)

@@ -7,7 +7,9 @@ forward/backward over ``grad_accumulation`` micro-batches (all but the last unde
 (``service.train.nan``: one tiny asynchronous all-reduce, so all ranks agree; its verdict is
 read after the next step's backward, or at once before an eval or a checkpoint, and a
 non-finite step stops every rank before the following update is applied), gradient
-fidelity every ``tracking.fidelity_every`` steps (when asked), the step's DDP timeline on
+fidelity every ``tracking.fidelity_every`` steps (when asked), paired timing's baseline window
+every ``tracking.paired_timing_every`` steps (ahead of the step on every other one, after it on
+the others: service/train/paired_timing.py), the step's DDP timeline on
 ``tracking.timeline_steps`` sampled steps (timestamps, then a local compute window; all ranks'
 gathered once at the end: service/train/step_sampling.py), logging
 (``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
@@ -72,6 +74,8 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     t = set_up(trial, cfg, ctx)
     monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
     for step in range(t.first_step, wl_cfg.steps + 1):
+        batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
+        baseline_window(t, step, batches, device, before=True)  # every other paired window: ahead of the step
         t.meter.begin()
         t.fidelity.begin(step)  # a sampled step: DDP runs the fidelity hook (+1 fp32 all-reduce per bucket)
         if t.faults.due(step):  # no configured fault fires after the trial went non-finite
@@ -81,7 +85,6 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
                 break
         if t.faults.arm(step, model.module):  # on_fault records the fault in MLflow first
             os._exit(CRASH_EXIT_CODE)  # a crash fault: this rank's process ends here
-        batches = t.batches.micro_batches(step)  # this rank's samples of the step
         t.step_sampler.forward(step)  # a sampled step: perf_counter stamps at its phases and hook calls, no sync
         # the backward runs the comm hook: every bucket's collectives, across the ranks
         with t.pairing.own():  # timed: paired timing compares it with the baseline's
@@ -99,8 +102,7 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
         t.meter.end(step)
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
-        if t.pairing.due(step):  # the baseline hook's forward/backward (its collectives) of this step's batches
-            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+        baseline_window(t, step, batches, device, before=False)  # the other paired windows: after the step
         t.step_sampler.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
@@ -152,6 +154,15 @@ def check_stopped_on_nan(monitor: NanMonitor, cfg) -> bool:
 def stops(check, cfg) -> bool:
     """Does this agreed step check (or None: nothing was pending) stop the trial?"""
     return check is not None and check.nonfinite and cfg.stop.on_nan
+
+
+def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> None:
+    """A paired-timing window of this order at this step (service/train/paired_timing.py): the baseline
+    hook's forward/backward of the step's batches on its own DDP wrapper (its collectives, across the
+    ranks), timed. Before: ahead of the trial's own forward/backward; after: once its step is done.
+    The windows alternate, so the order effect (the arm that runs second finds caches warm) is measured."""
+    if t.pairing.before(step) if before else t.pairing.after(step):
+        t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
 
 
 def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,

@@ -18,7 +18,7 @@ from service.train.ddp import ddp_arguments, say_find_unused_is_on
 from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, LoadMeter, StepMeter
-from service.train.paired_timing import PairedTimer, is_baseline
+from service.train.paired_timing import PairedTimer, SideModule, is_baseline
 from service.train.reporter import Reporter
 from service.train.step_sampling import TimelineSampler, timeline_steps
 from service.train.training_options import Precision
@@ -81,23 +81,21 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     meter = ctx.make_meter(wl_cfg.warmup_steps, first_step)
     accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
     # the baseline hook timed beside this trial's own: same ranks, model, batches (paired_timing.py);
-    # its DDP wrapper broadcasts rank 0's parameters at construction (a collective)
-    # (not with find_unused_parameters: a second DDP over the same module then allreduces
-    # gradients the first left undefined, and DDP's reducer stops the trial)
-    pairing = PairedTimer(wl.model, every=0 if is_baseline(trial) or find_unused
-                          else cfg.tracking.paired_timing_every,
-                          warmup_steps=wl_cfg.warmup_steps, device=device, process_group=process_group,
-                          ddp_kwargs=ddp_kwargs)
-    # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs;
-    # not with find_unused_parameters either (its compute window's backward on the bare module reaches
-    # DDP's autograd hooks, and the reducer then stops the next step: tests/test_user_models.py)
-    steps = timeline_steps(0 if find_unused else cfg.tracking.timeline_steps, first_step, wl_cfg.steps,
-                           wl_cfg.warmup_steps,
+    # its DDP wrapper broadcasts rank 0's parameters at construction (a collective). With
+    # find_unused_parameters its windows and the timeline's run on a copy of the module (SideModule:
+    # one more set of parameters in memory, so only then), never through the trial's reducer
+    pairing_every = 0 if is_baseline(trial) else cfg.tracking.paired_timing_every
+    side = SideModule(wl.model, copy_module=find_unused and bool(pairing_every or cfg.tracking.timeline_steps))
+    pairing = PairedTimer(side, every=pairing_every, warmup_steps=wl_cfg.warmup_steps, device=device,
+                          process_group=process_group, ddp_kwargs=ddp_kwargs, skip=fidelity.due)
+    # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs
+    steps = timeline_steps(cfg.tracking.timeline_steps, first_step, wl_cfg.steps, wl_cfg.warmup_steps,
                            skip=lambda s: fidelity.due(s) or pairing.due(s))
-    step_sampler = TimelineSampler(hook_state, wl, precision, device, steps, world_size=world_size, trial=trial,
-                                   cfg=cfg)
+    step_sampler = TimelineSampler(hook_state, side, wl, precision, device, steps, world_size=world_size,
+                                   trial=trial, cfg=cfg)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
-                      faults, meter, accounting, pairing, step_sampler, LoadMeter(), Reporter(ctx.logger, ctx.progress, rank))
+                      faults, meter, accounting, pairing, step_sampler, LoadMeter(),
+                      Reporter(ctx.logger, ctx.progress, rank))
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:

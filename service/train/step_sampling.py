@@ -6,7 +6,8 @@ paired-timing step: those run extra hooks and collectives) are sampled by
 call, no sync (an unsampled step pays a set lookup and an ``is not None`` per phase). Right after
 a sampled step (outside its measured time), a compute window times the rank's forward and backward
 on the bare module (no hook, no collective, no DDP) at its micro-batch and at half of it, the
-trajectory kept (``paired_timing.trajectory_kept``): the two points of the model's
+trajectory kept (``paired_timing.SideModule``: with ``find_unused_parameters`` a re-synced copy
+of the module, whose backward no reducer of the trial's sees): the two points of the model's
 ``ComputeScaling``; on every other sampled step only (:func:`window_steps`: each window costs about
 two training steps' compute, which bench/instrumentation.py --timeline counts against the budget).
 At the end of the trial :meth:`TimelineSampler.gather` sends every rank's samples to every rank
@@ -29,7 +30,7 @@ from hooks.step_sampling import StepSampler
 from service.step_model.combine import combine_ranks
 from service.step_model.stamps import sampled_timelines
 from service.step_model.trial import ComputePoint, TrialTimeline
-from service.train.paired_timing import trajectory_kept
+from service.train.paired_timing import SideModule
 from service.workloads import to_device
 
 
@@ -58,14 +59,14 @@ class TimelineSampler:
     ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
     and ``step_done(step, micro_batches)`` every step, and ``gather`` once at the end."""
 
-    def __init__(self, hook_state, wl, precision, device, steps: tuple[int, ...], *, world_size: int,
-                 trial, cfg):
+    def __init__(self, hook_state, side: SideModule, wl, precision, device, steps: tuple[int, ...], *,
+                 world_size: int, trial, cfg):
         """``trial`` (its link) and ``cfg`` (the batch, the accumulation, the network's latency) say
-        where the timeline is measured; the compute windows run on ``wl.model``, the bare module."""
+        where the timeline is measured; the compute windows run on ``side``."""
         # a state of torch's own hooks (bench/instrumentation.py's plain arm) stamps nothing
         self.steps = frozenset(steps) if isinstance(hook_state, HookState) else frozenset()
         self.window_steps = window_steps(tuple(sorted(self.steps)))
-        self.state, self.module, self.wl, self.precision, self.device = hook_state, wl.model, wl, precision, device
+        self.state, self.side, self.wl, self.precision, self.device = hook_state, side, wl, precision, device
         self.sampler = StepSampler(hook_state, self.steps)
         wl_cfg = cfg.workload
         self.world_size, self.rank_batch = world_size, wl_cfg.global_batch_size // world_size
@@ -79,22 +80,23 @@ class TimelineSampler:
     def step_done(self, step: int, micro_batches) -> None:
         """A sampled step's end (``StepSampler.done``), then, on a window step, its compute window:
         the rank's forward and backward of the step's last micro-batch and of its first half, on
-        the bare module (local, the trajectory kept; none where the micro-batch has one sample)."""
+        the bare module or its copy (local, the trajectory kept; none where the micro-batch has
+        one sample)."""
         if step not in self.steps:
             return
         self.sampler.done()
         indices = micro_batches[-1]
         if len(indices) < 2 or step not in self.window_steps:
             return
-        with trajectory_kept(self.module):
-            self.windows.append((self._timed(indices), self._timed(indices[:len(indices) // 2])))
+        with self.side.window() as module:
+            self.windows.append((self._timed(module, indices), self._timed(module, indices[:len(indices) // 2])))
 
-    def _timed(self, indices) -> ComputePoint:
+    def _timed(self, module: torch.nn.Module, indices) -> ComputePoint:
         batch = to_device(self.wl.fetch(self.wl.train_set, indices), self.device, self.precision.input_dtype)
-        self.module.zero_grad(set_to_none=True)
+        module.zero_grad(set_to_none=True)
         t0 = _now(self.device)
         with self.precision.autocast():
-            loss = self.wl.step_loss(self.module, batch)
+            loss = self.wl.step_loss(module, batch)
         t1 = _now(self.device)
         loss.backward()
         t2 = _now(self.device)
