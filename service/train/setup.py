@@ -91,8 +91,7 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs
     steps = timeline_steps(cfg.tracking.timeline_steps, first_step, wl_cfg.steps, wl_cfg.warmup_steps,
                            skip=lambda s: fidelity.due(s) or pairing.due(s))
-    step_sampler = TimelineSampler(hook_state, side, wl, precision, device, steps, world_size=world_size,
-                                   trial=trial, cfg=cfg)
+    step_sampler = TimelineSampler(hook_state, side, wl, precision, steps, trial=trial, cfg=cfg, ctx=ctx)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
                       faults, meter, accounting, pairing, step_sampler, LoadMeter(),
                       Reporter(ctx.logger, ctx.progress, rank))

@@ -59,10 +59,11 @@ class TimelineSampler:
     ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
     and ``step_done(step, micro_batches)`` every step, and ``gather`` once at the end."""
 
-    def __init__(self, hook_state, side: SideModule, wl, precision, device, steps: tuple[int, ...], *,
-                 world_size: int, trial, cfg):
-        """``trial`` (its link) and ``cfg`` (the batch, the accumulation, the network's latency) say
-        where the timeline is measured; the compute windows run on ``side``."""
+    def __init__(self, hook_state, side: SideModule, wl, precision, steps: tuple[int, ...], *, trial, cfg, ctx):
+        """``trial`` (its link), ``cfg`` (the batch, the accumulation, the network's latency) and
+        ``ctx`` (the rank's world size and device: a TrainingContext) say where the timeline is
+        measured; the compute windows run on ``side``."""
+        device, world_size = ctx.device, ctx.world_size
         # a state of torch's own hooks (bench/instrumentation.py's plain arm) stamps nothing
         self.steps = frozenset(steps) if isinstance(hook_state, HookState) else frozenset()
         self.window_steps = window_steps(tuple(sorted(self.steps)))
