@@ -155,13 +155,7 @@ class _SweepRun:
                 printer = ProgressPrinter(board, out=out).start()
                 search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
                           if cfg.search.adaptive is not None else None)
-                sweep_dir = f"{safe_name(cfg.name)}-{self.parent_run_id[:8]}"
-                # Train's per-trial directories hang off the parent run: a resumed trial finds its
-                # checkpoints there, a new sweep never picks up an old sweep's.
-                sweep = SweepContext(cfg, uri, join(self.storage, sweep_dir, "trials"), board, trial_runs, train_loop,
-                                     self.reusable_runs, None if self.links is None
-                                     else {"links": self.links, "owner_pid": os.getpid()})
-                tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+                sweep, tune_name = self._context(train_loop, board, trial_runs, resume)
                 _make_tuner(sweep, self.pending, tune_name, self.storage, search).fit()
                 self.status = "FINISHED"
             except KeyboardInterrupt:
@@ -177,6 +171,17 @@ class _SweepRun:
                     remove_networks()
                 if self.parent_run_id is not None:  # every child run closed, then the parent
                     tracking.close_sweep_run(self.parent_run_id, uri, self.status, interrupted_at_ms)
+
+
+    def _context(self, train_loop: Callable[[dict], None], board, trial_runs, resume: bool) -> tuple[SweepContext, str]:
+        """What every trial of this sweep runs with, and the Tune experiment's name."""
+        # Train's per-trial directories hang off the parent run: a resumed trial finds its
+        # checkpoints there, a new sweep never picks up an old sweep's.
+        sweep_dir = f"{safe_name(self.cfg.name)}-{self.parent_run_id[:8]}"
+        network = None if self.links is None else {"links": self.links, "owner_pid": os.getpid()}
+        sweep = SweepContext(self.cfg, self.tracking_uri, join(self.storage, sweep_dir, "trials"), board, trial_runs,
+                             train_loop, self.reusable_runs, network)
+        return sweep, sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _make_tuner(sweep: SweepContext, pending: list[TrialSpec], tune_name: str, storage: str,
