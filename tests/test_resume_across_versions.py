@@ -73,6 +73,9 @@ def test_a_sweep_recorded_before_the_move_resumes_after_it(tmp_path, old_checkou
             proc.kill()
     assert proc.returncode == 130, f"{out}\n{err}"
     assert_left_closed(client, victim)
+    (parent,) = parents(all_runs(client, "resume_test"))
+    old_commit = _git("rev-parse", f"{BEFORE_THE_MOVE}^{{commit}}").stdout.strip()
+    assert parent.data.tags.get("git_commit") == old_commit, "the sweep was recorded by the code before the move"
     before = {r.info.run_id for r in children(all_runs(client, "resume_test"))}
 
     # this checkout resumes it
