@@ -80,6 +80,7 @@ class Start:
     checkpoint: Optional[RankCheckpoint] = None
     restarts: int = 0
     fired_faults: frozenset[int] = frozenset()
+    trial_started_at: Optional[float] = None  # unix seconds the sweep created the trial's trainer
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -127,7 +128,7 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
         baseline_window(t, step, batches, device, before=False)  # the other paired windows: after the step
-        t.step_sampler.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
+        sample_window(t, step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -138,12 +139,11 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
             if stops(check, cfg):
                 break
         if rank == 0 and evaluating:
-            eval_metrics = run_eval(model.module, t.wl, device, t.precision)
-            reporter.eval(step, eval_metrics)
-        if checkpointing:
-            reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
-            # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
-            checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, rank))
+            eval_metrics = evaluate(t, step, device)  # rank 0: the bare module's eval metrics, logged
+        if checkpointing:  # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
+            with t.clock.time("checkpoint"):
+                reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
+                checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, rank))
     return finish(t, trial, cfg, rank, start, eval_metrics, device)
 
 
@@ -151,6 +151,7 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
            device) -> TrialResult:
     """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
     so none after a NaN stop."""
+    t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
     elif rank == 0 and not eval_metrics:
@@ -164,6 +165,7 @@ def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dic
     timeline = t.step_sampler.gather(t.process_group)  # with timeline_steps: ONE all_gather_object, every rank
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
+    summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)
     status = "nan" if report else "ok"
     t.reporter.finish(summary, status, report, timeline)  # rank 0: summary, tags, timeline into MLflow, flushed
     return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses, timeline)
@@ -187,7 +189,22 @@ def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> 
     ranks), timed. Before: ahead of the trial's own forward/backward; after: once its step is done.
     The windows alternate, so the order effect (the arm that runs second finds caches warm) is measured."""
     if t.pairing.before(step) if before else t.pairing.after(step):
-        t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+        with t.clock.time("paired"):
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+
+
+def evaluate(t: TrialParts, step: int, device) -> dict[str, float]:
+    """Rank 0's eval of the bare module at ``step`` (no collective), timed and logged."""
+    with t.clock.time("eval"):
+        metrics = run_eval(t.model.module, t.wl, device, t.precision)
+        t.reporter.eval(step, metrics)
+    return metrics
+
+
+def sample_window(t: TrialParts, step: int, batches) -> None:
+    """The step timeline's end of a sampled step and its local compute window (train/step_sampling.py)."""
+    with t.clock.time("timeline"):
+        t.step_sampler.step_done(step, batches)
 
 
 def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,

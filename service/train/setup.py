@@ -18,6 +18,7 @@ from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, LoadMeter, StepMeter
 from service.train.paired_timing import PairedTimer, SideModule, is_baseline
+from service.train.phases import PhaseClock
 from service.train.reporter import Reporter
 from service.train.step_sampling import TimelineSampler, timeline_steps
 from service.train.training_options import Precision
@@ -45,6 +46,7 @@ class TrialParts:
     load: LoadMeter
     reporter: Reporter
     process_group: Any
+    clock: PhaseClock  # where the trial's wall time goes; started as the loop starts
 
 
 def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logger, progress, start,
@@ -98,7 +100,7 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
                                    latency_s=cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
                       faults, meter, accounting, pairing, step_sampler, LoadMeter(), Reporter(logger, progress, rank),
-                      process_group)
+                      process_group, PhaseClock(start.trial_started_at))
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
