@@ -83,13 +83,13 @@ def _jobs(args) -> list[tuple[str, dict, int]]:
 
 
 def _rank(rank: int, world_size: int, args) -> list[dict]:
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     out = []
     for hook, params, seed in _jobs(args):
         cfg = _cfg(args, hook, params, seed)
         t0 = time.perf_counter()
-        result = run_training(cfg.trials()[0], cfg, rank=rank, world_size=world_size, device="cpu")
+        result = run_training(cfg.trials()[0], cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
         s = result.summary
         out.append({"hook": hook, "params": params, "seed": seed, "status": result.status, "workload": args.workload,
                     "final_eval_loss": s.get("final_eval_loss"), "final_loss": s.get("final_loss"),

@@ -111,10 +111,10 @@ def _one_run(mode: str, trial, cfg, rank: int, run_id: str, uri: str) -> dict:
         parts["build_hook"] = _plain_allreduce
     if (full or mode == "only_logging") and rank == 0:
         logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds)
+    ctx = train.TrainingContext(rank=rank, world_size=trial.world_size, device="cpu", logger=logger, **parts)
     try:
         started = time.perf_counter()
-        train.run_training(trial, cfg, rank=rank, world_size=trial.world_size, device="cpu", logger=logger,
-                           **parts)
+        train.run_training(trial, cfg, ctx)
         total = time.perf_counter() - started
     finally:
         if inside is not None:

@@ -91,7 +91,7 @@ def _bare_worker(rank: int, world_size: int, port: int, trial: dict, sweep: dict
     import torch.distributed as dist
 
     from service.config import SweepConfig, TrialSpec
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     torch.set_num_threads(1)
     imported = time.time()
@@ -99,8 +99,8 @@ def _bare_worker(rank: int, world_size: int, port: int, trial: dict, sweep: dict
                             world_size=world_size)
     grouped = time.time()
     t0, c0 = time.time(), time.process_time()
-    run_training(TrialSpec.from_dict(trial), SweepConfig.model_validate(sweep), rank=rank,
-                 world_size=world_size, device="cpu", logger=None)
+    run_training(TrialSpec.from_dict(trial), SweepConfig.model_validate(sweep), TrainingContext(rank=rank,
+                 world_size=world_size, device="cpu", logger=None))
     t1, c1 = time.time(), time.process_time()
     dist.destroy_process_group()
     Path(f"{marks}-rank{rank}").write_text(json.dumps({

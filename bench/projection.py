@@ -124,11 +124,11 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
     """One trial on this rank; rank 0's figures. ``other_cores``: the cores the rest of the machine
     kept busy meanwhile (machine busy CPU per wall second less the ranks' own ``cpu_share``): on 2
     cores a test suite started beside the bench doubles a step, and this says which trials it hit."""
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     busy0, t0 = busy_cpu_s(), time.perf_counter()
-    result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu", process_group=group,
-                          logger=logger)
+    result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu", process_group=group,
+                          logger=logger))
     wall = time.perf_counter() - t0
     return {"status": result.status, "step_ms": result.summary["step_time_ms_median"],
             "final_eval_loss": result.summary.get("final_eval_loss"),

@@ -51,14 +51,14 @@ def _cfg(args, spec: str, seed: int, world_size: int):
 
 
 def _rank(rank: int, world_size: int, args) -> list[dict]:
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     out = []
     for seed in args.seeds:
         for spec in args.hooks:
             cfg = _cfg(args, spec, seed, world_size)
             t0 = time.perf_counter()
-            result = run_training(cfg.trials()[0], cfg, rank=rank, world_size=world_size, device="cpu")
+            result = run_training(cfg.trials()[0], cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
             s = result.summary
             out.append({"hook": spec, "seed": seed, "world_size": world_size, "status": result.status,
                         "final_eval_loss": s.get("final_eval_loss"),

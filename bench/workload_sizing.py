@@ -48,13 +48,13 @@ def run_all(rank: int, world_size: int, names: list[str], steps: int, warmup: in
     """Each workload's step_time_ms_median (and per-sample figure) on this rank."""
     import torch
 
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     torch.set_num_threads(1)
     out = {}
     for name in names:
         cfg = _cfg(name, steps, warmup, batches[name], world_size)
-        result = run_training(cfg.trials()[0], cfg, rank=rank, world_size=world_size, device="cpu")
+        result = run_training(cfg.trials()[0], cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
         out[name] = {"step_ms": result.summary["step_time_ms_median"], "final_loss": result.summary["final_loss"]}
     return out
 

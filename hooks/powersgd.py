@@ -37,20 +37,9 @@ from .wire import Collective
 class PowerSGDHookState(HookState):
     """Our accounting around torch's :class:`PowerSGDState` (kept in ``self.powersgd``)."""
 
-    def __init__(self, process_group, rank: int, start_iter: int, error_feedback: bool, warm_start: bool,
-                 orthogonalization_epsilon: float, min_compression_rate: float, batched: bool, wire_dtype: str):
+    def __init__(self, process_group, powersgd: PowerSGDState, batched: bool, wire_dtype: str):
         super().__init__(process_group, error_feedback=False)  # PowerSGD keeps its own error memory
-        self.powersgd = PowerSGDState(
-            process_group=process_group,
-            matrix_approximation_rank=rank,
-            start_powerSGD_iter=start_iter,
-            min_compression_rate=min_compression_rate,
-            use_error_feedback=error_feedback,
-            warm_start=warm_start,
-            # > 0 so an all-zero column (e.g. a layer with zero gradient) cannot divide 0 by 0.
-            orthogonalization_epsilon=orthogonalization_epsilon,
-            random_seed=0,
-        )
+        self.powersgd = powersgd
         self.batched = bool(batched)
         self.wire_dtype = WIRE_DTYPES[wire_dtype]  # None: the bucket's own dtype
         # bucket index -> (layout, error, p, q) restored from a checkpoint, installed when a bucket
@@ -268,8 +257,29 @@ _PARAMETERS = {
 }
 
 
+def _state(process_group, *, batched: bool, wire_dtype: str, **torch_params) -> PowerSGDHookState:
+    """The hook's state from its validated parameters (every one given); the rest are torch's
+    PowerSGDState's, by this hook's names (:func:`_torch_state`)."""
+    return PowerSGDHookState(process_group, _torch_state(process_group, **torch_params), batched, wire_dtype)
+
+
+def _torch_state(process_group, rank: int, start_iter: int, error_feedback: bool, warm_start: bool,
+                 orthogonalization_epsilon: float, min_compression_rate: float) -> PowerSGDState:
+    return PowerSGDState(
+        process_group=process_group,
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=start_iter,
+        min_compression_rate=min_compression_rate,
+        use_error_feedback=error_feedback,
+        warm_start=warm_start,
+        # > 0 so an all-zero column (e.g. a layer with zero gradient) cannot divide 0 by 0.
+        orthogonalization_epsilon=orthogonalization_epsilon,
+        random_seed=0,
+    )
+
+
 SPEC = HookSpec(
-    name="powersgd", hook=powersgd, make_state=PowerSGDHookState, collectives=_collectives, from_stats=_from_stats,
+    name="powersgd", hook=powersgd, make_state=_state, collectives=_collectives, from_stats=_from_stats,
     parameters=_PARAMETERS, check=_check, wire_bits=None, lossy=True, waits_in_call=True,
     doc="PowerSGD low-rank compression (torch's), after start_iter plain allreduces",
 )

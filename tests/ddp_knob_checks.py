@@ -143,7 +143,7 @@ def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
     forward started from."""
     from service.config import SweepConfig
     from service.train.nan import NanMonitor
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     out = {}
     for key, dump in dumps.items():
@@ -160,8 +160,8 @@ def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
                 model.module.register_forward_pre_hook(seen)
                 return NanMonitor(model, *args, **kwargs)
 
-            result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
-                                  build_hook=_recording(hooks.build, calls, views), make_monitor=monitor)
+            result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu",
+                                  build_hook=_recording(hooks.build, calls, views), make_monitor=monitor))
             out[key, trial.run_name] = {
                 "status": result.status, "losses": result.losses, "summary": result.summary,
                 "per_step": calls[:-1], "views": views,

@@ -99,19 +99,24 @@ def _imported(path: Path, tree: ast.AST, known: set[str]) -> set[str]:
     return {m for m in out if m in known} - {_module_name(path)}
 
 
-def test_no_import_cycle_in_the_structured_packages():
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the structured modules it imports (function-local imports included). A package's
+    __init__ may gather its modules; an import of a module also runs its package's __init__,
+    which is not an edge back to it."""
     modules = {_module_name(p): (p, t) for p, t in _modules() if p.relative_to(ROOT).parts[0] in STRUCTURED}
     graph = {name: _imported(p, t, set(modules)) for name, (p, t) in modules.items()}
-    # a package's __init__ may gather its modules; an import of a module also runs its package's
-    # __init__, which is not an edge back to it
-    graph = {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
-    cycles, state = [], {}
+    return {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every cycle a depth-first walk of ``graph`` meets, as "a -> b -> a"."""
+    found, state = [], {}
 
     def visit(node, stack):
         state[node] = "open"
-        for dep in sorted(graph[node]):
+        for dep in sorted(graph.get(node, ())):
             if state.get(dep) == "open":
-                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+                found.append(" -> ".join(stack[stack.index(dep):] + [dep]))
             elif dep not in state:
                 visit(dep, stack + [dep])
         state[node] = "done"
@@ -119,7 +124,44 @@ def test_no_import_cycle_in_the_structured_packages():
     for name in sorted(graph):
         if name not in state:
             visit(name, [name])
-    assert not cycles, cycles
+    return found
+
+
+def package_of(module: str) -> str:
+    """The layer a module belongs to: hooks, or service's package (service.train, service.report,
+    ...) or top-level module (service.text, ...)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "service" else parts[0]
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages (:func:`package_of`), imports within one dropped."""
+    out: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        mine = package_of(module)
+        out.setdefault(mine, set()).update(package_of(d) for d in deps if package_of(d) != mine)
+    return out
+
+
+def test_no_import_cycle_in_the_structured_packages():
+    assert not cycles(_import_graph())
+
+
+def test_no_import_cycle_between_packages():
+    """A cycle between packages (service.report importing service.sweep importing service.report)
+    is a layer that is not one, even when no two modules import each other."""
+    assert not cycles(package_graph(_import_graph()))
+
+
+def test_the_cycle_checks_fail_on_a_planted_cycle():
+    modules = {"service.a.x": {"service.b.y"}, "service.b.y": set(), "service.b.z": {"service.a.w"},
+               "service.a.w": set(), "hooks.q": set()}
+    assert not cycles(modules)  # no module cycle ...
+    assert cycles(package_graph(modules)) == ["service.a -> service.b -> service.a"]  # ... but a package cycle
+    modules["hooks.q"] = {"hooks.q2"}
+    modules["hooks.q2"] = {"hooks.q"}
+    assert cycles(modules) == ["hooks.q -> hooks.q2 -> hooks.q"]
+    assert package_of("service.text") == "service.text" and package_of("hooks.state") == "hooks"
 
 
 def test_modules_and_functions_fit_on_a_screen():
@@ -161,3 +203,77 @@ def test_no_hook_name_is_spelled_in_service_code():
                     if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names
                     and id(n) not in docstrings]
     assert not spelled, spelled
+
+
+MAX_PARAMETERS = 8
+
+
+def too_many_parameters(path: str, tree: ast.AST) -> list[str]:
+    """Functions of ``tree`` with more than MAX_PARAMETERS parameters (self and cls aside; *args
+    and **kwargs count one each): a context object carries them instead."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = node.args
+            names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+            count = len(names) + (a.vararg is not None) + (a.kwarg is not None) - (names[:1] in (["self"], ["cls"]))
+            if count > MAX_PARAMETERS:
+                out.append(f"{path}:{node.lineno} {node.name}: {count} parameters")
+    return out
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    found = [f for path, tree in _modules() for f in too_many_parameters(str(path.relative_to(ROOT)), tree)]
+    assert not found, found
+
+
+def test_the_parameter_check_fails_on_a_planted_function():
+    planted = ast.parse("def f(a, b, c, d, e, f, g, h, i): pass\n"
+                        "class C:\n    def m(self, a, b, c, d, e, f, g, h): pass\n"
+                        "def k(a, *rest, b, c, d, e, f, g, **more): pass\n")
+    assert too_many_parameters("x.py", planted) == ["x.py:1 f: 9 parameters", "x.py:4 k: 9 parameters"]
+
+
+# Code says why, not which issue asked for it: the issue tracker is history, a comment is read
+# with the code as it is (docs may keep history where it explains a measurement).
+ISSUE_REFERENCE = re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)
+
+
+def issue_references(path: str, text: str) -> list[str]:
+    return [f"{path}:{text.count(chr(10), 0, m.start()) + 1} {m.group(0)!r}" for m in ISSUE_REFERENCE.finditer(text)]
+
+
+def test_no_issue_number_in_code():
+    found = [r for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))
+             for r in issue_references(str(p.relative_to(ROOT)), p.read_text())]
+    assert not found, found
+
+
+def test_the_issue_check_fails_on_a_planted_reference():
+    text = '"""Doc."""\nx = 1  # the rate (issue 24, item 1)\ny = 2  # see Issue #7\nz = "issues"\n'
+    assert issue_references("m.py", text) == ["m.py:2 'issue 24'", "m.py:3 'Issue #7'"]
+
+
+MAX_TOP_LEVEL_MODULES = 6
+
+
+def too_many_loose_modules(directory: Path) -> list[str]:
+    """The modules beside the packages of ``directory``, when more than MAX_TOP_LEVEL_MODULES."""
+    loose = sorted(p.name for p in directory.glob("*.py"))
+    return loose if len(loose) > MAX_TOP_LEVEL_MODULES else []
+
+
+def test_service_shows_its_layers_as_packages():
+    """Besides its packages, service/ keeps only what several layers share (text, uris, hook
+    facts, the python -m service.submit entry point): a loose module is a layer hidden."""
+    assert not too_many_loose_modules(ROOT / "service")
+
+
+def test_the_layout_check_fails_on_planted_loose_modules(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    for i in range(MAX_TOP_LEVEL_MODULES):
+        (tmp_path / f"m{i}.py").write_text("")
+    assert not too_many_loose_modules(tmp_path)
+    (tmp_path / "one_more.py").write_text("")
+    assert len(too_many_loose_modules(tmp_path)) == MAX_TOP_LEVEL_MODULES + 1

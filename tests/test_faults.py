@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.train import Start, load_checkpoint_dir, run_training, save_checkpoint_dir
+from service.train import Start, TrainingContext, load_checkpoint_dir, run_training, save_checkpoint_dir
 from tests.dist_utils import free_port, run_distributed
 from tests.test_worker import make_cfg, trial_of
 
@@ -57,7 +57,7 @@ def _scenarios(rank, world_size, nan_dump, scale_dump, resume_dump, checkpoint_d
     for key, dump in (("nan", nan_dump), ("scale", scale_dump)):
         cfg = SweepConfig.model_validate(dump)
         for trial in cfg.trials():
-            out[key][trial.hook] = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+            out[key][trial.hook] = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
 
     cfg = SweepConfig.model_validate(resume_dump)
     trial = cfg.trials()[0]
@@ -67,11 +67,11 @@ def _scenarios(rank, world_size, nan_dump, scale_dump, resume_dump, checkpoint_d
         os.makedirs(path, exist_ok=True)
         save_checkpoint_dir(path, state)
 
-    out["uninterrupted"] = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
-                                        checkpoint_fn=keep)
+    out["uninterrupted"] = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu",
+                                        checkpoint_fn=keep))
     dist.barrier()  # both ranks' parts are on disk
     start = Start(checkpoint=load_checkpoint_dir(os.path.join(checkpoint_dir, "step_6"), rank), restarts=1)
-    out["resumed"] = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu", start=start)
+    out["resumed"] = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu", start=start))
     return out
 
 
@@ -122,11 +122,11 @@ def test_without_the_hook_state_the_resumed_run_differs(tmp_path):
     trial = trial_of(cfg, 1, "powersgd")
     saved = {}
     with single_rank_group():
-        whole = run_training(trial, cfg, rank=0, world_size=1, device="cpu",
-                             checkpoint_fn=lambda step, state: saved.setdefault(step, _roundtrip(state, tmp_path)))
-        exact = run_training(trial, cfg, rank=0, world_size=1, device="cpu", start=Start(saved[6]))
-        amnesic = run_training(trial, cfg, rank=0, world_size=1, device="cpu",
-                               start=Start(dataclasses.replace(saved[6], hook_state=None)))
+        whole = run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu",
+                             checkpoint_fn=lambda step, state: saved.setdefault(step, _roundtrip(state, tmp_path))))
+        exact = run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu", start=Start(saved[6])))
+        amnesic = run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu",
+                               start=Start(dataclasses.replace(saved[6], hook_state=None))))
     assert exact.losses == pytest.approx(whole.losses[6:], rel=1e-5, abs=1e-7)
     assert amnesic.losses != pytest.approx(whole.losses[6:], rel=1e-5, abs=1e-7)
 
@@ -161,8 +161,8 @@ def test_provenance_is_recorded_on_the_trials_mlflow_run(tmp_path):
     run_id = tracking.start_child_run(tracking.start_parent_run(cfg, None, tracking_uri=uri), trial, cfg,
                                       tracking_uri=uri)
     with single_rank_group():
-        run_training(trial, cfg, rank=0, world_size=1, device="cpu",
-                     logger=tracking.MetricLogger(run_id, uri, flush_seconds=60))
+        run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu",
+                     logger=tracking.MetricLogger(run_id, uri, flush_seconds=60)))
     client = MlflowClient(uri)
     run = client.get_run(run_id)
     assert run.data.tags["status"] == "nan" and run.data.tags["nan_source"] == "model_grad"

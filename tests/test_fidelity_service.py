@@ -38,14 +38,14 @@ CASES = {  # name -> (hook, fidelity_every)
 
 def _ranks(rank, world_size, store, run_ids):
     from service import tracking
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     out = {}
     for name, (hook, every) in CASES.items():
         cfg = make_cfg(hook, every)
         logger = tracking.MetricLogger(run_ids[name], store, 0.5) if rank == 0 else None
-        result = run_training(cfg.trials()[0], cfg, rank=rank, world_size=world_size, device="cpu",
-                              logger=logger)
+        result = run_training(cfg.trials()[0], cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu",
+                              logger=logger))
         out[name] = result.summary
     return out
 

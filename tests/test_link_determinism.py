@@ -60,11 +60,11 @@ def _config():
 
 
 def _train_every_hook(rank: int, world_size: int, group) -> dict[str, dict]:
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     cfg, out = _config(), {}
     for trial in cfg.trials():
-        result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu", process_group=group)
+        result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu", process_group=group))
         s = result.summary
         out[trial.config_label] = {
             "status": result.status, "losses": result.losses, "wire_bytes_per_step": s["comm_bytes_per_step"],

@@ -215,7 +215,7 @@ def test_gloo_group_on_hosts_computes_and_sends_through_the_shaped_links(world_s
 
 def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
     from service.config import SweepConfig
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
     from tests.tiny_workload import TINY
 
     cfg = SweepConfig.model_validate({
@@ -224,8 +224,8 @@ def _train_on_hosts(rank: int, world_size: int, hosts, hook: str) -> dict:
                      "warmup_steps": 1},
         "network": {"link_gbps": 1}})
     trial = cfg.trials()[0]
-    result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu",
-                          process_group=netem.process_group_on_host(hosts[rank]))
+    result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu",
+                          process_group=netem.process_group_on_host(hosts[rank])))
     return {"status": result.status, "steps": result.steps_done,
             "wire": result.summary["comm_bytes_per_step"] * result.steps_done, "losses": result.losses}
 

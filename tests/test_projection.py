@@ -237,7 +237,7 @@ report:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     from service import tracking
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     tmp = tmp_path_factory.mktemp("mlflow")
     uri, path = f"sqlite:///{tmp}/mlflow.db", tmp / "projection.yaml"
@@ -251,7 +251,7 @@ def store(tmp_path_factory):
         for trial in cfg.trials():
             run_id = tracking.start_child_run(parent, trial, cfg, uri)
             with tracking.MetricLogger(run_id, uri, 0.5) as logger:
-                run_training(trial, cfg, rank=0, world_size=1, device="cpu", logger=logger)
+                run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu", logger=logger))
             tracking.end_run(run_id, "FINISHED", tracking_uri=uri)
         tracking.end_run(parent, "FINISHED", tracking_uri=uri)
     finally:

@@ -12,7 +12,7 @@ import pytest
 from service.config import SweepConfig
 from service.step_model.combine import combine_ranks
 from service.step_model.trial import TrialTimeline
-from service.train import run_training
+from service.train import TrainingContext, run_training
 from service.train.step_sampling import timeline_steps, window_steps
 from tests.dist_utils import run_distributed
 from tests.test_worker import single_rank_group, store  # noqa: F401 - fixtures
@@ -36,7 +36,7 @@ def _on_and_off(rank: int, world_size: int):
     out = {}
     for timeline in (0, 3):
         cfg = _cfg(timeline)
-        out[timeline] = run_training(cfg.trials()[0], cfg, rank=rank, world_size=world_size, device="cpu")
+        out[timeline] = run_training(cfg.trials()[0], cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
     return out
 
 
@@ -114,7 +114,7 @@ def test_rank_0_records_the_timeline_on_the_trials_run(single_rank_group, store)
     parent = tracking.start_parent_run(cfg, None, tracking_uri=store)
     run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=store)
     logger = tracking.MetricLogger(run_id, store, cfg.tracking.flush_seconds)
-    result = run_training(trial, cfg, rank=0, world_size=1, device="cpu", logger=logger)
+    result = run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu", logger=logger))
 
     reader = tracking.SweepReader(store)
     assert result.timeline is not None and reader.step_timeline(run_id) == result.timeline

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from service.config import SweepConfig
-from service.train import GlobalBatches, run_training
+from service.train import GlobalBatches, TrainingContext, run_training
 from tests.dist_utils import free_port, run_distributed
 from tests.tiny_workload import TINY
 
@@ -66,8 +66,8 @@ def test_single_rank_loop_logs_every_step_and_the_summary(single_rank_group, sto
     seen = []
     logger = tracking.MetricLogger(run_id, store, cfg.tracking.flush_seconds)
 
-    result = run_training(trial, cfg, rank=0, world_size=1, device="cpu", logger=logger,
-                          progress=lambda step, loss: seen.append((step, loss)))
+    result = run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu", logger=logger,
+                          progress=lambda step, loss: seen.append((step, loss))))
 
     client = MlflowClient(store)
     loss = client.get_metric_history(run_id, "loss")
@@ -98,10 +98,10 @@ def test_single_rank_loop_logs_every_step_and_the_summary(single_rank_group, sto
 
 def test_gradient_accumulation_keeps_the_global_batch(single_rank_group):
     """grad_accumulation=4 (three micro-batches under no_sync) trains the same model as 1."""
-    plain = run_training(trial_of(make_cfg(steps=6), 1), make_cfg(steps=6), rank=0, world_size=1,
-                         device="cpu")
+    plain = run_training(trial_of(make_cfg(steps=6), 1), make_cfg(steps=6), TrainingContext(rank=0, world_size=1,
+                         device="cpu"))
     cfg = make_cfg(steps=6, grad_accumulation=4)
-    accumulated = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    accumulated = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     assert accumulated.losses == pytest.approx(plain.losses, rel=1e-4)
 
 
@@ -123,15 +123,15 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
     results = {}
     for name, cfg_dict in (("clean", clean_cfg), ("nan", nan_cfg)):
         cfg = SweepConfig.model_validate(cfg_dict)
-        results[name] = run_training(trial_of(cfg, world_size), cfg, rank=rank, world_size=world_size,
-                                     device="cpu")
+        results[name] = run_training(trial_of(cfg, world_size), cfg, TrainingContext(rank=rank, world_size=world_size,
+                                     device="cpu"))
     # Paired timing (service/train/paired_timing.py): the same fp16 trial with baseline windows every
     # 2nd step and with none must train the same trajectory, bit for bit.
     for every in (0, 2):
         cfg = SweepConfig.model_validate({**clean_cfg, "tracking": {**clean_cfg["tracking"],
                                                                     "paired_timing_every": every}})
         fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
-        results[f"paired_{every}"] = run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu")
+        results[f"paired_{every}"] = run_training(fp16, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
     # A failed collective inside the hook (fp16_compress, whose callback used to drop the error
     # and hand back this rank's own bucket as the mean) must end the trial with that error.
     from tests.hooks_checks import build_with_failing_collectives
@@ -139,8 +139,8 @@ def _two_rank_scenarios(rank, world_size, clean_cfg, nan_cfg):
     cfg = SweepConfig.model_validate(clean_cfg)
     fp16 = next(t for t in cfg.trials() if t.world_size == world_size and t.hook == "fp16_compress")
     try:
-        run_training(fp16, cfg, rank=rank, world_size=world_size, device="cpu",
-                     build_hook=build_with_failing_collectives)
+        run_training(fp16, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu",
+                     build_hook=build_with_failing_collectives))
         results["collective_failure"] = None
     except RuntimeError as exc:
         results["collective_failure"] = str(exc)
@@ -157,7 +157,7 @@ def two_ranks():
 def test_two_ranks_train_the_same_model_as_one(single_rank_group, two_ranks):
     """World size 2 splits the same global batch: the mean loss follows the W=1 run."""
     cfg = make_cfg(steps=6)
-    one = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    one = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     two = [r["clean"] for r in two_ranks]
     assert two[0].losses == two[1].losses  # every rank holds the same agreed mean
     assert two[0].losses == pytest.approx(one.losses, rel=1e-4)
@@ -206,14 +206,14 @@ def test_a_fault_configured_after_the_nan_step_never_fires(single_rank_group):
                                                       {"kind": "scale_grad", "step": 4, "rank": 0,
                                                        "factor": 2.0}])
     fired = []
-    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu",
-                          on_fault=lambda index, fault: fired.append(index))
+    result = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu",
+                          on_fault=lambda index, fault: fired.append(index)))
     assert result.status == "nan" and result.steps_done == 3 and fired == [0]
 
 
 def test_without_stop_on_nan_the_trial_runs_to_the_end(single_rank_group):
     cfg = make_cfg(steps=6, on_nan=False, world_sizes=(1,),
                    faults=[{"kind": "nan_grad", "step": 3, "rank": 0}])
-    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    result = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     assert result.status == "nan" and result.steps_done == 6
     assert result.summary["first_nan_step"] == 3

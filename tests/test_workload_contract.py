@@ -21,7 +21,7 @@ import hooks
 from service.config import ConfigError, SweepConfig, load_config
 from service.train.preflight import WorkloadError
 from service.train.training_options import clip_gradients, lr_at
-from service.train import run_training
+from service.train import TrainingContext, run_training
 from service.workloads import (
     DictTensorDataset,
     Workload,
@@ -241,7 +241,7 @@ def test_clipping_keeps_the_nan_provenance_exact():
 def test_a_broken_workload_is_stopped_at_the_start_with_one_line(single_rank_group, function, fragments):
     cfg = make_cfg(steps=3, world_sizes=(1,), workload=f"tests.dict_workload:{function}")
     with pytest.raises(WorkloadError) as info:
-        run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+        run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     message = str(info.value)
     assert message.startswith(f"workload 'tests.dict_workload:{function}': ") and "\n" not in message
     for fragment in fragments:
@@ -251,7 +251,7 @@ def test_a_broken_workload_is_stopped_at_the_start_with_one_line(single_rank_gro
 def test_an_eval_fn_returning_a_non_dict_is_one_line(single_rank_group):
     cfg = make_cfg(steps=2, world_sizes=(1,), workload="tests.dict_workload:bad_eval_fn", warmup_steps=0)
     with pytest.raises(ValueError, match=r"eval_fn returned 0.5; expected a dict of metric name -> number"):
-        run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+        run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
 
 
 # ----------------------------------------------------------------------------- bf16 buckets
@@ -304,7 +304,7 @@ def _scenarios(rank, world_size, dumps):
         cfg = SweepConfig.model_validate(dump)
         for trial in cfg.trials():
             try:
-                out[key, trial.hook] = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+                out[key, trial.hook] = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
             except WorkloadError as err:
                 out[key, trial.hook] = str(err)
     return out
@@ -343,7 +343,7 @@ def _n_params(name: str) -> int:
 
 def test_a_dict_batch_workload_at_two_ranks_trains_the_same_model_as_one(single_rank_group, two_ranks):
     cfg = make_cfg(steps=6, world_sizes=(1,), **DICT_WL)
-    one = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    one = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     two = two_ranks[0]["dict_fp32", "allreduce"]
     assert two.status == "ok" and two.losses == pytest.approx(one.losses, rel=1e-4)
     assert two.losses[-1] < two.losses[0]
@@ -402,7 +402,7 @@ def test_the_examples_train_in_the_service_loop(single_rank_group, spec):
         pytest.skip("the .[hf] extra")
     cfg = make_cfg(steps=6, world_sizes=(1,), workload=spec, optimizer="adamw", lr=0.01, global_batch_size=16,
                    eval_every=6)
-    result = run_training(trial_of(cfg, 1), cfg, rank=0, world_size=1, device="cpu")
+    result = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     assert result.status == "ok" and result.losses[-1] < result.losses[0], result.losses
     assert "final_eval_loss" in result.summary
     if spec.startswith("examples.dict"):  # its eval_fn's own metric

@@ -124,7 +124,7 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
 
     from service.config import SweepConfig
     from service.train.preflight import WorkloadError
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -136,7 +136,7 @@ def train_every_trial(rank: int, world_size: int, dumps: dict) -> dict:
         for trial in cfg.trials():
             lines.clear()
             try:
-                result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+                result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
                 out[key, trial.run_name] = {"status": result.status, "steps": result.steps_done,
                                             "losses": result.losses, "log": list(lines),
                                             "summary": result.summary, "timeline": result.timeline is not None}

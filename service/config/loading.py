@@ -107,7 +107,7 @@ def _construct_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) 
 
 _SafeLoaderNoDuplicates.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 # PyYAML follows YAML 1.1, where `1.0e6` and `1e-3` are strings (the exponent needs a sign and the
-# mantissa a dot). Users write them as numbers (issue 4's own example does), so read them as YAML
+# mantissa a dot). Users write them as numbers (`lr: 1e-3`), so read them as YAML
 # 1.2 does.
 _SafeLoaderNoDuplicates.add_implicit_resolver(
     "tag:yaml.org,2002:float",

@@ -199,7 +199,7 @@ class SearchConfig(BaseModel):
     seed: Annotated[Union[Annotated[list[int], Tag("list")], Annotated[SeedRange, Tag("range")]],
                     Discriminator(lambda v: "range" if isinstance(v, (dict, SeedRange)) else "list")] = Field(
         default_factory=lambda: [0], description="a list of seeds (a fixed grid), or {min, max}: adaptive seeds")
-    # DDP's knobs (issue 27): how the gradient is cut into buckets, each a hook call
+    # DDP's knobs: how the gradient is cut into buckets, each a hook call
     bucket_cap_mb: list[float] = Field(default_factory=lambda: [DDP_BUCKET_CAP_MB], min_length=1,
                                        description="DDP's bucket size cap, MiB (25: DDP's default)")
     gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
@@ -396,7 +396,8 @@ class SweepConfig(BaseModel):
                                        "faults": []})
 
 
-# Settings added after sweeps were recorded (issue 27), with the value that means what those sweeps ran.
+# Settings added after sweeps were recorded, with the value that means what those sweeps ran (so --resume
+# and the report read an older sweep as what it was).
 _ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
                         ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
                         ("search", "static_graph"): [False]}

@@ -52,7 +52,7 @@ class StopConfig(BaseModel):
 
 
 class Fault(BaseModel):
-    """A fault injected on purpose (issue 4): off unless the config lists one."""
+    """A fault injected on purpose (to test NaN handling and restarts): off unless the config lists one."""
 
     model_config = STRICT
 
@@ -166,7 +166,8 @@ class NetworkConfig(BaseModel):
         return rates
 
     def splits(self, steps: int) -> bool:
-        """Train quality once and time each link (issue 24): with several links, when one full
-        run plus a timing run per link trains fewer steps than a full run per link."""
+        """Train quality once and time each link (the losses do not depend on the link): with
+        several links, when one full run plus a timing run per link trains fewer steps than a
+        full run per link."""
         links = len(self.link_gbps)
         return links > 1 and steps + links * self.timing_steps < links * steps

@@ -12,7 +12,7 @@ from service.config.limits import DDP_BUCKET_CAP_MB
 
 Scalar = Union[bool, int, float, str]
 # What a trial's run is for: "full" trains every step on its own link (quality and speed);
-# a network sweep over several links splits that (issue 24): one "quality" run per
+# a network sweep over several links splits that (the losses do not depend on the link): one "quality" run per
 # (configuration, world size, seed), every step on loopback, and per link one "timing" run of
 # network.timing_steps steps, which gives that link's step times.
 RunKind = Literal["full", "quality", "timing"]

@@ -1,4 +1,4 @@
-"""Quality once, time per link (issue 24): a split network sweep's runs joined into the trials the
+"""Quality once, time per link: a split network sweep's runs joined into the trials the
 report reads.
 
 With several links (config ``network.link_gbps``, ``SweepConfig.splits_links``) a sweep trains

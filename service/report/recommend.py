@@ -1,5 +1,5 @@
 """Which configuration to use: time to target quality, paired quality gaps with confidence
-intervals over seeds, and the ranking the report states (issue 16).
+intervals over seeds, and the ranking the report states.
 
 Users pick a hook to finish training sooner at the quality they already get. So, per world
 size and link:

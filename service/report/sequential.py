@@ -1,5 +1,5 @@
 """When is a configuration's quality decided? Three verdicts from its paired eval-loss gap, and
-the sequential rule that keeps them honest when seeds are added until they decide (issue 23).
+the sequential rule that keeps them honest when seeds are added until they decide.
 
 A configuration's per-seed gaps to the baseline give a t-interval. Against the tolerance:
 

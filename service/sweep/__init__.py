@@ -16,6 +16,7 @@ The modules, by what they hold:
 
     cli.py       the command line: parser, main (exit codes, the end-of-sweep printout)
     run.py       run_sweep: Ray start, the Tune experiment, one Tune trial (_run_trial), run ends
+    context.py   SweepContext: what every Tune trial of the sweep runs with, built once
     resume.py    plan_resume -> ResumePlan: what --resume continues (one read of the records)
     checks.py    before any trial: the tracking store answers, the cluster can hold the trials
     capacity.py  the CPUs and GPUs a sweep's trials need, and the one check that they fit

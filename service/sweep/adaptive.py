@@ -1,5 +1,5 @@
 """Adaptive seeds (``search.seed: {min: 2, max: 5}``): which trials run next, from the quality
-verdicts so far (issue 23). Pure planning, no Ray: service/sweep/searcher.py feeds it Tune's
+verdicts so far. Pure planning, no Ray: service/sweep/searcher.py feeds it Tune's
 results.
 
 Round 1 runs every configuration at the first ``min`` seeds. Each later round adds the next

@@ -22,6 +22,7 @@ from service.sweep import logs
 from service.sweep.adaptive import SeedRounds, left_to_run
 from service.sweep.capacity import TRIAL_DRIVER_CPUS, check_fits, cpus_needed
 from service.sweep.checks import check_cluster, check_tracking_store
+from service.sweep.context import SweepContext
 from service.sweep.network import log_link, prepare_network, remove_networks, trial_network
 from service.sweep.paths import safe_name, storage_root, trial_dirname
 from service.sweep.results import SweepOutcome, trial_rows
@@ -149,13 +150,13 @@ class _SweepRun:
                     print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {self.parent_run_id} at {uri}",
                           file=out, flush=True)
                 # Started before Tune, so its process start and MLflow import overlap Tune's own start.
-                trial_runs = TrialRuns.remote(cfg, self.parent_run_id, uri)
+                trial_runs = TrialRuns.remote(self.parent_run_id, uri)
                 board = ProgressBoard.remote(len(self.trials), already_done=len(self.trials) - len(self.pending))
                 printer = ProgressPrinter(board, out=out).start()
                 search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
                           if cfg.search.adaptive is not None else None)
-                _make_tuner(cfg, self.pending, self.parent_run_id, uri, self.storage, train_loop,
-                            self.reusable_runs, resume, board, trial_runs, self.links, search).fit()
+                sweep, tune_name = self._context(train_loop, board, trial_runs, resume)
+                _make_tuner(sweep, self.pending, tune_name, self.storage, search).fit()
                 self.status = "FINISHED"
             except KeyboardInterrupt:
                 self.status, interrupted_at_ms = "KILLED", signal_received["at_ms"] or int(time.time() * 1000)
@@ -172,26 +173,26 @@ class _SweepRun:
                     tracking.close_sweep_run(self.parent_run_id, uri, self.status, interrupted_at_ms)
 
 
-def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, tracking_uri: str,
-                storage: str, train_loop: Callable[[dict], None], reusable_runs: dict[str, str],
-                resume: bool, board, trial_runs, links=None, search: SeedSearcher | None = None):
-    """A Tune experiment over ``pending``: one function trainable per trial (``_run_trial``).
+    def _context(self, train_loop: Callable[[dict], None], board, trial_runs, resume: bool) -> tuple[SweepContext, str]:
+        """What every trial of this sweep runs with, and the Tune experiment's name."""
+        # Train's per-trial directories hang off the parent run: a resumed trial finds its
+        # checkpoints there, a new sweep never picks up an old sweep's.
+        sweep_dir = f"{safe_name(self.cfg.name)}-{self.parent_run_id[:8]}"
+        network = None if self.links is None else {"links": self.links, "owner_pid": os.getpid()}
+        sweep = SweepContext(self.cfg, self.tracking_uri, join(self.storage, sweep_dir, "trials"), board, trial_runs,
+                             train_loop, self.reusable_runs, network)
+        return sweep, sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
 
-    ``links``: {link_gbps: LinkMeasurement} when the config has a network: section.
-    ``search``: adaptive seeds; its rounds propose the trials (at most ``pending``), in place
-    of the grid."""
+
+def _make_tuner(sweep: SweepContext, pending: list[TrialSpec], tune_name: str, storage: str,
+                search: SeedSearcher | None = None):
+    """A Tune experiment ``tune_name`` over ``pending``: one function trainable per trial
+    (``_run_trial``), each given ``sweep``. ``search``: adaptive seeds; its rounds propose the
+    trials (at most ``pending``), in place of the grid."""
     from ray import tune
 
-    # Train's per-trial directories hang off the parent run: a resumed trial finds its
-    # checkpoints there, a new sweep never picks up an old sweep's.
-    sweep_dir = f"{safe_name(cfg.name)}-{parent_run_id[:8]}"
-    trainable = tune.with_parameters(
-        tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}),
-        cfg=cfg, tracking_uri=tracking_uri, trials_storage=join(storage, sweep_dir, "trials"),
-        board=board, trial_runs=trial_runs, train_loop=train_loop, reusable_runs=reusable_runs,
-        network=None if links is None else {"links": links, "owner_pid": os.getpid()},
-    )
-    tune_name = sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = sweep.cfg
+    trainable = tune.with_parameters(tune.with_resources(_run_trial, {"CPU": TRIAL_DRIVER_CPUS}), sweep=sweep)
     grid = {"trial": tune.grid_search([t.to_dict() for t in pending])}
     return tune.Tuner(
         trainable,
@@ -204,13 +205,11 @@ def _make_tuner(cfg: SweepConfig, pending: list[TrialSpec], parent_run_id: str, 
     )
 
 
-def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_storage: str, board,
-               trial_runs, train_loop: Callable[[dict], None],
-               reusable_runs: dict[str, str] | None = None, network: dict | None = None) -> None:
+def _run_trial(config: dict, *, sweep: SweepContext) -> None:
     """One Tune trial: a child MLflow run around one TorchTrainer fit, always closed.
 
     A failing fit ends the run FAILED with the error text and returns normally, so the
-    sweep goes on with the other trials. The run is opened and closed by ``trial_runs``
+    sweep goes on with the other trials. The run is opened and closed by ``sweep.trial_runs``
     (service.sweep.trial_runs.TrialRuns): this process never imports MLflow, and says so in its
     Tune result (``trial_process_imported_mlflow``).
     """
@@ -221,17 +220,21 @@ def _run_trial(config: dict, *, cfg: SweepConfig, tracking_uri: str, trials_stor
 
     ray_runtime.apply_env()  # Ray Train settings that cut per-trial overhead (measured there)
     trial = TrialSpec.from_dict(config["trial"])
+    trial_runs, board, network = sweep.trial_runs, sweep.board, sweep.network
+    # the config this trial trains with (a timing run's own steps), built here once and handed to
+    # its run's params (TrialRuns) and to its workers
+    run_cfg = sweep.cfg.run_config(trial)
     # a resumed trial continues its interrupted run; the run id is needed before Train starts
-    run_id = ray.get(trial_runs.open.remote(trial, (reusable_runs or {}).get(trial.key)))
-    board.trial_started.remote(trial.key, trial.run_name, cfg.run_config(trial).workload.steps)
+    run_id = ray.get(trial_runs.open.remote(trial, run_cfg, sweep.reusable_runs.get(trial.key)))
+    board.trial_started.remote(trial.key, trial.run_name, run_cfg.workload.steps)
 
     # network: this trial's emulated hosts (service/network/netem.py), owned by the driver's pid so the
     # driver removes them if this process is killed; the workers join them (service/train/ray_entry.py)
     try:
-        net = trial_network(cfg, trial, network)
+        net = trial_network(sweep.cfg, trial, network)
     except Exception as exc:  # e.g. a namespace that cannot be created: this trial fails, in one line
         return _trial_failed(trial, run_id, trial_runs, board, f"its emulated network: {one_line(exc)}")
-    trainer = _trainer(cfg, trial, run_id, tracking_uri, trials_storage, board, train_loop, net)
+    trainer = _trainer(sweep, trial, run_cfg, run_id, net)
     try:
         try:
             trainer.fit()
@@ -262,10 +265,10 @@ def _trial_failed(trial: TrialSpec, run_id: str, trial_runs, board, summary: str
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
 
 
-def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str, trials_storage: str, board,
-             train_loop: Callable[[dict], None], net):
-    """The trial's TorchTrainer: world_size workers running ``train_loop``, restarted from the last
-    checkpoint up to checkpoint.max_failures times, reporting to Tune."""
+def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id: str, net):
+    """The trial's TorchTrainer: world_size workers running ``sweep.train_loop`` on ``run_cfg``
+    (the trial's own config), restarted from the last checkpoint up to checkpoint.max_failures
+    times, reporting to Tune."""
     import ray
     import ray.train
     from ray.train.torch import TorchTrainer
@@ -274,18 +277,18 @@ def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str,
     from service.sweep.cluster import torch_config as cluster_torch_config
     from service.sweep.progress import Publisher
 
-    use_gpu = cfg.resources.use_gpu
-    resources = {"CPU": cfg.resources.cpus_per_worker}
+    use_gpu = run_cfg.resources.use_gpu
+    resources = {"CPU": run_cfg.resources.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = 1
     return TorchTrainer(
-        train_loop,
+        sweep.train_loop,
         train_loop_config={
             "trial": trial.to_dict(),
-            "sweep": cfg.model_dump(),
-            "tracking_uri": tracking_uri,
+            "run_config": run_cfg.model_dump(),
+            "tracking_uri": sweep.tracking_uri,
             "run_id": run_id,
-            "progress": Publisher(board, trial.key),
+            "progress": Publisher(sweep.board, trial.key),
             "network": {"hosts": [vars(h) for h in net.hosts]} if net else None,
             "trial_started_at": time.time(),  # its start-up phase runs from here to the first step
         },
@@ -294,8 +297,8 @@ def _trainer(cfg: SweepConfig, trial: TrialSpec, run_id: str, tracking_uri: str,
         # across hosts gloo must not bind to a loopback hostname (service/sweep/cluster.py)
         torch_config=cluster_torch_config("nccl" if use_gpu else "gloo", ray.nodes()),
         run_config=ray.train.RunConfig(
-            name=trial.run_name, storage_path=trials_storage,
-            failure_config=ray.train.FailureConfig(max_failures=cfg.checkpoint.max_failures),
+            name=trial.run_name, storage_path=sweep.trials_storage,
+            failure_config=ray.train.FailureConfig(max_failures=run_cfg.checkpoint.max_failures),
             callbacks=[TuneReportCallback()]),
     )
 
@@ -325,7 +328,7 @@ def _tell_trials_interrupted(board) -> None:
         return
     try:
         ray.get(board.interrupt.remote(), timeout=5)
-    except Exception as exc:  # the runs are still closed KILLED by _close_leftover_runs
+    except Exception as exc:  # the runs are still closed KILLED, by tracking.close_sweep_run
         log.warning("could not tell the trials about the interruption: %s", one_line(exc))
 
 

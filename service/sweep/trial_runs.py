@@ -24,25 +24,25 @@ import ray
 class TrialRuns:
     """Opens and closes the MLflow runs of one sweep's trials (nested under ``parent_run_id``)."""
 
-    def __init__(self, cfg: Any, parent_run_id: str, tracking_uri: str):
+    def __init__(self, parent_run_id: str, tracking_uri: str):
         from service import tracking  # here, in the actor's process, once per sweep
 
         self._tracking = tracking
-        self._cfg = cfg
         self._parent_run_id = parent_run_id
         self._tracking_uri = tracking_uri
         # The first request of a process opens the store (a SQLite store checks its schema:
         # ~0.65 s measured): done now, while Tune starts, not in the first trial's open().
         tracking.client(tracking_uri).get_run(parent_run_id)
 
-    def open(self, trial: Any, reusable_run_id: str | None = None) -> str:
+    def open(self, trial: Any, run_cfg: Any, reusable_run_id: str | None = None) -> str:
         """The run id for ``trial`` (a TrialSpec): ``reusable_run_id`` marked RUNNING again (a
-        resumed trial continues its interrupted run), else a new child run with its params and
-        its identity tags (``trial_key``, which --resume matches on, among them)."""
+        resumed trial continues its interrupted run), else a new child run with its params (from
+        ``run_cfg``, the config the trial trains with) and its identity tags (``trial_key``, which
+        --resume matches on, among them)."""
         if reusable_run_id:
             self._tracking.reopen_run(reusable_run_id, self._tracking_uri)
             return reusable_run_id
-        return self._tracking.start_child_run(self._parent_run_id, trial, self._cfg,
+        return self._tracking.start_child_run(self._parent_run_id, trial, run_cfg,
                                               tracking_uri=self._tracking_uri)
 
     def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:

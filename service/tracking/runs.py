@@ -60,11 +60,13 @@ def start_parent_run(cfg, config_path: str | None, tracking_uri: str | None = No
     return run.info.run_id
 
 
-def trial_params(trial, cfg) -> dict[str, Any]:
+def trial_params(trial, run_cfg) -> dict[str, Any]:
     """The params of a trial's run: the hook, every hook parameter by its own name, the
-    grid coordinates, the workload settings, the backend and the library versions."""
-    wl = cfg.run_config(trial).workload  # a timing run's steps are its own
-    use_gpu = cfg.resources.use_gpu
+    grid coordinates, the workload settings, the backend and the library versions.
+    ``run_cfg``: the config the trial trains with (``SweepConfig.run_config(trial)``: a timing
+    run's steps are its own), built once by the trial's caller."""
+    wl = run_cfg.workload
+    use_gpu = run_cfg.resources.use_gpu
     params: dict[str, Any] = {"hook": trial.hook}
     params.update(dict(trial.hook_params or {}))
     params.update({
@@ -84,7 +86,7 @@ def trial_params(trial, cfg) -> dict[str, Any]:
         "ray_version": _version("ray"),
     })
     if trial.link_gbps is not None:  # an emulated link (config network:)
-        params.update(link_gbps=trial.link_gbps, latency_ms=cfg.network.latency_ms)
+        params.update(link_gbps=trial.link_gbps, latency_ms=run_cfg.network.latency_ms)
     if trial.kind != "full":  # a split network sweep's quality or timing run (also the tag trial_kind)
         params["run_kind"] = trial.kind
     return params
@@ -97,18 +99,18 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def log_trial_params(run_id: str, trial, cfg, tracking_uri: str | None = None) -> None:
+def log_trial_params(run_id: str, trial, run_cfg, tracking_uri: str | None = None) -> None:
     """Log :func:`trial_params` into ``run_id`` (one batch)."""
-    params = [Param(k, str(v)[:MAX_PARAM_VALUE]) for k, v in trial_params(trial, cfg).items()]
+    params = [Param(k, str(v)[:MAX_PARAM_VALUE]) for k, v in trial_params(trial, run_cfg).items()]
     c = client(tracking_uri)
     for i in range(0, len(params), MAX_PARAMS_TAGS_PER_BATCH):
         c.log_batch(run_id, params=params[i:i + MAX_PARAMS_TAGS_PER_BATCH])
 
 
-def start_child_run(parent_run_id: str, trial, cfg, tracking_uri: str | None = None) -> str:
+def start_child_run(parent_run_id: str, trial, run_cfg, tracking_uri: str | None = None) -> str:
     """Create a trial's run, nested under the sweep's parent run (same experiment), named
-    ``trial.run_name``, with its identity tags (:func:`identity_tags`) and params; returns
-    its run id."""
+    ``trial.run_name``, with its identity tags (:func:`identity_tags`) and params (``run_cfg``:
+    the config the trial trains with, :func:`trial_params`); returns its run id."""
     c = client(tracking_uri)
     parent = c.get_run(parent_run_id)
     run = c.create_run(
@@ -116,7 +118,7 @@ def start_child_run(parent_run_id: str, trial, cfg, tracking_uri: str | None = N
         tags={PARENT_TAG: parent_run_id, "role": "trial", "status": "running", **identity_tags(trial)},
         run_name=trial.run_name,
     )
-    log_trial_params(run.info.run_id, trial, cfg, tracking_uri)
+    log_trial_params(run.info.run_id, trial, run_cfg, tracking_uri)
     return run.info.run_id
 
 

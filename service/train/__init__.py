@@ -1,6 +1,7 @@
 """One trial's training on one rank: plain PyTorch, with Ray only at the entry point.
 
-    loop.py        run_training: the loop, top to bottom (TrialResult, Start; forward/backward, eval)
+    loop.py        run_training: the loop, top to bottom (TrialResult; forward/backward, eval)
+    context.py     TrainingContext: what a rank's training is given (rank, device, logger, callbacks), Start
     batches.py     GlobalBatches: which samples each rank trains on at each step
     metrics.py     StepMeter (step times), HookAccounting (the hook's counters), trial_summary
     fidelity.py    FidelitySampler: gradient fidelity on every N-th step
@@ -20,11 +21,12 @@ The names below are the package's interface (the sweep, benches and tests run th
 from service.train.batches import GlobalBatches
 from service.train.checkpoint import load_checkpoint_dir, save_checkpoint_dir
 from service.train.fidelity import FidelitySampler
-from service.train.loop import Start, TrialResult, run_training
+from service.train.context import Start, TrainingContext
+from service.train.loop import TrialResult, run_training
 from service.train.metrics import HookAccounting, StepMeter
 from service.train.reporter import Reporter
 from service.train.ray_entry import train_loop_per_worker
 
 __all__ = ["FidelitySampler", "GlobalBatches", "HookAccounting", "Reporter", "Start", "StepMeter",
-           "TrialResult", "load_checkpoint_dir", "run_training", "save_checkpoint_dir",
+           "TrainingContext", "TrialResult", "load_checkpoint_dir", "run_training", "save_checkpoint_dir",
            "train_loop_per_worker"]

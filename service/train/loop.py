@@ -23,17 +23,9 @@ train.py writes its loop)::
         break
 
 It needs an initialised process group and nothing else, so tests and users can run it
-without Ray; its hook builder, NaN monitor and step timer are parameters (benches swap them).
-``run_training``'s arguments: ``logger`` (rank 0): a ``tracking.MetricLogger`` or None;
-``progress(step, loss)``: called on rank 0 at most every ~2 s; ``start``: resume point
-(``Start``); ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every``
-steps with this rank's training state; ``on_fault(index, fault)``: called just before a
-configured fault fires; ``process_group``: the group DDP and the hook communicate on (None:
-the default group; an emulated network's, service/network/netem.py); ``build_hook(name,
-process_group=..., **params) -> (state, hook)``, ``make_monitor`` (takes NanMonitor's
-arguments) and ``make_meter(warmup_steps, first_step)``: the trial's hook, its NaN checks and
-its step timer (default: hooks.build, NanMonitor, StepMeter; benches and tests pass their own
-instead of replacing module attributes).
+without Ray. What a rank is given (rank, device, logger, resume point, checkpoint and fault
+callbacks, process group, and the hook builder, NaN monitor and step timer benches swap) is one
+``TrainingContext`` (service/train/context.py).
 
 Step numbering: step 1 is the first optimizer step, ``workload.steps`` the last; MLflow
 metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
@@ -44,17 +36,17 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import hooks
 from service.step_model.trial import TrialTimeline
-from service.train.nan import NanMonitor, NanReport
-from service.train.checkpoint import RankCheckpoint, capture
+from service.train.checkpoint import capture
+from service.train.context import Start, TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
-from service.train.metrics import StepMeter, trial_summary
+from service.train.metrics import trial_summary
+from service.train.nan import NanMonitor, NanReport
 from service.train.setup import TrialParts, set_up
 from service.train.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, evaluate_workload, to_device
@@ -72,31 +64,14 @@ class TrialResult:
     timeline: Optional[TrialTimeline] = None  # the ranks' combined step timeline (None: not sampled)
 
 
-@dataclass
-class Start:
-    """Where a (re)started trial begins: a checkpoint to resume from, how many times the
-    trial has been restarted, and which configured faults already fired (by index)."""
-
-    checkpoint: Optional[RankCheckpoint] = None
-    restarts: int = 0
-    fired_faults: frozenset[int] = frozenset()
-    trial_started_at: Optional[float] = None  # unix seconds the sweep created the trial's trainer
-
-
 # ----------------------------------------------------------------------------- the loop
 
 
-def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None, progress=None,
-                 start: Optional[Start] = None, checkpoint_fn: Optional[Callable[[int, RankCheckpoint], None]] = None,
-                 on_fault: Optional[Callable[[int, Any], None]] = None, process_group=None,
-                 build_hook: Callable = hooks.build, make_monitor: Callable[..., NanMonitor] = NanMonitor,
-                 make_meter: Optional[Callable[[int, int], StepMeter]] = None) -> TrialResult:
-    """Train one trial on this rank (its process group initialised; arguments: the module doc). Each side
+def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
+    """Train one trial on this rank (its process group initialised; ``ctx``: the module doc). Each side
     effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
-    wl_cfg, start, device = cfg.workload, start or Start(), torch.device(device)
-    t = set_up(trial, cfg, rank=rank, world_size=world_size, device=device, logger=logger, progress=progress,
-               start=start, on_fault=on_fault, process_group=process_group, build_hook=build_hook,
-               make_monitor=make_monitor, make_meter=make_meter or StepMeter)
+    wl_cfg, device, checkpoint_fn = cfg.workload, ctx.device, ctx.checkpoint_fn
+    t = set_up(trial, cfg, ctx)
     monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
     for step in range(t.first_step, wl_cfg.steps + 1):
         batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
@@ -138,31 +113,30 @@ def run_training(trial, cfg, *, rank: int, world_size: int, device, logger=None,
             reporter.log(check)
             if stops(check, cfg):
                 break
-        if rank == 0 and evaluating:
+        if ctx.rank == 0 and evaluating:
             eval_metrics = evaluate(t, step, device)  # rank 0: the bare module's eval metrics, logged
         if checkpointing:  # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
             with t.clock.time("checkpoint"):
                 reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
-                checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, rank))
-    return finish(t, trial, cfg, rank, start, eval_metrics, device)
+                checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, ctx.rank))
+    return finish(t, cfg, ctx, eval_metrics)
 
 
-def finish(t: TrialParts, trial, cfg, rank: int, start: Start, eval_metrics: dict[str, float],
-           device) -> TrialResult:
+def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, float]) -> TrialResult:
     """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
     so none after a NaN stop."""
     t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
-    elif rank == 0 and not eval_metrics:
-        eval_metrics = run_eval(t.model.module, t.wl, device, t.precision)
+    elif ctx.rank == 0 and not eval_metrics:
+        eval_metrics = run_eval(t.model.module, t.wl, ctx.device, t.precision)
     report = t.monitor.report
     summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
-                            t.reporter.last_loss, eval_metrics, report, start.restarts)
+                            t.reporter.last_loss, eval_metrics, report, ctx.start.restarts)
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))
-    summary.update(t.load.summary(t.process_group, device))  # a collective: every rank gets here
-    timeline = t.step_sampler.gather(t.process_group)  # with timeline_steps: ONE all_gather_object, every rank
+    summary.update(t.load.summary(ctx.process_group, ctx.device))  # a collective: every rank gets here
+    timeline = t.step_sampler.gather(ctx.process_group)  # with timeline_steps: ONE all_gather_object, every rank
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
     summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)

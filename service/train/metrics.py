@@ -44,7 +44,7 @@ class StepMeter:
         return {
             "samples_per_s": global_batch * len(measured) / (sum(measured) / 1000.0) if measured else 0.0,
             "step_time_ms_median": statistics.median(measured) if measured else 0.0,
-            # the spread the report compares speeds against (issue 16: "same speed here")
+            # the spread the report compares speeds against (within it, "same speed here")
             "step_time_ms_iqr": _iqr(measured),
             "warmup_steps_excluded": len(self.times_ms) - len(measured) if after_warmup else 0,
             "steps_done": max(self.times_ms, default=self.first_step - 1),
@@ -120,7 +120,7 @@ def per_measured_step(steps: int, start: dict | None, now: dict) -> dict[str, fl
 
 def trial_summary(meter: StepMeter, accounting: HookAccounting, global_batch: int,
                   final_loss: float, eval_metrics: dict, nan_report, restarts: int) -> dict[str, float]:
-    """The trial's summary metrics (issue 3's list, plus steps_done, restarts, warmup)."""
+    """The trial's summary metrics: its speed and step times, the hook's bytes, final loss and evals, NaN, restarts."""
     out = {**meter.summary(global_batch), **accounting.summary(meter),
            "final_loss": final_loss, "nan_detected": 1 if nan_report else 0, "restarts": restarts}
     for metric, value in eval_metrics.items():  # eval_loss (+ eval_accuracy, or eval_fn's)

@@ -1,5 +1,5 @@
 """Paired step timing: the baseline hook timed inside every trial, on the same ranks, model and
-batches, in short windows beside the trial's own steps (issue 23).
+batches, in short windows beside the trial's own steps.
 
 A sweep's trials run one after another; a machine that is busier during one of them (another
 job, a noisy neighbour) made that trial's hook look slower or faster than the others, and no

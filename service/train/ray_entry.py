@@ -2,9 +2,10 @@
 ``TorchTrainer`` (pickled by Ray by its module path, ``service.train.ray_entry``).
 
 It reads rank and world size from Ray, resumes from Ray's checkpoint after a crash, opens the
-trial's MLflow run for rank 0, and reports to Ray at checkpoints and at the end only
-(``ray.train.report`` is a barrier across the ranks, never per step: its cost is in
-docs/performance.md, section 1). The loop itself is plain PyTorch (service/train/loop.py).
+trial's MLflow run for rank 0, and reports to Ray at checkpoints only (``ray.train.report`` is
+a barrier across the ranks, never per step: its cost is in docs/performance.md, section 1). The
+trial's summary goes to its MLflow run, where the sweep reads how it ended; nothing reads it
+from Ray. The loop itself is plain PyTorch (service/train/loop.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import torch
 
 import hooks
 from service.train.checkpoint import RankCheckpoint, load_checkpoint_dir, save_checkpoint_dir
-from service.train.loop import Start, run_training
+from service.train.context import Start, TrainingContext
+from service.train.loop import run_training
 from service.train.reporter import STEP_METRICS
 
 
 def train_loop_per_worker(config: dict) -> None:
     """The function given to ``TorchTrainer`` (Ray Train V2).
 
-    config: ``trial`` (TrialSpec.to_dict()), ``sweep`` (SweepConfig.model_dump()),
-    ``tracking_uri``, ``run_id`` (the trial's child run), ``progress`` (callable or None).
+    config: ``trial`` (TrialSpec.to_dict()), ``run_config`` (the config the trial trains with,
+    ``SweepConfig.run_config(trial).model_dump()``, built once by the Tune trial), ``tracking_uri``,
+    ``run_id`` (the trial's child run), ``progress`` (callable or None), ``network``.
     """
     import ray.train
     import ray.train.torch
@@ -32,7 +35,7 @@ def train_loop_per_worker(config: dict) -> None:
     from service.config import SweepConfig, TrialSpec
 
     trial = TrialSpec.from_dict(config["trial"])
-    cfg = SweepConfig.model_validate(config["sweep"]).run_config(trial)  # a timing run: its own steps
+    cfg = SweepConfig.model_validate(config["run_config"])
     uri, run_id = config["tracking_uri"], config["run_id"]
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
@@ -74,12 +77,11 @@ def train_loop_per_worker(config: dict) -> None:
                              checkpoint=ray.train.Checkpoint.from_directory(directory),
                              checkpoint_dir_name=f"step_{step:08d}")
 
-    result = run_training(trial, cfg, rank=rank, world_size=world_size, device=device,
-                          logger=logger, progress=config.get("progress"), start=start,
+    ctx = TrainingContext(rank=rank, world_size=world_size, device=device, logger=logger,
+                          progress=config.get("progress"), start=start,
                           checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
                           on_fault=on_fault, process_group=_network_group(config, rank))
-    ray.train.report({**result.summary, "status": result.status,
-                      "nan_source": result.nan_report.nan_source if result.nan_report else ""})
+    run_training(trial, cfg, ctx)
 
 
 def _network_group(config: dict, rank: int):

@@ -4,7 +4,7 @@ the trial's comm hook, optimizer, batches, the restored checkpoint, NaN checks, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -13,6 +13,7 @@ from service.train import preflight
 from service.train.nan import NanMonitor
 from service.train.batches import GlobalBatches
 from service.train.checkpoint import restore
+from service.train.context import TrainingContext
 from service.train.ddp import ddp_arguments, say_find_unused_is_on
 from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
@@ -45,17 +46,15 @@ class TrialParts:
     step_sampler: TimelineSampler
     load: LoadMeter
     reporter: Reporter
-    process_group: Any
     clock: PhaseClock  # where the trial's wall time goes; started as the loop starts
 
 
-def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logger, progress, start,
-           on_fault, process_group, build_hook: Callable, make_monitor: Callable,
-           make_meter: Callable) -> TrialParts:
+def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     """Same weights and data on every rank, DDP with the trial's hook. Cross-rank: the
     preflight's weights-and-data comparison, DDP's construction (twice with paired timing) and,
     with a checkpoint, restore's bucket priming."""
-    wl_cfg = cfg.workload
+    wl_cfg, rank, world_size, device = cfg.workload, ctx.rank, ctx.world_size, ctx.device
+    process_group = ctx.process_group
     torch.manual_seed(trial.seed)
     wl = build_workload(wl_cfg.name, trial.seed)
     precision = Precision(wl_cfg.precision, device)
@@ -67,21 +66,21 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
     unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
     find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
     if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
-        say_find_unused_is_on(wl_cfg.name, unused, logger)
+        say_find_unused_is_on(wl_cfg.name, unused, ctx.logger)
     ddp_kwargs = ddp_arguments(trial, find_unused, wl_cfg.broadcast_buffers)
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
                 process_group=process_group, **ddp_kwargs)
-    hook_state, hook = build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
+    hook_state, hook = ctx.build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
     fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
                             rank, world_size, wl_cfg.grad_accumulation)
-    first_step = restore(start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
-    monitor = make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
+    first_step = restore(ctx.start.checkpoint, model, optimizer, hook_state, wl, device, precision) + 1
+    monitor = ctx.make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                            hook_name=trial.hook)
-    faults = FaultInjector(cfg.faults, rank, start.fired_faults, on_fault)
-    meter = make_meter(wl_cfg.warmup_steps, first_step)
+    faults = FaultInjector(cfg.faults, rank, ctx.start.fired_faults, ctx.on_fault)
+    meter = ctx.make_meter(wl_cfg.warmup_steps, first_step)
     accounting = HookAccounting(hook_state, wl_cfg.warmup_steps, first_step)
     # the baseline hook timed beside this trial's own: same ranks, model, batches (paired_timing.py);
     # its DDP wrapper broadcasts rank 0's parameters at construction (a collective). With
@@ -94,13 +93,10 @@ def set_up(trial, cfg, *, rank: int, world_size: int, device: torch.device, logg
     # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs
     steps = timeline_steps(cfg.tracking.timeline_steps, first_step, wl_cfg.steps, wl_cfg.warmup_steps,
                            skip=lambda s: fidelity.due(s) or pairing.due(s))
-    step_sampler = TimelineSampler(hook_state, side, wl, precision, device, steps=steps, world_size=world_size,
-                                   rank_batch=wl_cfg.global_batch_size // world_size,
-                                   grad_accumulation=wl_cfg.grad_accumulation, link_gbps=trial.link_gbps,
-                                   latency_s=cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0)
+    step_sampler = TimelineSampler(hook_state, side, wl, precision, steps, trial=trial, cfg=cfg, ctx=ctx)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
-                      faults, meter, accounting, pairing, step_sampler, LoadMeter(), Reporter(logger, progress, rank),
-                      process_group, PhaseClock(start.trial_started_at))
+                      faults, meter, accounting, pairing, step_sampler, LoadMeter(),
+                      Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:

@@ -59,17 +59,21 @@ class TimelineSampler:
     ``forward(step)``, ``backward()``, ``optimizer()`` (the last two through ``forward_backward``)
     and ``step_done(step, micro_batches)`` every step, and ``gather`` once at the end."""
 
-    def __init__(self, hook_state, side: SideModule, wl, precision, device, *, steps: tuple[int, ...],
-                 world_size: int, rank_batch: int, grad_accumulation: int, link_gbps: Optional[float],
-                 latency_s: float):
+    def __init__(self, hook_state, side: SideModule, wl, precision, steps: tuple[int, ...], *, trial, cfg, ctx):
+        """``trial`` (its link), ``cfg`` (the batch, the accumulation, the network's latency) and
+        ``ctx`` (the rank's world size and device: a TrainingContext) say where the timeline is
+        measured; the compute windows run on ``side``."""
+        device, world_size = ctx.device, ctx.world_size
         # a state of torch's own hooks (bench/instrumentation.py's plain arm) stamps nothing
         self.steps = frozenset(steps) if isinstance(hook_state, HookState) else frozenset()
         self.window_steps = window_steps(tuple(sorted(self.steps)))
         self.state, self.side, self.wl, self.precision, self.device = hook_state, side, wl, precision, device
         self.sampler = StepSampler(hook_state, self.steps)
-        self.world_size, self.rank_batch, self.accumulation = world_size, rank_batch, grad_accumulation
-        self.link_gbps = math.inf if link_gbps is None else link_gbps
-        self.latency_s = latency_s
+        wl_cfg = cfg.workload
+        self.world_size, self.rank_batch = world_size, wl_cfg.global_batch_size // world_size
+        self.accumulation = wl_cfg.grad_accumulation
+        self.link_gbps = math.inf if trial.link_gbps is None else trial.link_gbps
+        self.latency_s = cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0
         self.windows: list[tuple[ComputePoint, ComputePoint]] = []
         self.forward, self.backward = self.sampler.forward, self.sampler.backward
         self.optimizer = self.sampler.optimizer

@@ -54,7 +54,7 @@ class Workload:
         return self.loss_fn(model(x), y)
 
 
-# What a config may leave out (issue 13: a first config should not need them): the global batch,
+# What a config may leave out (a first config should not need them): the global batch,
 # and a learning rate per optimizer, from the presets these workloads run in (tune_configs/).
 DEFAULT_GLOBAL_BATCH = 64
 DEFAULT_LR = {"sgd": 0.05, "adamw": 0.001}
