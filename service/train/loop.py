@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from service.step_model.trial import TrialTimeline
 from service.train.checkpoint import capture
-from service.train.context import Start, TrainingContext
+from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
 from service.train.nan import NanMonitor, NanReport
