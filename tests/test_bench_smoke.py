@@ -70,6 +70,17 @@ def test_error_feedback_quick_pairs_each_seed_off_and_on_with_the_reference(tmp_
     assert all(positive(r["final_eval_loss"]) for r in data["rows"])
 
 
+def test_paired_order_quick_reports_each_arms_ratio_by_window_order(tmp_path):
+    data = run_bench("paired_order.py", tmp_path / "paired_order.json", timeout=600)
+    assert data["bench"] == "paired_order"
+    assert set(data["summary"]) == {"aa", "fp16_compress", "quantization_pertensor"}
+    for arm in data["summary"].values():
+        assert positive(arm["paired_ratio_before"]) and positive(arm["paired_ratio_after"])
+        assert arm["paired_order_effect"] == pytest.approx(arm["paired_ratio_after"] / arm["paired_ratio_before"])
+        assert positive(arm["step_ratio_vs_baseline"]) and arm["paired_windows"] == 6  # steps 3 to 8
+    assert "order effect of the A/A arm" in data["_stdout"]
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(1300)
 def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):

@@ -75,7 +75,7 @@ def _sweep(tmp: Path, hog: bool) -> dict:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("like_with_like")
     trials = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
-    return {"rows": {r["configuration"]: r for r in csv.DictReader(summary.open())},
+    return {"rows": {r["configuration"]: r for r in csv.DictReader(summary.open())}, "dir": tmp, "runs": trials,
             "trials": {(r.data.tags["trial_config"], int(r.data.tags["trial_seed"])): r.data.metrics for r in trials}}
 
 
@@ -112,3 +112,33 @@ def test_the_baselines_extra_seed_under_load_does_not_move_the_speedups(runs):
     # and the test can tell: the baseline's all-seed mean would have moved it beyond that
     inflation = _all_seeds_inflation(loaded) / _all_seeds_inflation(quiet)
     assert inflation - 1 > max(spread, 0.1), (inflation, spread)
+
+
+PHASES = ("startup", "train", "paired", "timeline", "eval", "checkpoint", "finish", "teardown")
+
+
+def test_every_trial_records_where_its_wall_time_went(runs):
+    """The phases (service/train/phases.py) are on every trial's run and add up to its wall time:
+    the run opens just before the trainer is made and closes just after fit returns."""
+    for run in runs["quiet"]["runs"]:
+        m = run.data.metrics
+        phases = {p: m[f"phase_{p}_s"] for p in PHASES}
+        assert all(v >= 0 for v in phases.values()), phases
+        assert phases["startup"] > 0 and phases["train"] > 0 and phases["teardown"] > 0, phases
+        # paired_timing_every: 2, except in the baseline's own trials (nothing to pair them with)
+        assert (phases["paired"] > 0) == (run.data.tags["trial_config"] != "allreduce"), phases
+        wall = (run.info.end_time - run.info.start_time) / 1000.0
+        assert wall - 5.0 <= sum(phases.values()) <= wall + 0.5, (wall, phases)
+
+
+def test_the_phase_bench_reads_the_sweep_back(runs, tmp_path):
+    out = tmp_path / "phases.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "trial_phases.py"), str(runs["quiet"]["dir"]),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    import json
+
+    data = json.loads(out.read_text())
+    assert len(data["trials"]) == 8 and data["wall_s"] > 0
+    assert set(data["totals"]) == set(PHASES) | {"outside trials"}
+    assert "share of wall" in done.stdout and "outside trials" in done.stdout

@@ -188,5 +188,10 @@ def test_a_model_with_parameters_unused_in_training_sweeps_with_find_unused_para
         assert run.data.tags["trial_config"] == name.rsplit("-w2", 1)[0]  # the report's label
         if small:  # DDP cut the gradient into several buckets
             assert run.data.metrics["hook_calls_per_step"] > 1, name
+        # the measured answer as for any model: the step timeline, and the baseline paired beside
+        # the trial's own hook (both on a copy of the module, never through the trial's reducer)
+        assert "timeline_step_ms" in run.data.metrics, name
+        if name.startswith("powersgd"):
+            assert run.data.metrics["paired_windows"] >= 1 and run.data.metrics["step_ratio_vs_baseline"] > 0, name
     # the table says which cap each trial ran with
     assert any(ln.startswith("powersgd ") and "bucket_cap_mb=0.002" in ln for ln in proc.stdout.splitlines())

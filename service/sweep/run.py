@@ -248,7 +248,7 @@ def _run_trial(config: dict, *, sweep: SweepContext) -> None:
         summary, details = describe_failure(exc)
         return _trial_failed(trial, run_id, trial_runs, board, summary, details)
     # final_eval_loss: what adaptive seeds decide on (service/sweep/searcher.py), from the run
-    status, final_eval_loss = ray.get(trial_runs.close.remote(run_id, "FINISHED"))
+    status, final_eval_loss = ray.get(trial_runs.close.remote(run_id, "FINISHED", fit_returned_at=time.time()))
     board.trial_ended.remote(trial.key, status)
     tune.report({"status": status, "run_id": run_id, "final_eval_loss": final_eval_loss,
                  "trial_process_imported_mlflow": "mlflow" in sys.modules})
@@ -290,6 +290,7 @@ def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id
             "run_id": run_id,
             "progress": Publisher(sweep.board, trial.key),
             "network": {"hosts": [vars(h) for h in net.hosts]} if net else None,
+            "trial_started_at": time.time(),  # its start-up phase runs from here to the first step
         },
         scaling_config=ray.train.ScalingConfig(num_workers=trial.world_size, use_gpu=use_gpu,
                                                resources_per_worker=resources),

@@ -50,10 +50,14 @@ class TrialRuns:
         with self._tracking.MetricLogger(run_id, self._tracking_uri) as logger:
             logger.log_summary(**metrics)
 
-    def close(self, run_id: str, status: str, error: str | None = None) -> tuple[str, float]:
+    def close(self, run_id: str, status: str, error: str | None = None,
+              fit_returned_at: float | None = None) -> tuple[str, float]:
         """End ``run_id`` FINISHED, FAILED (with ``error``) or KILLED; returns how it ended, as
         its ``status`` tag says (ok | nan | failed | killed), and its ``final_eval_loss`` (NaN:
         none logged), what adaptive seeds decide on. Read from the run: Ray Train's
-        ``Result.metrics`` is the last checkpoint's report, None in a trial without one."""
+        ``Result.metrics`` is the last checkpoint's report, None in a trial without one.
+        ``fit_returned_at`` (unix s): the trial's tear-down phase is logged up to it."""
+        if fit_returned_at is not None:
+            self._tracking.log_teardown(run_id, fit_returned_at, self._tracking_uri)
         self._tracking.end_run(run_id, status, error=error, tracking_uri=self._tracking_uri)
         return self._tracking.run_outcome(run_id, self._tracking_uri)

@@ -36,7 +36,7 @@ from service.tracking.logger import MetricLogger
 from service.tracking.reader import SweepReader
 from service.tracking.runs import (child_runs, close_sweep_run, end_run, git_commit, last_logged_steps,
                                    latest_sweep_runs, open_sweep_run, record_attempt, record_fault_fired, restart_state,
-                                   log_trial_params, reopen_run, run_outcome, run_tags, set_tags, start_child_run,
+                                   log_trial_params, log_teardown, reopen_run, run_outcome, run_tags, set_tags, start_child_run,
                                    start_parent_run, trial_params)
 from service.tracking.store import (END_STATUSES, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, LOCAL_UI, PARENT_TAG,
                                     RUN_NAME_TAG, UI_VIEW_QUERY, StoreError, absolute_uri, client,
@@ -47,5 +47,5 @@ __all__ = ["END_STATUSES", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "LOCAL_UI",
            "TRIAL_KEY_TAG", "UI_VIEW_QUERY", "MetricLogger", "StoreError", "SweepReader", "TrialRecord",
            "absolute_uri", "child_runs", "client", "close_sweep_run", "open_sweep_run", "record_attempt", "record_fault_fired", "restart_state", "end_run", "experiment_id_of", "get_or_create_experiment",
            "git_commit", "identity_tags", "last_logged_steps", "latest_sweep_runs", "log_trial_params",
-           "reopen_run", "resolve_tracking_uri", "run_outcome", "run_tags", "set_tags", "start_child_run", "start_parent_run",
+           "log_teardown", "reopen_run", "resolve_tracking_uri", "run_outcome", "run_tags", "set_tags", "start_child_run", "start_parent_run",
            "trial_params", "ui_command", "ui_url"]

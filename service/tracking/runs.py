@@ -172,6 +172,15 @@ def run_outcome(run_id: str, tracking_uri: str | None = None) -> tuple[str, floa
     return data.tags.get("status", "ok"), float(data.metrics.get("final_eval_loss", math.nan))
 
 
+def log_teardown(run_id: str, fit_returned_at: float, tracking_uri: str | None = None) -> None:
+    """``phase_teardown_s``: from the end of the trial's own work (its ``phase_ended_at``, logged
+    by rank 0) until ``fit_returned_at``; nothing when rank 0 logged no end (a failed trial)."""
+    c = client(tracking_uri)
+    ended = c.get_run(run_id).data.metrics.get("phase_ended_at")
+    if ended is not None:
+        c.log_metric(run_id, "phase_teardown_s", max(0.0, fit_returned_at - ended))
+
+
 def set_tags(run_id: str, tracking_uri: str | None = None, **tags: Any) -> None:
     """Set tags on ``run_id`` right away (one request)."""
     items = [RunTag(k, _tail(str(v), MAX_TAG_VALUE)) for k, v in tags.items()]

@@ -25,6 +25,7 @@ class Start:
     checkpoint: Optional[RankCheckpoint] = None
     restarts: int = 0
     fired_faults: frozenset[int] = frozenset()
+    trial_started_at: Optional[float] = None  # unix seconds the sweep created the trial's trainer
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from service.step_model.trial import TrialTimeline
 from service.train.checkpoint import capture
-from service.train.context import Start, TrainingContext
+from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
 from service.train.nan import NanMonitor, NanReport
@@ -103,7 +103,7 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
         baseline_window(t, step, batches, device, before=False)  # the other paired windows: after the step
-        t.step_sampler.step_done(step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
+        sample_window(t, step, batches)  # sampled: its end, then its compute at 2 batch sizes (local)
         evaluating = step % wl_cfg.eval_every == 0 or step == wl_cfg.steps
         checkpointing = bool(checkpoint_fn and cfg.checkpoint.every
                              and step % cfg.checkpoint.every == 0 and step < wl_cfg.steps)
@@ -114,18 +114,18 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
             if stops(check, cfg):
                 break
         if ctx.rank == 0 and evaluating:
-            eval_metrics = run_eval(model.module, t.wl, device, t.precision)
-            reporter.eval(step, eval_metrics)
-        if checkpointing:
-            reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
-            # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
-            checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, ctx.rank))
+            eval_metrics = evaluate(t, step, device)  # rank 0: the bare module's eval metrics, logged
+        if checkpointing:  # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
+            with t.clock.time("checkpoint"):
+                reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
+                checkpoint_fn(step, capture(step, model, t.optimizer, t.hook_state, t.batches, ctx.rank))
     return finish(t, cfg, ctx, eval_metrics)
 
 
 def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, float]) -> TrialResult:
     """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
     so none after a NaN stop."""
+    t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
     elif ctx.rank == 0 and not eval_metrics:
@@ -139,6 +139,7 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     timeline = t.step_sampler.gather(ctx.process_group)  # with timeline_steps: ONE all_gather_object, every rank
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
+    summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)
     status = "nan" if report else "ok"
     t.reporter.finish(summary, status, report, timeline)  # rank 0: summary, tags, timeline into MLflow, flushed
     return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses, timeline)
@@ -162,7 +163,22 @@ def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> 
     ranks), timed. Before: ahead of the trial's own forward/backward; after: once its step is done.
     The windows alternate, so the order effect (the arm that runs second finds caches warm) is measured."""
     if t.pairing.before(step) if before else t.pairing.after(step):
-        t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+        with t.clock.time("paired"):
+            t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
+
+
+def evaluate(t: TrialParts, step: int, device) -> dict[str, float]:
+    """Rank 0's eval of the bare module at ``step`` (no collective), timed and logged."""
+    with t.clock.time("eval"):
+        metrics = run_eval(t.model.module, t.wl, device, t.precision)
+        t.reporter.eval(step, metrics)
+    return metrics
+
+
+def sample_window(t: TrialParts, step: int, batches) -> None:
+    """The step timeline's end of a sampled step and its local compute window (train/step_sampling.py)."""
+    with t.clock.time("timeline"):
+        t.step_sampler.step_done(step, batches)
 
 
 def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,

@@ -56,7 +56,7 @@ def is_baseline(trial) -> bool:
 
 class SideModule:
     """The module a side window (a paired baseline window, the step timeline's compute window)
-    runs on: the trial's own (``copy=False``) or a copy of it.
+    runs on: the trial's own (``copy_module=False``) or a copy of it.
 
     The copy is for a trial whose DDP has ``find_unused_parameters``: its reducer marks every
     parameter whose gradient accumulator fires as used in the current iteration, even outside

@@ -51,7 +51,7 @@ def train_loop_per_worker(config: dict) -> None:
     if ray_checkpoint is not None:
         with ray_checkpoint.as_directory() as directory:
             checkpoint = load_checkpoint_dir(directory, rank)
-    start = Start(checkpoint=checkpoint, restarts=max(attempt - 1, 0), fired_faults=fired)
+    start = Start(checkpoint, max(attempt - 1, 0), fired, config.get("trial_started_at"))
 
     logger = None
     if rank == 0:

@@ -19,6 +19,7 @@ from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, LoadMeter, StepMeter
 from service.train.paired_timing import PairedTimer, SideModule, is_baseline
+from service.train.phases import PhaseClock
 from service.train.reporter import Reporter
 from service.train.step_sampling import TimelineSampler, timeline_steps
 from service.train.training_options import Precision
@@ -45,6 +46,7 @@ class TrialParts:
     step_sampler: TimelineSampler
     load: LoadMeter
     reporter: Reporter
+    clock: PhaseClock  # where the trial's wall time goes; started as the loop starts
 
 
 def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
@@ -94,7 +96,7 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     step_sampler = TimelineSampler(hook_state, side, wl, precision, steps, trial=trial, cfg=cfg, ctx=ctx)
     return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
                       faults, meter, accounting, pairing, step_sampler, LoadMeter(),
-                      Reporter(ctx.logger, ctx.progress, rank))
+                      Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
