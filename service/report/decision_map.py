@@ -1,16 +1,18 @@
 """Where compression pays, as a picture: decision_map.png.
 
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
-each cell coloured by the configuration with the shortest projected time to target among those
-whose quality matched the baseline (service/report/projection.py), hatched where the winner's margin
-over the runner-up is inside the model's measured error band and its trials' spread
-(``projection.too_close``), the measured
+each decided cell coloured by the configuration with the shortest projected time to target among
+those whose quality matched the baseline (service/report/projection.py); a cell whose winner's
+margin over the runner-up is inside the model's measured error band and its trials' spread
+(``projection.too_close``) is hatched grey and names both candidates instead: a colour there
+would be the noise's pick, and flip from cell to cell (:func:`paint`). The measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
 of ``report.cluster`` starred.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +38,25 @@ def winners(bases: list[Basis], world_sizes: list[int], links_gbps=MAP_LINKS_GBP
     return {cell: winner(ps) for cell, ps in by_cell.items()}
 
 
+@dataclass(frozen=True)
+class CellPaint:
+    """How one cell is drawn: ``colour_of`` the configuration whose colour fills it (None: no
+    single winner, a neutral face), ``names`` the configurations written in it, ``hatched``."""
+
+    colour_of: Optional[str]
+    names: tuple[str, ...]
+    hatched: bool
+
+
+def paint(cell: CellWinner) -> CellPaint:
+    """A decided cell: its winner's colour. A close call: no winner's colour, both candidates named."""
+    if cell.winner is None:
+        return CellPaint(None, (), False)
+    if cell.too_close:
+        return CellPaint(None, (cell.winner.config, cell.runner_up.config), True)
+    return CellPaint(cell.winner.config, (), False)
+
+
 def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, Optional[float]]],
          path: Path, title: str = "", cluster: Optional[tuple[int, float]] = None,
          quality_from: str = "") -> Path:
@@ -48,15 +69,20 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     plt = plots.plt
     sizes = sorted({w for w, _ in cells})
     links = sorted({g for _, g in cells})
-    configs = sorted({c.winner.config for c in cells.values() if c.winner is not None})
+    painted = {at: paint(cell) for at, cell in cells.items()}
+    configs = sorted({c for p in painted.values() for c in (p.colour_of, *p.names) if c is not None})
     palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
     colour = {c: palette(i) for i, c in enumerate(configs)}
+    key = {c: str(i + 1) for i, c in enumerate(configs)}  # a close cell names its two by these
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for (w, g), cell in cells.items():
+    for (w, g), p in painted.items():
         x, y = sizes.index(w), links.index(g)
-        face = colour[cell.winner.config] if cell.winner is not None else "white"
+        face = colour[p.colour_of] if p.colour_of is not None else ("0.88" if p.hatched else "white")
         ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
-                               hatch="///" if cell.too_close else None, lw=0.5))
+                               hatch="///" if p.hatched else None, lw=0.5))
+        if p.names:
+            ax.text(x, y, " | ".join(key[c] for c in p.names), ha="center", va="center", fontsize=8,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
     for w, g in measured:
         if w in sizes:
             y = links.index(g) if g in links else len(links) - 0.5
@@ -70,8 +96,9 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.set_yticks(range(len(links)), [f"{g:g}" for g in links])
     ax.set_xlabel("world size (ranks, log2)")
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
-    handles = [Patch(facecolor=colour[c], label=c) for c in configs]
-    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///", label="too close to call (error band, seeds' spread)"),
+    handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
+    handles += [Patch(facecolor="0.88", edgecolor="grey", hatch="///",
+                      label="too close to call: the two named (error band, seeds' spread)"),
                 plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if cluster is not None:
