@@ -62,6 +62,7 @@ def _worker(rank: int, port: int, steps: int, warmup: int, rounds: int, out: str
     import hooks
     from service.config import SweepConfig
     from service.train import run_training
+    from service.train.context import TrainingContext
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -71,7 +72,8 @@ def _worker(rank: int, port: int, steps: int, warmup: int, rounds: int, out: str
             cfg = SweepConfig.model_validate(bench_config(ARMS[arm], steps, warmup))
             build = _allreduce_under_any_name if arm == "aa" else hooks.build
             dist.barrier()
-            result = run_training(cfg.trials()[0], cfg, rank=rank, world_size=2, device="cpu", build_hook=build)
+            ctx = TrainingContext(rank=rank, world_size=2, device="cpu", build_hook=build)
+            result = run_training(cfg.trials()[0], cfg, ctx)
             row = {"arm": arm, "round": r + 1, "load_1m": load_average()[:1],
                    **{k: result.summary.get(k, float("nan")) for k in KEYS}}
             results.append(row)

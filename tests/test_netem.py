@@ -278,7 +278,7 @@ def test_latency_needs_netem_which_the_preflight_checks():
 
 def _start_owner_and_kill(hosts: int = 2) -> tuple[int, list[str]]:
     """A process that builds a network and is SIGKILLed: (its pid, its namespaces)."""
-    code = ("import sys, time; from service import netem; net = netem.Network(%d, 1.0).create(); "
+    code = ("import sys, time; from service.network import netem; net = netem.Network(%d, 1.0).create(); "
             "print('ready', flush=True); time.sleep(600)" % hosts)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     _OWNERS.add(proc.pid)

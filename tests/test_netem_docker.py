@@ -110,7 +110,7 @@ def test_a_bridge_the_firewall_still_blocks_is_refused_in_one_line_saying_why():
 
 
 def test_a_killed_owners_rule_is_removed_with_its_hosts():
-    code = ("import time; from service import netem; netem.Network(2, 1.0).create(); "
+    code = ("import time; from service.network import netem; netem.Network(2, 1.0).create(); "
             "print('ready', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"

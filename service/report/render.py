@@ -92,11 +92,11 @@ _RULE = ("Time to target: training seconds (the sum of measured step times, eval
          "seed plus {tolerance:.0%}. Quality verdict of a configuration's paired eval-loss gap to "
          "allreduce: matches (its interval within +{tolerance:.0%}), worse (wholly beyond it: listed "
          "under avoid), undecided (the interval holds +{tolerance:.0%}: listed as open, with what "
-         "would decide it), nan / failed. The interval: {rule}. The recommendation ranks by time to "
-         "target among configurations whose every trial ended ok and that match; then by "
-         "throughput, then bytes. A configuration is called faster only by more than the spread "
-         "of the times (step-time IQR, seed scatter); otherwise it is the same speed here and "
-         "allreduce is kept.")
+         "would decide it), nan / failed. The interval: {rule}. The recommendation ranks by speed-up "
+         "against allreduce among configurations whose every trial ended ok and that match; then by "
+         "throughput, then bytes. Two configurations are compared on the seeds both ran only. A "
+         "configuration is called faster only by more than the spread of the times (step-time IQR, "
+         "seed scatter); otherwise it is the same speed here and allreduce is kept.")
 
 
 def rule_text(sweep: Sweep) -> str:

@@ -28,7 +28,7 @@ from pathlib import Path
 from service import uris
 from service.text import one_line
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 # Never shipped to the cluster: environments, local tracking stores, outputs, VCS data.
 # (Ray also honours the project's .gitignore; these hold even without one.)
