@@ -29,27 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from _hog import HogDuringBaseline  # noqa: E402
 
+from tests.test_adaptive_sweep import CONFIG as ADAPTIVE_CONFIG  # noqa: E402
+
 HOGS = 4
-CONFIG = """
-name: like_with_like
-workload:
-  name: tests.tiny_workload:tiny_digits
-  steps: 20
-  global_batch_size: 32
-  lr: 0.05
-  eval_every: 10
-  warmup_steps: 2
-search:
-  hooks: [allreduce, bf16_compress, signsgd]
-  world_size: [1]
-  seed: {min: 2, max: 3}
-resources:
-  cpus_per_worker: 1
-  max_concurrent_trials: 1
-tracking:
-  paired_timing_every: 2
-  timeline_steps: 0
-"""
+# test_adaptive_sweep's sweep (its seed schedule is known), paired every other step, no timeline
+CONFIG = ADAPTIVE_CONFIG.replace("name: adaptive_test", "name: like_with_like").replace(
+    "  flush_seconds: 1.0\n", "  flush_seconds: 1.0\n  paired_timing_every: 2\n  timeline_steps: 0\n")
 
 
 def _sweep(tmp: Path, hog: bool) -> dict:
