@@ -1,6 +1,8 @@
 """bench/projection.py's figures from its raw runs: each cell's projection from the loopback basis,
-the error against the measured step, the per-hook band, time to target, and the band file the
-report reads (service/step_model/projection_error.json, format 1). Pure Python over the runs' JSON."""
+the error against the measured step, the bands per (hook, error feedback, W), time to target, the
+band file the report reads (service/step_model/projection_error.json, format 2) and the cells it
+is derived from (projection_cells.json beside it: :func:`bands` re-derives the file from them).
+Pure Python over the runs' JSON."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from _common import table
 
 from service.report.recommend import time_to_target
+from service.step_model.bands import FORMAT, RAW_FILE, error_feedback_of
 from service.step_model.price import CellRefused
 from service.step_model.trial import TrialTimeline
 
@@ -113,7 +116,8 @@ def summarise(worlds: dict, rules: dict) -> dict:
                 runs = [r for r in world["runs"] if r["hook"] == hook and r["arm"] == arm]
                 rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
-    return {"rows": rows, "bands": bands(rows), "time_to_target": targets(quality, rows) if quality else None}
+    return {"rows": rows, "bands": bands(rows, rules["error_feedback"]),
+            "time_to_target": targets(quality, rows) if quality else None}
 
 
 def _band(errors: list[float]) -> dict:
@@ -123,17 +127,19 @@ def _band(errors: list[float]) -> dict:
             "median_abs_pct": round(statistics.median(abs(e) for e in errors), 1)}
 
 
-def bands(rows: list[dict]) -> dict:
-    """Per hook (and overall): the error band over its counted cells, median |error|, counts.
-    The basis's own loopback cell is neither counted nor excluded (it is not a held-out cell)."""
+def bands(rows: list[dict], error_feedback: bool) -> dict:
+    """Per (hook, its error-feedback setting, W) and overall: the error band over the counted
+    cells, median |error|, counts (``error_feedback``: what the bench ran hooks that have it
+    with). The basis's own loopback cell is neither counted nor excluded (it is not held out)."""
     held_out = [r for r in rows if r["link_gbps"] != LOOPBACK]
-    out = {}
-    for hook in dict.fromkeys(r["hook"] for r in held_out):
-        mine = [r for r in held_out if r["hook"] == hook]
+    out = []
+    for hook, w in dict.fromkeys((r["hook"], r["world_size"]) for r in held_out):
+        mine = [r for r in held_out if (r["hook"], r["world_size"]) == (hook, w)]
         counted = [r["error_pct"] for r in mine if r["counted"]]
-        out[hook] = {**_band(counted), "counted": len(counted), "excluded": len(mine) - len(counted)}
+        out.append({"hook": hook, "error_feedback": error_feedback_of(hook, {"error_feedback": error_feedback}),
+                    "world_size": w, **_band(counted), "counted": len(counted), "excluded": len(mine) - len(counted)})
     overall = _band([r["error_pct"] for r in held_out if r["counted"]])
-    return {"hooks": out, "overall": overall}
+    return {"bands": out, "overall": overall}
 
 
 def targets(quality: dict, rows: list[dict], tolerance: float = 0.01) -> dict:
@@ -171,9 +177,9 @@ def print_report(result: dict) -> None:
                   "yes" if r["counted"] else r["why_not"]] for r in rows]))
     b = result["bands"]
     print()
-    print(table(["hook", "low %", "high %", "median |error| %", "counted", "excluded"],
-                [[h, v["low_pct"], v["high_pct"], v["median_abs_pct"], v["counted"], v["excluded"]]
-                 for h, v in b["hooks"].items()]))
+    print(table(["hook", "error feedback", "W", "low %", "high %", "median |error| %", "counted", "excluded"],
+                [[v["hook"], v["error_feedback"], v["world_size"], v["low_pct"], v["high_pct"], v["median_abs_pct"],
+                  v["counted"], v["excluded"]] for v in b["bands"]]))
     o = b["overall"]
     print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
     ttt = result.get("time_to_target")
@@ -187,15 +193,34 @@ def print_report(result: dict) -> None:
         print(f"time to target: {ttt['error']}")
 
 
+CELL_KEYS = ("hook", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
+             "error_pct", "quiet_repeats", "repeats", "counted", "why_not")
+
+
 def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
-    """The committed error band (format 1), keyed by hook name."""
+    """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
     links = ",".join(f"{x:g}" for x in args.links)
     crowded = [w for w in args.world_sizes if w > rules["cores"]]
     note = f" (W={','.join(map(str, crowded))} measured, not counted: more ranks than the {rules['cores']} cores)" if crowded else ""
-    return {"format": 1, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
             "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s{note}", "load_average": load,
-            "hooks": result["bands"]["hooks"], "overall": result["bands"]["overall"]}
+            "error_feedback": rules["error_feedback"], "raw": RAW_FILE.name,
+            "bands": result["bands"]["bands"], "overall": result["bands"]["overall"]}
+
+
+def cells_file(result: dict, band: dict) -> dict:
+    """The cells the bands come from, small enough to commit (projection_cells.json): every
+    row's figures without the timelines; :func:`from_cells` re-derives the band file from it."""
+    head = {k: v for k, v in band.items() if k not in ("bands", "overall", "raw")}
+    return {**head, "cell_rows": [{k: r.get(k) for k in CELL_KEYS} for r in result["rows"]]}
+
+
+def from_cells(saved: dict) -> dict:
+    """The band file again from a committed projection_cells.json."""
+    derived = bands(saved["cell_rows"], saved["error_feedback"])
+    head = {k: v for k, v in saved.items() if k != "cell_rows"}
+    return {**head, "raw": RAW_FILE.name, **derived}
 
 
 def write_band(band: dict, path: str) -> Path:

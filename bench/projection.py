@@ -3,6 +3,8 @@
     sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook (~20 min)
     sudo .venv/bin/python bench/projection.py --quick      # W = 2, 1 Gbit/s, 3 hooks, few steps (smoke)
     .venv/bin/python bench/projection.py --summarise bench/results/projection.json   # a saved run
+    .venv/bin/python bench/projection.py --summarise service/step_model/projection_cells.json [--band-out P]
+                                        # the committed cells: the bands re-derived (and rewritten)
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
 
 Needs root (network namespaces; service/network/netem.py). Workload: the quant preset's (char_lm, global
@@ -36,8 +38,10 @@ every quarter); target = allreduce's final eval loss x 1.01; the crossing step f
 projected step.
 
 Global batch 64 splits over W = 2, 4, 8 only (W = 3 and 6 are refused by the workload's check).
-Writes bench/results/projection.json (every row, the load) and the error band the report reads,
-service/step_model/projection_error.json (--band-out; a --quick run writes one only when given --band-out).
+Writes bench/results/projection.json (every row, the load), the error bands the report reads,
+service/step_model/projection_error.json (--band-out; a --quick run writes one only when given
+--band-out), per hook, error feedback and W, and beside it the cells they come from,
+projection_cells.json (committed: --summarise re-derives the bands from it).
 """
 
 from __future__ import annotations
@@ -52,11 +56,14 @@ from _common import ROOT, free_port, load_average, machine, table, write_json  #
 import _projection_rows as rows_mod  # noqa: E402
 from service.network import link_measure  # noqa: E402
 from service.network import netem
-from service.step_model.bands import ERROR_FILE  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from service.step_model.bands import ERROR_FILE, RAW_FILE  # noqa: E402
 
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
 QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
+ERROR_FEEDBACK = True  # every hook that has error feedback runs with it on (its bands say so)
 LOOPBACK = "loopback"
 
 
@@ -69,7 +76,7 @@ def hook_entries(names: list[str] | None) -> list:
     for name, spec in hooks.available().items():
         if names and name not in names:
             continue
-        params = {"error_feedback": True} if "error_feedback" in spec.params else {}
+        params = {"error_feedback": ERROR_FEEDBACK} if "error_feedback" in spec.params else {}
         if "start_iter" in spec.params:
             params["start_iter"] = 2
         entries.append({"name": name, **params} if params else name)
@@ -255,7 +262,7 @@ def parse(argv) -> argparse.Namespace:
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
-    elif not args.band_out:
+    elif not args.band_out and not args.summarise:
         args.band_out = str(ERROR_FILE)
     return args
 
@@ -263,13 +270,19 @@ def parse(argv) -> argparse.Namespace:
 def rules(args) -> dict:
     """What a counted cell needs (bench/_projection_rows.py): the cores and links it prices, a quiet machine."""
     return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION, "cores": os.cpu_count() or 1,
-            "quiet": args.quiet_cores}
+            "quiet": args.quiet_cores, "error_feedback": ERROR_FEEDBACK}
 
 
 def summarise_saved(args) -> int:
     import json
 
     saved = json.loads(open(args.summarise).read())
+    if "cell_rows" in saved:  # a committed projection_cells.json: its bands again, rewritten with --band-out
+        band = rows_mod.from_cells(saved)
+        rows_mod.print_report({"rows": [], "bands": band})
+        if args.band_out:
+            print(f"wrote {rows_mod.write_band(band, args.band_out)}")
+        return 0
     for key in ("world_sizes", "links", "steps"):
         setattr(args, key, saved["settings"][key])
     rows_mod.print_report(rows_mod.summarise(saved["raw"], rules(args)))
@@ -308,6 +321,8 @@ def main(argv=None) -> int:
     if args.band_out:
         band = rows_mod.band_file(result, args, rules(args), [load_before[0], load_after[0]])
         print(f"wrote {rows_mod.write_band(band, args.band_out)}")
+        cells = Path(args.band_out).with_name(RAW_FILE.name)
+        print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
     return 0
 
 

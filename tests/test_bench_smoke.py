@@ -146,14 +146,52 @@ def test_projection_quick_prices_the_basis_at_every_cell_and_writes_the_band(tmp
     shaped = [r for r in rows if r["link_gbps"] == 1.0]
     assert all(positive(r["link_measured_gbps"]) for r in shaped)
     band = json.loads(band_out.read_text())
-    assert band["format"] == 1 and band["source"] == "bench/projection.py" and band["basis"] == "loopback, W=2"
-    assert set(band["hooks"]) == {r["hook"] for r in rows}
-    for name, h in band["hooks"].items():
-        assert h["counted"] + h["excluded"] == 1, name  # one held-out cell per hook in --quick
-        if h["counted"]:
-            assert h["low_pct"] <= h["high_pct"] and h["median_abs_pct"] >= 0
+    assert band["format"] == 2 and band["source"] == "bench/projection.py" and band["basis"] == "loopback, W=2"
+    assert {(b["hook"], b["world_size"]) for b in band["bands"]} == {(r["hook"], 2) for r in rows}
+    assert {b["hook"]: b["error_feedback"] for b in band["bands"]} == {
+        "allreduce": None, "fp16_compress": True, "quantized_allreduce": True}  # the bench runs it on
+    for b in band["bands"]:
+        assert b["counted"] + b["excluded"] == 1, b  # one held-out cell per hook in --quick
+        if b["counted"]:
+            assert b["low_pct"] <= b["high_pct"] and b["median_abs_pct"] >= 0
     assert set(band["overall"]) == {"low_pct", "high_pct", "median_abs_pct"} and len(band["load_average"]) == 2
     assert set(data["time_to_target"]["hooks"]) == {r["hook"] for r in rows}
+    # the committed cells beside the band re-derive it
+    cells = band_out.with_name(band["raw"])
+    again = tmp_path / "again.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "projection.py"), "--summarise", str(cells),
+                           "--band-out", str(again)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert {k: v for k, v in json.loads(again.read_text()).items() if k != "measured"} == {
+        k: v for k, v in band.items() if k != "measured"}
+
+
+def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_path):
+    """bench/projection.py --summarise on a projection_cells.json: the bands per hook, error
+    feedback and W again, in the format the report reads."""
+    from service.step_model.bands import error_bands
+
+    def cell(hook, w, link, error, counted=True):
+        return {"hook": hook, "world_size": w, "link_gbps": link, "link_measured_gbps": link, "latency_ms": 0.05,
+                "projected_ms": 100 + error, "measured_ms": 100.0, "error_pct": error, "quiet_repeats": 3,
+                "repeats": 3, "counted": counted, "why_not": None if counted else "not carried"}
+
+    cells = [cell("allreduce", 2, 1.0, -3.0), cell("allreduce", 2, 0.5, 2.0), cell("allreduce", 4, 0.5, -9.0),
+             cell("topk", 2, 1.0, 5.0), cell("topk", 4, 1.0, 40.0, counted=False)]
+    saved = tmp_path / "projection_cells.json"
+    saved.write_text(json.dumps({"format": 2, "source": "bench/projection.py", "measured": "2026-12-02T10:00:00Z",
+                                 "workload": "char_lm", "basis": "loopback, W=2", "cells": "W=2,4 x 0.5,1",
+                                 "cell_rows": cells,
+                                 "load_average": [1.0, 1.0], "error_feedback": True}))
+    out = tmp_path / "projection_error.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "projection.py"), "--summarise", str(saved),
+                           "--band-out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    bands = error_bands(out)
+    ar2, ar4 = bands.for_cell("allreduce", None, 2), bands.for_cell("allreduce", None, 4)
+    assert (ar2.low_pct, ar2.high_pct, ar4.low_pct, ar4.high_pct) == (-3.0, 2.0, -9.0, -9.0)
+    topk = bands.for_cell("topk", True, 4)   # W = 4 not counted for topk: its W = 2 band, beyond it
+    assert (topk.low_pct, topk.high_pct, topk.where()) == (5.0, 5.0, "beyond the checked W = 2")
 
 
 def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path):

@@ -24,7 +24,7 @@ from service.config import ConfigError, load_config
 from service.config.loading import report_section
 from service.report.projection import Basis
 from service.step_model import bands as step_bands
-from service.step_model.bands import ErrorBand, ErrorBands
+from service.step_model.bands import ErrorBand, ErrorBands, MeasuredBand
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from service.step_model.trial import ComputePoint, TrialTimeline
 from tests.dist_utils import free_port
@@ -49,14 +49,20 @@ def basis(config="allreduce", crossings=(100.0, 200.0), matches=True, hook=None,
     return Basis(config, hook or config, 1, 64, (tl,) * len(crossings), crossings, matches, 1)
 
 
-NO_BANDS = ErrorBands({}, "unmeasured")
+NO_BANDS = ErrorBands((), "unmeasured")
+LATENCY_MS = 0.005  # 5 µs per message: the expected figures below are worked out at it
+
+
+def bands_at(world_size: int, **by_hook: tuple[float, float]) -> ErrorBands:
+    """Bands measured for each hook (no error-feedback setting) at one world size."""
+    return ErrorBands(tuple(MeasuredBand(h, None, world_size, lo, hi) for h, (lo, hi) in by_hook.items()), "x")
 
 
 def test_time_to_target_is_the_crossing_step_times_the_projected_step():
     # global batch 64 at W=8: 8 samples per rank, a quarter of the measured 32, so compute
     # 40 ms -> 10 ms (forward 2.5, backward 5, optimizer 10: the optimizer is not batch-scaled).
     # Wire at W=8, 10 Gbit/s, 5 µs latency: 2*7*(5e-6 + 1e6/8/1.25e9) = 1.47 ms, after the backward pass.
-    p = projection.project_cell(basis(), 8, 10.0, NO_BANDS)
+    p = projection.project_cell(basis(), 8, 10.0, LATENCY_MS, NO_BANDS)
     step = 2.5 + 5.0 + 10.0 + 1000 * 2 * 7 * (5e-6 + 1e6 / 8 / 1.25e9)
     assert p.step_ms == pytest.approx(step)
     assert p.time_to_target_s == pytest.approx(150.0 * step / 1000)  # mean crossing step of the two seeds
@@ -64,24 +70,24 @@ def test_time_to_target_is_the_crossing_step_times_the_projected_step():
 
 
 def test_a_seed_that_never_reached_the_target_leaves_no_time():
-    p = projection.project_cell(basis(crossings=(100.0, None)), 8, 10.0, NO_BANDS)
+    p = projection.project_cell(basis(crossings=(100.0, None)), 8, 10.0, LATENCY_MS, NO_BANDS)
     assert p.step_ms > 0 and p.time_to_target_s is None
     assert projection.cell_text(p).startswith("target not reached (")
 
 
 def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason(tmp_path):
-    p = projection.project_cell(basis(), 128, 10.0, NO_BANDS)
+    p = projection.project_cell(basis(), 128, 10.0, LATENCY_MS, NO_BANDS)
     assert p.step_ms is None and "more ranks than the global batch has samples (64)" in p.refused
     # without two compute points the rank's batch cannot change
-    q = projection.project_cell(basis(points=False), 8, 10.0, NO_BANDS)
+    q = projection.project_cell(basis(points=False), 8, 10.0, LATENCY_MS, NO_BANDS)
     assert "measured no compute at a second batch size" in q.refused
     rows = list(csv.DictReader(open(projection.write_csv([p], tmp_path / "p.csv"))))
     assert rows[0]["projected_step_ms"] == "" and "more ranks" in rows[0]["refused"]
 
 
 def test_projection_csv_has_one_row_per_configuration_and_cell(tmp_path):
-    bands = ErrorBands({"allreduce": ErrorBand(-8.0, 5.0, "measured for allreduce")}, "x")
-    cells = projection.project([basis(), basis("fp16_compress")], [8, 16], [10.0, 100.0], bands)
+    bands = bands_at(8, allreduce=(-8.0, 5.0))
+    cells = projection.project([basis(), basis("fp16_compress")], [8, 16], [10.0, 100.0], LATENCY_MS, bands)
     path = projection.write_csv(cells, tmp_path / projection.CSV)
     rows = list(csv.DictReader(open(path)))
     assert tuple(rows[0]) == projection.CSV_COLUMNS
@@ -107,29 +113,30 @@ def test_error_bands_are_read_from_the_benchs_file(tmp_path):
                   "powersgd": {"low_pct": -20.0, "high_pct": 1.0, "median_abs_pct": 9.0, "counted": 6, "excluded": 3},
                   "topk": {"low_pct": 0.0, "high_pct": 0.0, "median_abs_pct": 0.0, "counted": 0, "excluded": 9}},
         "overall": {"low_pct": -20.0, "high_pct": 4.0, "median_abs_pct": 3.0}}))
-    bands = step_bands.error_bands(path)
-    assert bands.for_hook("allreduce") == ErrorBand(-3.0, 4.0, "measured for allreduce")
-    widest = bands.for_hook("topk")  # nothing counted: not a measured band
-    assert (widest.low_pct, widest.high_pct) == (-20.0, 4.0) and "topk was not measured" in widest.source
+    bands = step_bands.error_bands(path)  # format 1: counted at W = 2, error feedback on where a hook has it
+    assert bands.for_cell("allreduce", None, 2) == ErrorBand(-3.0, 4.0, "measured for allreduce", 2, False)
+    assert bands.for_cell("powersgd", True, 2).source == "measured for powersgd with error feedback on"
+    widest = bands.for_cell("topk", False, 2)  # nothing counted: not a measured band
+    assert (widest.low_pct, widest.high_pct) == (-20.0, 4.0)
+    assert "topk with error feedback off was not measured" in widest.source
     assert "bench/projection.py, 2026-12-02" in bands.provenance
     missing = step_bands.error_bands(tmp_path / "none.json")
-    assert missing.for_hook("allreduce") is None and "unmeasured" in missing.provenance
+    assert missing.for_cell("allreduce", None, 2) is None and "unmeasured" in missing.provenance
 
 
 def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_hatched():
-    bands = ErrorBands({"allreduce": ErrorBand(-10.0, 10.0, ""), "fp16_compress": ErrorBand(-10.0, 10.0, ""),
-                        "topk": ErrorBand(-10.0, 10.0, "")}, "x")
+    bands = bands_at(8, allreduce=(-10.0, 10.0), fp16_compress=(-10.0, 10.0), topk=(-10.0, 10.0))
     slow = basis("allreduce", crossings=(100.0,))
     fast_but_worse = basis("topk", crossings=(10.0,), matches=False)
     close = basis("fp16_compress", crossings=(95.0,))   # 5 % fewer steps at the same step time
-    cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], bands))
+    cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], LATENCY_MS, bands))
     assert cell.winner.config == "fp16_compress" and cell.runner_up.config == "allreduce"
     # winner's worst measured = p*0.95/0.9, runner-up's best = p/1.1: 1.056 p >= 0.909 p
     assert cell.too_close
     far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
-    assert not projection.winner(projection.project([slow, far], [8], [10.0], bands)).too_close
+    assert not projection.winner(projection.project([slow, far], [8], [10.0], LATENCY_MS, bands)).too_close
     # no band measured, seeds that agree: the margin is taken as it is
-    assert not projection.winner(projection.project([slow, close], [8], [10.0], NO_BANDS)).too_close
+    assert not projection.winner(projection.project([slow, close], [8], [10.0], LATENCY_MS, NO_BANDS)).too_close
 
 
 def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_above_one():
@@ -140,7 +147,8 @@ def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_abov
     def trial(w, seed, step):
         record = SimpleNamespace(params={"global_batch_size": "64"})
         return SimpleNamespace(state="ok", config="allreduce", hook="allreduce", world_size=w, seed=seed,
-                               run_id=f"w{w}s{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False))
+                               run_id=f"w{w}s{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False),
+                               hook_params={})
 
     trials = [trial(w, s, 10.0 * w + s) for w in (1, 2, 4) for s in (0, 1)]
     recorded = {t.run_id: trial_timeline() for t in trials}
@@ -166,7 +174,8 @@ def test_the_crossing_steps_are_those_of_the_seeds_every_configuration_ran():
     def trial(config, seed, step):
         record = SimpleNamespace(params={"global_batch_size": "64"})
         return SimpleNamespace(state="ok", config=config, hook=config, world_size=2, seed=seed,
-                               run_id=f"{config}{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False))
+                               run_id=f"{config}{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False),
+                               hook_params={})
 
     trials = [trial("allreduce", s, step) for s, step in ((0, 10.0), (1, 12.0), (2, 50.0))]
     trials += [trial("bf16_compress", s, step) for s, step in ((0, 10.0), (1, 12.0))]
@@ -184,11 +193,11 @@ def test_seeds_whose_timelines_disagree_make_a_close_call():
     fast, slow = trial_timeline(compute_ms=40.0), trial_timeline(compute_ms=80.0)
     wide = Basis("allreduce", "allreduce", 1, 64, (fast, slow), (100.0, 100.0), True, 1)
     one = Basis("fp16_compress", "fp16_compress", 1, 64, (fast,), (105.0,), True, 1)
-    cell = projection.winner(projection.project([wide, one], [8], [10.0], NO_BANDS))
+    cell = projection.winner(projection.project([wide, one], [8], [10.0], LATENCY_MS, NO_BANDS))
     assert cell.runner_up.step_ms == pytest.approx((18.97 + 36.47) / 2, abs=0.01)
     assert cell.winner.config == "fp16_compress" and cell.too_close
     narrow = Basis("allreduce", "allreduce", 1, 64, (slow, slow), (100.0, 100.0), True, 1)
-    assert not projection.winner(projection.project([narrow, one], [8], [10.0], NO_BANDS)).too_close
+    assert not projection.winner(projection.project([narrow, one], [8], [10.0], LATENCY_MS, NO_BANDS)).too_close
 
 
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
@@ -211,6 +220,9 @@ def test_report_project_and_cluster_are_checked_in_the_config(tmp_path):
         with pytest.raises(ConfigError, match=says) as e:
             report_section(f"report:\n  {bad}\n")
         assert "\n" not in str(e.value)
+    assert cfg.cluster.latency_ms == cfg.project.latency_ms == 0.025  # the stated default (docs/hooks.md)
+    with pytest.raises(ConfigError, match="latency_ms"):
+        report_section("report:\n  cluster: {world_size: 8, link_gbps: 10, latency_ms: -1}\n")
     preset, _ = load_config("quant")
     assert preset.report.cluster is not None  # make sweep's report answers for a cluster too
 
@@ -229,8 +241,8 @@ search:
 tracking: {flush_seconds: 0.5, timeline_steps: 3}
 report:
   target_tolerance: 0.05
-  project: {world_size: [8, 64], link_gbps: [10, 100]}
-  cluster: {world_size: 16, link_gbps: 25}
+  project: {world_size: [8, 64], link_gbps: [10, 100], latency_ms: 0.05}
+  cluster: {world_size: 16, link_gbps: 25, latency_ms: 0.1}
 """
 
 
@@ -283,7 +295,7 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
     reader = open_store(store["uri"])
     sweep = load_sweep(reader, store["parent"])
     trial = next(t for t in sweep.trials if t.config == "allreduce")
-    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0).step_ms
+    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3).step_ms  # report.project's 50 µs
     row = next(r for r in rows if r["config"] == "allreduce" and r["world_size"] == "8" and r["link_gbps"] == "10.0")
     assert float(row["projected_step_ms"]) == pytest.approx(priced, rel=1e-5)
     if trial.time_to_target.step is not None:
@@ -300,10 +312,11 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     image = plots.plt.imread(out / decision_map.IMAGE)
     assert image.shape[0] > 300 and image.shape[1] > 600
     assert "id='decision_map'" in page and "Projected time to target at scale" in page
-    assert "Projected for W=16 on 25 Gbit/s (report.cluster)" in page
+    assert "Projected for W=16 on 25 Gbit/s at 100 µs per message (report.cluster)" in page
     summary = (out / "summary.md").read_text()
     headline = summary.splitlines()[2]
     assert headline.startswith("**Measured here: ") and "Projected for W=16 on 25 Gbit/s" in headline
+    assert "latency 50 µs per message, report.project.latency_ms" in summary
     assert "quality from W=1" in headline
     attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}
     assert {decision_map.IMAGE, projection.CSV} <= attached

@@ -24,3 +24,7 @@ MAX_LATENCY_MS = 1000.0
 # Defaults read beyond the schema: one home each.
 DEFAULT_TARGET_TOLERANCE = 0.01  # report.target_tolerance, and the report's own default
 DEFAULT_FLUSH_SECONDS = 5.0  # tracking.flush_seconds, and MetricLogger's own default
+# report.project / report.cluster latency_ms: one way per message between two ranks over gloo's
+# TCP (docs/hooks.md, "The latency the report prices"): the kernel stack on both hosts and a
+# switch, tens of µs, not the few µs of RDMA gloo never uses.
+DEFAULT_PROJECTED_LATENCY_MS = 0.025

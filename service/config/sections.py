@@ -8,7 +8,8 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service.config.errors import FieldProblem
-from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_TARGET_TOLERANCE, MAX_LATENCY_MS, MAX_LINK_GBPS,
+from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_PROJECTED_LATENCY_MS, DEFAULT_TARGET_TOLERANCE,
+                                   MAX_LATENCY_MS, MAX_LINK_GBPS,
                                    MAX_PROJECTED_WORLD_SIZE, MAX_STEPS, MAX_WORLD_SIZE)
 from service.text import short_value
 
@@ -89,6 +90,14 @@ class TrackingConfig(BaseModel):
     timeline_steps: int = Field(5, ge=0, le=MAX_STEPS, description="record DDP's step as a timeline (each bucket's ready, encode, collective, decode) on this many steps after the warm-up, spread over the trial, plus the rank's compute at half its micro-batch: the step model's input (step_timeline.json; service/train/step_sampling.py); 0 = off")
 
 
+def projected_latency() -> Any:
+    """report.project's and report.cluster's latency_ms: one field, one description."""
+    return Field(DEFAULT_PROJECTED_LATENCY_MS, ge=0, le=MAX_LATENCY_MS,
+                 description="one-way latency per message between two ranks there, ms, that every collective "
+                 "pays per round; default 0.025: a kernel TCP stack on both hosts and a switch in one "
+                 "datacenter (gloo's transport; docs/hooks.md says where the figure comes from)")
+
+
 class ProjectCells(BaseModel):
     """The (world size, link) cells the report projects every configuration to (service/report/projection.py);
     left out: W from 8 in powers of two up to the global batch, x 10, 25, 100 Gbit/s."""
@@ -97,6 +106,7 @@ class ProjectCells(BaseModel):
 
     world_size: list[int] | None = Field(None, min_length=1, description="world sizes to project to")
     link_gbps: list[float] | None = Field(None, min_length=1, description="link rates to project to, Gbit/s")
+    latency_ms: float = projected_latency()
 
     _scalar_allowed = field_validator("world_size", "link_gbps", mode="before")(
         lambda v: v if v is None else scalar_to_list(v))
@@ -127,6 +137,7 @@ class ClusterCell(BaseModel):
 
     world_size: int = Field(ge=1, le=MAX_PROJECTED_WORLD_SIZE, description="ranks on that cluster")
     link_gbps: float = Field(gt=0, le=MAX_LINK_GBPS, description="each rank's link there, Gbit/s")
+    latency_ms: float = projected_latency()
 
 
 class ReportConfig(BaseModel):

@@ -29,13 +29,21 @@ def map_world_sizes(global_batch: int) -> list[int]:
     return default_world_sizes(global_batch, FIRST_MAP_W)
 
 
-def winners(bases: list[Basis], world_sizes: list[int], links_gbps=MAP_LINKS_GBPS,
+def winners(bases: list[Basis], world_sizes: list[int], latency_ms: float, links_gbps=MAP_LINKS_GBPS,
             bands: Optional[ErrorBands] = None) -> dict[tuple[int, float], CellWinner]:
-    """(W, link) -> the cell's winner, every basis priced there."""
+    """(W, link) -> the cell's winner, every basis priced there at ``latency_ms``."""
     by_cell: dict[tuple[int, float], list[CellProjection]] = {}
-    for p in project(bases, world_sizes, links_gbps, bands):
+    for p in project(bases, world_sizes, links_gbps, latency_ms, bands):
         by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
     return {cell: winner(ps) for cell, ps in by_cell.items()}
+
+
+def quality_note(bases: list[Basis], latency_ms: float) -> str:
+    """The map's footnote: which world sizes keep their own quality, which assume another's, the latency."""
+    own = sorted({q.world_size for b in bases for q in (b.quality_at(b.measured_world_size), *b.other_quality)})
+    assumed = sorted({b.measured_world_size for b in bases})
+    return (f"quality: W={', '.join(map(str, own))} their own trials'; every other W from "
+            f"W={', '.join(map(str, assumed))} (assumed there); priced at {1000 * latency_ms:g} µs per message")
 
 
 @dataclass(frozen=True)

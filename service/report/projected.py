@@ -21,6 +21,7 @@ class Projected:
     cluster: str = ""                                          # the headline's projected sentence
     image: Optional[Path] = None                               # decision_map.png, when anything was priced
     csv: Optional[Path] = None                                 # projection.csv
+    latency_ms: float = 0.0                                    # report.project's, every cell priced at it
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -31,7 +32,7 @@ class Projected:
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
-        lines += ["", projection.note(), ""]
+        lines += ["", projection.note(self.latency_ms), ""]
         if self.cluster:
             lines += [self.cluster, ""]
         return "\n".join(lines)
@@ -44,19 +45,19 @@ EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sw
 def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -> Projected:
     """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``."""
     bases = projection.bases(sweep.trials, recs, reader.step_timeline)
-    out = Projected(bases)
+    latency_ms = report_cfg.project.latency_ms
+    out = Projected(bases, latency_ms=latency_ms)
     if not bases:
         return out
     global_batch = max(b.global_batch for b in bases)
     sizes, links = projection.cells(report_cfg.project, global_batch)
-    out.cells = projection.project(bases, sizes, links)
+    out.cells = projection.project(bases, sizes, links, latency_ms)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     out.cluster = projection.cluster_answer(bases, report_cfg.cluster)
-    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch))
+    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
     cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
-    quality = "quality from W=" + ", ".join(sorted({str(b.measured_world_size) for b in bases}))
     out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=cluster,
-                                  quality_from=quality + " (assumed at every other world size)")
+                                  quality_from=decision_map.quality_note(bases, latency_ms))
     return out

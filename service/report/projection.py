@@ -12,12 +12,17 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
 * The global batch is kept (``workload.global_batch_size``): a rank's forward and backward shrink
   as the batch splits over more ranks, by the fixed + per-sample cost each trial measured at two
   micro-batch sizes; a cell with more ranks than samples is refused with its reason.
-* Quality is measured at W_m and assumed at W: every projected figure says "quality from W=W_m".
+* Quality (crossing steps, verdict) at a W the sweep ran is that W's own: a measured verdict wins
+  over another W's. At any other W it is W_m's, assumed there: every projected figure says which
+  W its quality is from.
   The crossing step is a count of optimizer steps at that global batch; evals are left out as in
   the measured time to target, and warm-up steps are priced as steady ones.
+* Collectives are priced at the cell's latency (``latency_ms`` of report.project / report.cluster,
+  default and its reason in docs/hooks.md), not at a constant of the model.
 * Beside every projected figure, the model's error measured on held-out emulated cells by
-  bench/projection.py (``service/step_model/projection_error.json``: ``bands.error_bands``, the one
-  place the report takes it from).
+  bench/projection.py for its hook with its error-feedback setting, at the checked W nearest the
+  cell's (``service/step_model/projection_error.json``: ``bands.error_bands``, the one place the
+  report takes it from); a cell above every checked W says so.
 
 Cells: ``report.project`` (default: W from 8 in powers of two up to the global batch x 10, 25,
 100 Gbit/s) and ``report.cluster`` (the one the headline answers for). The decision map
@@ -35,7 +40,7 @@ from typing import Callable, Iterable, Optional
 
 from service.report.recommend import BASELINE_HOOK
 from service.report.sequential import Verdict
-from service.step_model.bands import ErrorBand, ErrorBands, error_bands
+from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
 from service.step_model.price import CellRefused
 from service.step_model.trial import TrialTimeline
 
@@ -52,6 +57,23 @@ CSV_COLUMNS = ("config", "hook", "measured_world_size", "timeline_world_size", "
 
 
 @dataclass(frozen=True)
+class QualityAt:
+    """A configuration's quality at one world size it ran: its seeds' crossing steps (None: that
+    seed never reached the target) and whether its verdict matched the baseline's."""
+
+    world_size: int
+    crossing_steps: tuple[Optional[float], ...]
+    matches: bool
+
+    @property
+    def crossing_step(self) -> Optional[float]:
+        """The mean crossing step over seeds; None when some seed never reached the target."""
+        if not self.crossing_steps or any(s is None for s in self.crossing_steps):
+            return None
+        return statistics.fmean(self.crossing_steps)
+
+
+@dataclass(frozen=True)
 class Basis:
     """One configuration as measured: at ``measured_world_size`` its seeds' crossing steps (None:
     that seed never reached the target) and whether its quality matched; at
@@ -65,13 +87,17 @@ class Basis:
     crossing_steps: tuple[Optional[float], ...]
     matches_quality: bool
     timeline_world_size: int
+    other_quality: tuple[QualityAt, ...] = ()   # at the other world sizes it ran
+    error_feedback: Optional[bool] = None        # its hook's setting (None: the hook has none)
 
     @property
     def crossing_step(self) -> Optional[float]:
-        """The mean crossing step over seeds; None when some seed never reached the target."""
-        if not self.crossing_steps or any(s is None for s in self.crossing_steps):
-            return None
-        return statistics.fmean(self.crossing_steps)
+        return self.quality_at(self.measured_world_size).crossing_step
+
+    def quality_at(self, world_size: int) -> QualityAt:
+        """Its quality at ``world_size``: that W's own where it ran there, else W_m's."""
+        own = next((q for q in self.other_quality if q.world_size == world_size), None)
+        return own or QualityAt(self.measured_world_size, self.crossing_steps, self.matches_quality)
 
 
 @dataclass(frozen=True)
@@ -91,12 +117,17 @@ class CellProjection:
     def config(self) -> str:
         return self.basis.config
 
+    @property
+    def quality(self) -> QualityAt:
+        """The quality this cell rests on (:meth:`Basis.quality_at`)."""
+        return self.basis.quality_at(self.world_size)
+
     def measured_range(self) -> tuple[float, float]:
         """The time to target this projection stands for: from its fastest seed's timeline at
         the error band's high end to its slowest seed's at the low end (without a measured band,
         the seeds' spread alone). Each basis trial's timeline is one measurement of the step,
         and they disagree by more than the model's error on a busy machine."""
-        crossing = self.basis.crossing_step
+        crossing = self.quality.crossing_step
         if crossing is None or not self.seed_steps_ms:
             return math.inf, math.inf  # never reached, or refused: nothing it stands for
         fastest, slowest = (crossing * min(self.seed_steps_ms) / 1000.0, crossing * max(self.seed_steps_ms) / 1000.0)
@@ -105,13 +136,13 @@ class CellProjection:
         return self.band.measured_range(fastest)[0], self.band.measured_range(slowest)[1]
 
     def row(self) -> dict:
-        b = self.basis
-        return {"config": b.config, "hook": b.hook, "measured_world_size": b.measured_world_size,
+        b, q = self.basis, self.quality
+        return {"config": b.config, "hook": b.hook, "measured_world_size": q.world_size,
                 "timeline_world_size": b.timeline_world_size,
                 "world_size": self.world_size, "link_gbps": self.link_gbps,
                 "projected_step_ms": _num(self.step_ms), "projected_time_to_target_s": _num(self.time_to_target_s),
-                "crossing_step": _num(b.crossing_step), "error_low_pct": _num(self.band and self.band.low_pct),
-                "error_high_pct": _num(self.band and self.band.high_pct), "matches_quality": b.matches_quality,
+                "crossing_step": _num(q.crossing_step), "error_low_pct": _num(self.band and self.band.low_pct),
+                "error_high_pct": _num(self.band and self.band.high_pct), "matches_quality": q.matches,
                 "refused": self.refused}
 
 
@@ -119,25 +150,26 @@ def _num(x: Optional[float]) -> str:
     return "" if x is None or not math.isfinite(x) else f"{x:.6g}"
 
 
-def project_cell(basis: Basis, world_size: int, link_gbps: float,
+def project_cell(basis: Basis, world_size: int, link_gbps: float, latency_ms: float,
                  bands: Optional[ErrorBands] = None) -> CellProjection:
-    """``basis`` priced at (``world_size``, ``link_gbps``) (the module doc's formulas)."""
-    band = (bands or error_bands()).for_hook(basis.hook)
+    """``basis`` priced at (``world_size``, ``link_gbps``, ``latency_ms``) (the module doc's formulas)."""
+    band = (bands or error_bands()).for_cell(basis.hook, basis.error_feedback, world_size)
     try:
-        steps = [t.price(basis.global_batch, world_size, link_gbps).step_ms for t in basis.timelines]
+        steps = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0).step_ms
+                 for t in basis.timelines]
     except CellRefused as e:
         return CellProjection(basis, world_size, link_gbps, None, None, band, str(e))
     step = statistics.median(steps)
-    crossing = basis.crossing_step
+    crossing = basis.quality_at(world_size).crossing_step
     seconds = None if crossing is None else crossing * step / 1000.0
     return CellProjection(basis, world_size, link_gbps, step, seconds, band, seed_steps_ms=tuple(steps))
 
 
-def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float],
+def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float], latency_ms: float,
             bands: Optional[ErrorBands] = None) -> list[CellProjection]:
-    """Every basis at every (W, link), W-major."""
+    """Every basis at every (W, link), W-major, at ``latency_ms``."""
     cells = [(w, g) for w in world_sizes for g in links_gbps]
-    return [project_cell(b, w, g, bands) for b in bases for w, g in cells]
+    return [project_cell(b, w, g, latency_ms, bands) for b in bases for w, g in cells]
 
 
 def default_world_sizes(global_batch: int, first: int = FIRST_PROJECTED_W) -> list[int]:
@@ -173,35 +205,46 @@ def write_csv(projections: list[CellProjection], path: Path) -> Path:
 def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialTimeline]]) -> list[Basis]:
     """One basis per configuration with ok trials that recorded their step timelines
     (``timeline_of(run_id)``: ``SweepReader.step_timeline``). ``trials``: the report's (data.Trial);
-    ``recs``: its recommendations, whose verdicts at W_m say whether the quality matched.
+    ``recs``: its recommendations, whose verdicts at each W say whether the quality matched there.
 
-    Quality (crossing steps, verdict) comes from the configuration's largest world size W_m, the
-    closest to the cluster. The step timelines come from its smallest world size above 1 where
-    every ok trial recorded one (W = 1 when it ran nothing else): on one host W ranks share its
-    cores, so the compute a rank records grows with W, and that is the basis bench/projection.py
-    checked (loopback, W = 2). Quality is a property of (configuration, W, seed), the step of
-    (configuration, W, link): the two need not come from the same trials. The crossing steps are
-    those of the seeds every configuration ran (adaptive seeds give some an extra one): the
-    projected times are compared like with like."""
+    Quality (crossing steps, verdict) at every world size the configuration ran, W_m (its
+    largest, the closest to the cluster) the one assumed elsewhere. The step timelines come
+    from its smallest world size above 1 where every ok trial recorded one (W = 1 when it ran
+    nothing else): on one host W ranks share its cores, so the compute a rank records grows
+    with W, and that is the basis bench/projection.py checked (loopback, W = 2). Quality is a
+    property of (configuration, W, seed), the step of (configuration, W, link): the two need not
+    come from the same trials. At each W the crossing steps are those of the seeds every
+    configuration there ran (adaptive seeds give some an extra one): the projected times are
+    compared like with like."""
     by_config: dict[str, dict[int, dict[int, object]]] = {}
     for t in trials:
         if t.state == "ok":  # one trial per seed: a split sweep's joined trials share their quality run
             by_config.setdefault(t.config, {}).setdefault(t.world_size, {}).setdefault(t.seed, t)
-    shared = set.intersection(*(set(by_w[max(by_w)]) for by_w in by_config.values())) if by_config else set()
     out = []
     for config, by_w in by_config.items():
         recorded = _timelines(by_w, timeline_of)
         if recorded is None:
             continue  # no world size where every ok trial recorded its step
-        quality_w = max(by_w)
-        seeds = by_w[quality_w]
-        first = next(iter(seeds.values()))
-        crossing = tuple(None if t.time_to_target is None else t.time_to_target.step
-                         for seed, t in sorted(seeds.items()) if seed in shared or not shared)
-        out.append(Basis(config, first.hook, quality_w, int(first.record.params["global_batch_size"]),
-                         recorded[1], crossing, _matches(recs, config, quality_w), recorded[0]))
+        quality = {w: _quality(by_config, recs, config, w) for w in by_w}
+        top = quality[max(by_w)]
+        first = next(iter(by_w[top.world_size].values()))
+        out.append(Basis(config, first.hook, top.world_size, int(first.record.params["global_batch_size"]),
+                         recorded[1], top.crossing_steps, top.matches, recorded[0],
+                         tuple(q for w, q in sorted(quality.items()) if w != top.world_size),
+                         error_feedback_of(first.hook, first.hook_params)))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
     return out
+
+
+def _quality(by_config: dict, recs: list, config: str, world_size: int) -> QualityAt:
+    """``config``'s quality at ``world_size``: the crossing steps of the seeds every
+    configuration that ran there ran (all of its own where they share none), its verdict there."""
+    at_w = [set(by_w[world_size]) for by_w in by_config.values() if world_size in by_w]
+    shared = set.intersection(*at_w)
+    seeds = by_config[config][world_size]
+    crossing = tuple(None if t.time_to_target is None else t.time_to_target.step
+                     for seed, t in sorted(seeds.items()) if seed in shared or not shared)
+    return QualityAt(world_size, crossing, _matches(recs, config, world_size))
 
 
 def _timelines(by_w: dict, timeline_of) -> Optional[tuple[int, tuple[TrialTimeline, ...]]]:
@@ -241,10 +284,11 @@ def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
 
 
 def winner(at_cell: list[CellProjection]) -> CellWinner:
-    """The configuration with the shortest projected time to target among those that matched
-    quality and reached the target in every seed; its runner-up; whether it is too close to call."""
+    """The configuration with the shortest projected time to target among those whose quality
+    matched at this cell (:attr:`CellProjection.quality`) and reached the target in every seed;
+    its runner-up; whether it is too close to call."""
     first = at_cell[0]
-    ranked = sorted((p for p in at_cell if p.basis.matches_quality and p.time_to_target_s is not None),
+    ranked = sorted((p for p in at_cell if p.quality.matches and p.time_to_target_s is not None),
                     key=lambda p: p.time_to_target_s)
     best = ranked[0] if ranked else None
     runner = ranked[1] if len(ranked) > 1 else None
@@ -282,30 +326,53 @@ def table(projections: list[CellProjection]) -> tuple[list[str], list[list[str]]
         by_config.setdefault(p.config, {})[(p.world_size, p.link_gbps)] = p
     for config, at in by_config.items():
         first = next(iter(at.values()))
-        quality = f"W={first.basis.measured_world_size}" + ("" if first.basis.matches_quality else " (not matching)")
-        band = first.band.text() if first.band is not None else "unmeasured"
-        rows.append([config, quality, f"W={first.basis.timeline_world_size}", band] + [cell_text(at[k]) if k in at else "" for k in keys])
+        rows.append([config, quality_from(list(at.values())), f"W={first.basis.timeline_world_size}",
+                     band_text(list(at.values()))] + [cell_text(at[k]) if k in at else "" for k in keys])
     return header, rows
 
 
-def note(bands: Optional[ErrorBands] = None) -> str:
+def quality_from(cells: list[CellProjection]) -> str:
+    """Where one configuration's cells take their quality: 'W=4', or 'W=2 at W=2; W=4 at W=8, 16'
+    when some cells ran at their own W; '(not matching)' after a W whose verdict did not match."""
+    by_source: dict[int, list[int]] = {}
+    for p in cells:
+        by_source.setdefault(p.quality.world_size, []).append(p.world_size)
+    def one(q: int) -> str:
+        matches = cells[0].basis.quality_at(q).matches
+        return f"W={q}" + ("" if matches else " (not matching)")
+    if len(by_source) == 1:
+        return one(next(iter(by_source)))
+    return "; ".join(f"{one(q)} at W={', '.join(str(w) for w in sorted(set(ws)))}" for q, ws in sorted(by_source.items()))
+
+
+def band_text(cells: list[CellProjection]) -> str:
+    """One configuration's error bands over its cells: '-8 to +5 % (beyond the checked W = 2)', each distinct once."""
+    texts = [f"{p.band.text()} ({p.band.where()})" if p.band.where() else p.band.text()
+             for p in cells if p.band is not None]
+    return "; ".join(dict.fromkeys(texts)) or "unmeasured"
+
+
+def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
     """The projection's assumptions and where its error band comes from (summary.md, report.html)."""
     bands = bands or error_bands()
     return ("Projected time to target = the configuration's crossing step (mean over its seeds, measured at the "
-            "world size in 'quality from': quality is assumed the same at other world sizes) x the step the "
-            "step model (service/step_model/) prices from the trials' own recorded step timelines at that world "
-            "size and link, keeping the sweep's global batch (each rank's compute at its share of it; evals left "
-            "out, as in the measured time to target; latency 5 µs per message). Error band: (projected - measured) "
-            f"/ measured over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets the "
-            "widest band measured. docs/results.md says how to read it.")
+            "world size in 'quality from': a world size the sweep ran keeps its own, any other assumes that "
+            "one's) x the step the step model (service/step_model/) prices from the trials' own recorded step "
+            "timelines at that world size and link, keeping the sweep's global batch (each rank's compute at "
+            "its share of it; evals left out, as in the measured time to target; latency "
+            f"{1000 * latency_ms:g} µs per message, report.project.latency_ms). Error band: (projected - "
+            "measured) / measured for the hook with its error-feedback setting at the nearest checked world "
+            f"size, over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets "
+            "the widest band measured. docs/results.md says how to read it.")
 
 
 def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
     if cluster is None or not bases_:
         return ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, bands) for b in bases_]
-    where = f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s (report.cluster)"
+    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands) for b in bases_]
+    where = (f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s at "
+             f"{1000 * cluster.latency_ms:g} µs per message (report.cluster)")
     refused = next((p.refused for p in at if p.refused), "")
     if refused:
         return f"{where}: not priced: {refused}."
@@ -313,9 +380,10 @@ def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = N
     if cell.winner is None:
         return f"{where}: no configuration that matched the baseline's quality reached the target."
     w = cell.winner
-    text = f"{where}: {w.config}, {cell_text(w)} to the target, error band {w.band.text() if w.band else 'unmeasured'}"
+    band = "unmeasured" if w.band is None else " ".join(x for x in (w.band.text(), w.band.where() and f"({w.band.where()})") if x)
+    text = f"{where}: {w.config}, {cell_text(w)} to the target, error band {band}"
     if cell.runner_up is not None:
         r = cell.runner_up
         text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
         text += " (too close to call: inside the error band and the seeds' spread)" if cell.too_close else ""
-    return text + f"; quality from W={w.basis.measured_world_size}."
+    return text + f"; quality from W={w.quality.world_size}."

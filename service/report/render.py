@@ -264,8 +264,9 @@ _CAPTIONS = {
                 "both axes by one of them.",
     "decision_map": "Projected: the configuration that reaches the target eval loss soonest among those "
                     "whose quality matched allreduce's, per world size (global batch kept) and link speed; "
-                    "hatched where its margin over the runner-up is inside the step model's measured error "
-                    "band and the spread of its trials' own timelines (too close to call); circles and triangles mark where trials ran, the star "
+                    "hatched grey, naming both by their legend numbers, where its margin over the runner-up "
+                    "is inside the step model's measured error band and the spread of its trials' own "
+                    "timelines (too close to call: no winner's colour); circles and triangles mark where trials ran, the star "
                     "report.cluster.",
 }
 
@@ -305,7 +306,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         headline=headline(recs, sweep, scale.cluster), recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
-        projection_rows=projected[1] if projected else None, projection_note=projection.note(),
+        projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
         projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

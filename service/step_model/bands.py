@@ -1,28 +1,64 @@
-"""The step model's measured error: per hook, (projected - measured) / measured over the held-out
-emulated cells bench/projection.py priced and ran (``projection_error.json`` beside this module,
-written by that bench; :func:`error_bands` is the one place the report reads it from)."""
+"""The step model's measured error: (projected - measured) / measured over the held-out emulated
+cells bench/projection.py priced and ran, per hook, error-feedback setting and world size
+(``projection_error.json`` beside this module, written by that bench from the raw cells it
+commits beside it, ``projection_cells.json``; :func:`error_bands` is the one place the report
+reads it from).
+
+A cell at world size W takes the band measured for its hook with its error-feedback setting at
+the checked W nearest to W (in log2: the world size doubles from cell to cell); above the
+largest checked W it says so (``ErrorBand.beyond``): nothing measured says the error stays there.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from hooks.registry import available
+
 ERROR_FILE = Path(__file__).with_name("projection_error.json")
+RAW_FILE = Path(__file__).with_name("projection_cells.json")
+FORMAT = 2  # bands keyed by hook, error feedback and W; format 1 (by hook only) is still read
+
+
+def error_feedback_of(hook: str, params: dict) -> Optional[bool]:
+    """The hook's error-feedback setting in a run with ``params`` (its default where not given);
+    None for a hook that has no such setting."""
+    defaults = available()[hook].params if hook in available() else {}
+    if "error_feedback" not in defaults:
+        return None
+    return bool(params.get("error_feedback", defaults["error_feedback"]))
+
+
+def _label(hook: str, error_feedback: Optional[bool]) -> str:
+    if error_feedback is None:
+        return hook
+    return f"{hook} with error feedback {'on' if error_feedback else 'off'}"
 
 
 @dataclass(frozen=True)
 class ErrorBand:
-    """(projected - measured) / measured, %, over bench/projection.py's counted cells."""
+    """(projected - measured) / measured, %, over bench/projection.py's counted cells at
+    ``checked_w``; ``beyond``: the cell it is printed beside has more ranks than any checked."""
 
     low_pct: float
     high_pct: float
-    source: str   # "measured for <hook>" | "widest measured: <hook> was not measured"
+    source: str   # "measured for <hook ...>" | "widest measured: <hook ...> was not measured"
+    checked_w: Optional[int] = None
+    beyond: bool = False
 
     def text(self) -> str:
         return f"{self.low_pct:+.0f} to {self.high_pct:+.0f} %"
+
+    def where(self) -> str:
+        """'checked at W = 2', 'beyond the checked W = 8' (empty when the W is not known)."""
+        if self.checked_w is None:
+            return ""
+        return f"beyond the checked W = {self.checked_w}" if self.beyond else f"checked at W = {self.checked_w}"
 
     def measured_range(self, projected: float) -> tuple[float, float]:
         """The measured values a projection of ``projected`` stands for: (best, worst)."""
@@ -30,32 +66,65 @@ class ErrorBand:
 
 
 @dataclass(frozen=True)
+class MeasuredBand:
+    """One band as the bench measured it: a hook, its error-feedback setting (None: it has
+    none), the world size of its counted cells."""
+
+    hook: str
+    error_feedback: Optional[bool]
+    world_size: int
+    low_pct: float
+    high_pct: float
+
+
+@dataclass(frozen=True)
 class ErrorBands:
-    by_hook: dict[str, ErrorBand]
+    measured: tuple[MeasuredBand, ...]
     provenance: str   # what was measured, where and when (one line)
 
-    def for_hook(self, hook: str) -> Optional[ErrorBand]:
-        """The hook's band; for a hook the bench did not measure, the widest band any hook had."""
-        if hook in self.by_hook:
-            return self.by_hook[hook]
-        if not self.by_hook:
+    def for_cell(self, hook: str, error_feedback: Optional[bool], world_size: int) -> Optional[ErrorBand]:
+        """The band of ``hook`` with ``error_feedback`` at the checked W nearest ``world_size``;
+        for a hook (or setting) the bench did not measure, the widest band any had there."""
+        if not self.measured:
             return None
-        return ErrorBand(min(b.low_pct for b in self.by_hook.values()),
-                         max(b.high_pct for b in self.by_hook.values()),
-                         f"widest measured: {hook} was not measured")
+        mine = [m for m in self.measured if (m.hook, m.error_feedback) == (hook, error_feedback)]
+        pool = mine or list(self.measured)
+        source = (f"measured for {_label(hook, error_feedback)}" if mine
+                  else f"widest measured: {_label(hook, error_feedback)} was not measured")
+        checked = sorted({m.world_size for m in pool})
+        nearest = min(checked, key=lambda w: (abs(math.log2(w) - math.log2(max(world_size, 1))), -w))
+        at = [m for m in pool if m.world_size == nearest]
+        return ErrorBand(min(m.low_pct for m in at), max(m.high_pct for m in at), source, nearest,
+                         world_size > checked[-1])
+
+    @property
+    def checked_world_sizes(self) -> list[int]:
+        return sorted({m.world_size for m in self.measured})
+
+
+def _bands_v1(data: dict) -> tuple[MeasuredBand, ...]:
+    """Format 1 (by hook name): the bench counted W = 2 only, error feedback on where a hook has it."""
+    return tuple(MeasuredBand(hook, error_feedback_of(hook, {"error_feedback": True}), 2,
+                              float(b["low_pct"]), float(b["high_pct"]))
+                 for hook, b in data["hooks"].items() if b.get("counted"))
+
+
+def _bands_v2(data: dict) -> tuple[MeasuredBand, ...]:
+    return tuple(MeasuredBand(b["hook"], b["error_feedback"], int(b["world_size"]),
+                              float(b["low_pct"]), float(b["high_pct"]))
+                 for b in data["bands"] if b.get("counted"))
 
 
 @lru_cache(maxsize=4)
 def error_bands(path: Path = ERROR_FILE) -> ErrorBands:
-    """The per-hook error bands bench/projection.py wrote (format 1); none when it never ran."""
+    """The error bands bench/projection.py wrote (format 2, or 1); none when it never ran."""
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        return ErrorBands({}, "the step model's error is unmeasured (run bench/projection.py)")
-    if data.get("format") != 1:
-        raise ValueError(f"{path}: format {data.get('format')!r}, this reader reads 1")
-    bands = {hook: ErrorBand(float(b["low_pct"]), float(b["high_pct"]), f"measured for {hook}")
-             for hook, b in data["hooks"].items() if b.get("counted")}
+        return ErrorBands((), "the step model's error is unmeasured (run bench/projection.py)")
+    readers = {1: _bands_v1, 2: _bands_v2}
+    if data.get("format") not in readers:
+        raise ValueError(f"{path}: format {data.get('format')!r}, this reader reads {sorted(readers)}")
     provenance = (f"{data['source']}, {data['measured'][:10]}: {data['workload']}, basis {data['basis']}, "
                   f"checked at {data['cells']}")
-    return ErrorBands(bands, provenance)
+    return ErrorBands(readers[data["format"]](data), provenance)
