@@ -84,10 +84,11 @@ def test_the_baselines_extra_seed_under_load_does_not_move_the_speedups(runs):
         for config, seed in run["trials"]:
             seeds.setdefault(config, set()).add(seed)
         assert seeds["bf16_compress"] == {0, 1} and seeds["allreduce"] == {0, 1, 2}, seeds
-    # the hogs slowed allreduce's seed-2 trial, and only it
-    slowed = (loaded["trials"][("allreduce", 2)]["step_time_ms_median"]
-              / quiet["trials"][("allreduce", 2)]["step_time_ms_median"])
-    assert slowed > 1.5, slowed
+    # the hogs slowed allreduce's seed-2 trial against its seeds 0 and 1 of the same sweep (the
+    # suite's other worker loads both sweeps alike, so the quiet sweep is no clean reference)
+    steps = {seed: loaded["trials"][("allreduce", seed)]["step_time_ms_median"] for seed in (0, 1, 2)}
+    slowed = steps[2] / statistics.fmean([steps[0], steps[1]])
+    assert slowed > 1.3, steps
     bf16_q, bf16_l = quiet["rows"]["bf16_compress"], loaded["rows"]["bf16_compress"]
     spread = max(float(r["step_ratio_vs_baseline_iqr_mean"]) / float(r["step_ratio_vs_baseline_mean"])
                  for r in (bf16_q, bf16_l))
