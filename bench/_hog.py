@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+from contextlib import contextmanager
 
 from mlflow.tracking import MlflowClient
 
@@ -27,6 +28,19 @@ class HogDuringBaseline(threading.Thread):
         self.where = f"tags.trial_config = '{baseline}'" + ("" if seed is None else f" and tags.trial_seed = '{seed}'")
         self.stop, self.hogs, self.seen = threading.Event(), [], False
         self.hogged_s = 0.0
+
+    @contextmanager
+    def around(self, on: bool = True):
+        """Hogs while the baseline runs inside the ``with`` block (nothing when ``on`` is false);
+        the watcher stopped, and its hogs killed, however the block ends."""
+        if on:
+            self.start()
+        try:
+            yield self
+        finally:
+            self.stop.set()
+            if self.is_alive():
+                self.join()
 
     def _baseline_running(self) -> bool:
         exp = self.client.get_experiment_by_name(self.experiment)

@@ -56,16 +56,9 @@ def run_arm(arm: str, directory: Path, preset: str) -> None:
     uri = f"sqlite:///{directory / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     env.update(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(ROOT))
-    hog = HogDuringBaseline(uri, experiment, HOGS)
-    if arm == "adaptive_hog":
-        hog.start()
     before, t0 = load_average(), time.monotonic()
-    try:
+    with HogDuringBaseline(uri, experiment, HOGS).around(arm == "adaptive_hog") as hog:
         rc = subprocess.call([sys.executable, "-m", "service.sweep", str(config)], cwd=directory, env=env)
-    finally:
-        hog.stop.set()
-        if hog.is_alive():
-            hog.join()
     print(f"{arm}: exit {rc} in {(time.monotonic() - t0) / 60:.1f} min; load {before} -> {load_average()}"
           + (f"; hogs ran {hog.hogged_s / 60:.1f} min" if arm == "adaptive_hog" else ""))
 

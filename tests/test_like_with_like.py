@@ -44,16 +44,9 @@ def _sweep(tmp: Path, hog: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))  # tests.tiny_workload
-    watcher = HogDuringBaseline(uri, "like_with_like", HOGS, seed=2)
-    if hog:
-        watcher.start()
-    try:
+    with HogDuringBaseline(uri, "like_with_like", HOGS, seed=2).around(hog) as watcher:
         done = subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp, env=env,
                               capture_output=True, text=True, timeout=1200)
-    finally:
-        watcher.stop.set()
-        if hog:
-            watcher.join()
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert watcher.seen == hog
     summary = next((tmp / "results").rglob("summary.csv"))

@@ -56,16 +56,9 @@ def _sweep(tmp: Path, hog: bool) -> dict[str, dict[str, str]]:
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
-    watcher = HogDuringBaseline(uri, "paired_load", HOGS)
-    if hog:
-        watcher.start()
-    try:
+    with HogDuringBaseline(uri, "paired_load", HOGS).around(hog) as watcher:
         done = subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp, env=env,
                               capture_output=True, text=True, timeout=900)
-    finally:
-        watcher.stop.set()
-        if hog:
-            watcher.join()
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert watcher.seen == hog  # the hogs ran, during the baseline's trial
     summary = next((tmp / "results").rglob("summary.csv"))
