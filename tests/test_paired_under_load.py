@@ -8,7 +8,8 @@ The training is the same in both (same seed, deterministic gloo): the crossing s
 so any change in the speed-up is the timing alone. The paired speed-up (summary.csv's
 `speedup_vs_baseline`: the baseline timed inside bf16_compress's own trial) must stay within the
 unloaded run's spread; the unpaired one (the two trials' own times to target, each timed
-alone) must not: it credits bf16_compress with the hogs' damage to allreduce.
+alone) must not: in the loaded sweep it exceeds that sweep's paired one by more than the spread,
+crediting bf16_compress with the hogs' damage to allreduce.
 """
 
 from __future__ import annotations
@@ -91,10 +92,13 @@ def test_the_paired_speedup_holds_under_load_where_the_unpaired_one_moves(runs):
     spread = max(float(r["step_ratio_vs_baseline_iqr_mean"]) / float(r["step_ratio_vs_baseline_mean"])
                  for r in (quiet, loaded))
     paired = float(loaded["speedup_vs_baseline"]) / float(quiet["speedup_vs_baseline"])
-    unpaired = _unpaired(runs["loaded"]) / _unpaired(runs["quiet"])
     assert abs(paired - 1) <= spread, (paired, spread)
-    assert abs(unpaired - 1) > spread, (unpaired, spread)
-    assert unpaired > 1.3  # the unpaired figure credits bf16_compress with the hogs' damage
+    # the unpaired figure credits bf16_compress with the hogs' damage: read against the paired one
+    # of the same loaded sweep (the quiet sweep is not quiet under the suite's second worker: in
+    # CI on 2026-12-02 it slowed the quiet allreduce too, and the quiet-to-loaded ratio moved 1.13)
+    unpaired = _unpaired(runs["loaded"]) / float(loaded["speedup_vs_baseline"])
+    assert unpaired - 1 > spread, (unpaired, spread)
+    assert unpaired > 1.3
 
 
 def test_the_verdicts_bench_reads_the_two_runs_back(dirs, tmp_path):

@@ -85,6 +85,18 @@ def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason(tmp_path
     assert rows[0]["projected_step_ms"] == "" and "more ranks" in rows[0]["refused"]
 
 
+def test_compute_that_fell_as_the_batch_grew_is_priced_as_fixed_not_refused():
+    # a tiny model on a loaded machine: the half batch (16) timed slower than the full one (32);
+    # the CI run of 2026-12-02 refused every W=8 cell of the real-store test below for this
+    tl = trial_timeline()
+    noisy = TrialTimeline(tl.timeline, (5,), (ComputePoint(32, 10.0, 20.0), ComputePoint(16, 11.0, 19.0)))
+    scaling = noisy.compute
+    assert (scaling.forward.fixed_ms, scaling.forward.per_unit_ms) == (10.0, 0.0)   # flat at the measured batch's 10 ms
+    assert scaling.backward.per_unit_ms == pytest.approx(1 / 16)                 # this one grew: fitted as before
+    priced = noisy.price(64, 8, 10.0, LATENCY_MS / 1000)                      # 8 samples per rank: a new batch
+    assert priced.step_ms > 0
+
+
 def test_projection_csv_has_one_row_per_configuration_and_cell(tmp_path):
     bands = bands_at(8, allreduce=(-8.0, 5.0))
     cells = projection.project([basis(), basis("fp16_compress")], [8, 16], [10.0, 100.0], LATENCY_MS, bands)

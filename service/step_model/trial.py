@@ -43,15 +43,14 @@ class TrialTimeline:
     @property
     def compute(self) -> Optional[ComputeScaling]:
         """Forward and backward as fixed + per sample (``fit_linear`` through the two points);
-        None without two points or where noise made the cost fall as the batch grew."""
+        None without two points. Where a cost fell as the batch grew (its per-sample cost below
+        the timer's noise: a tiny model, or a loaded machine) it is priced as fixed, at the
+        larger batch's measurement, rather than refusing every cell that changes the batch."""
         if len(self.compute_points) != 2:
             return None
         a, b = self.compute_points
-        try:
-            return ComputeScaling(fit_linear((a.samples, a.forward_ms), (b.samples, b.forward_ms)),
-                                  fit_linear((a.samples, a.backward_ms), (b.samples, b.backward_ms)))
-        except ValueError:
-            return None
+        return ComputeScaling(_fit_or_flat((a.samples, a.forward_ms), (b.samples, b.forward_ms)),
+                              _fit_or_flat((a.samples, a.backward_ms), (b.samples, b.backward_ms)))
 
     def own_step_ms(self) -> float:
         """The timeline priced where it was measured (its W, link and latency): the model's step,
@@ -95,3 +94,12 @@ class TrialTimeline:
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
                    tuple(ComputePoint(**p) for p in data["compute_points"]))
+
+
+def _fit_or_flat(a: tuple[float, float], b: tuple[float, float]) -> LinearCost:
+    """``fit_linear`` through the two points; where the cost fell as the batch grew, a fixed
+    cost at the larger batch's measurement (the one the trial's own timeline has)."""
+    try:
+        return fit_linear(a, b)
+    except ValueError:
+        return LinearCost(max(a, b)[1])
