@@ -11,7 +11,8 @@ import pytest
 from hooks.wire import wire_bytes
 from service.step_model.price import comm_ms
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
-from service.step_model.transport import KindFit, Sample, TransportFit, fit, rounds
+from hooks.wire import rounds
+from service.step_model.transport import KindFit, Sample, TransportFit, fit
 from service.step_model.trial import ComputePoint, TrialTimeline
 
 N = 250_000  # fp32 values: 1e6 bytes

@@ -17,15 +17,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from hooks.wire import KINDS, wire_bytes
+from hooks.wire import KINDS, rounds, wire_bytes
 
 ARTIFACT = "transport.json"
 FORMAT = 1
-
-
-def rounds(kind: str, world_size: int) -> int:
-    """Messages a rank sends in one ring collective of ``kind`` at ``world_size``."""
-    return 2 * (world_size - 1) if kind == "allreduce" else world_size - 1
 
 
 @dataclass(frozen=True)

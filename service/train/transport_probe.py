@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hooks.wire import KINDS
+from hooks.wire import ALLGATHER, ALLREDUCE, KINDS
 from service.step_model.transport import Sample, medians
 
 # Payload bytes per rank: a compressed bucket's few KiB (sign, top-k at 1 %) up to a full
@@ -33,9 +33,9 @@ def _elements(nbytes: int, world_size: int) -> int:
 def _collective(kind: str, n: int, world_size: int):
     """A callable running one collective of ``kind`` on ``n`` fp32 elements of payload per rank."""
     buf = torch.ones(n, dtype=torch.float32)
-    if kind == "allreduce":
+    if kind == ALLREDUCE:
         return lambda: dist.all_reduce(buf)
-    if kind == "allgather":
+    if kind == ALLGATHER:
         out = torch.empty(n * world_size, dtype=torch.float32)
         return lambda: dist.all_gather_into_tensor(out, buf)
     out = torch.empty_like(buf)
