@@ -342,12 +342,15 @@ def quality_from(cells: list[CellProjection]) -> str:
     by_source: dict[int, list[int]] = {}
     for p in cells:
         by_source.setdefault(p.quality.world_size, []).append(p.world_size)
-    def one(q: int) -> str:
-        matches = cells[0].basis.quality_at(q).matches
-        return f"W={q}" + ("" if matches else " (not matching)")
+    basis = cells[0].basis
     if len(by_source) == 1:
-        return one(next(iter(by_source)))
-    return "; ".join(f"{one(q)} at W={', '.join(str(w) for w in sorted(set(ws)))}" for q, ws in sorted(by_source.items()))
+        return _verdict_at(basis, next(iter(by_source)))
+    return "; ".join(f"{_verdict_at(basis, q)} at W={', '.join(str(w) for w in sorted(set(ws)))}"
+                     for q, ws in sorted(by_source.items()))
+
+
+def _verdict_at(basis: Basis, world_size: int) -> str:
+    return f"W={world_size}" + ("" if basis.quality_at(world_size).matches else " (not matching)")
 
 
 def band_text(cells: list[CellProjection]) -> str:
