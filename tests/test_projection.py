@@ -331,6 +331,7 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "latency 50 µs per message, report.project.latency_ms" in summary
     assert "### Transport measured for this sweep (transport.json)" in summary
     assert "| allreduce | 500.0 µs | 20.000 ms |" in summary
+    assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline
     attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}
     assert {decision_map.IMAGE, projection.CSV} <= attached
