@@ -11,6 +11,7 @@ import statistics
 import time
 from pathlib import Path
 
+import _projection_scores as scores
 from _common import table
 
 from service.report.recommend import time_to_target
@@ -116,7 +117,10 @@ def summarise(worlds: dict, rules: dict) -> dict:
                 runs = [r for r in world["runs"] if r["hook"] == hook and r["arm"] == arm]
                 rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
-    return {"rows": rows, "bands": bands(rows, rules["error_feedback"]),
+    found = bands(rows, rules["error_feedback"])
+    overall = found["overall"]
+    band = (overall["low_pct"] or 0.0, overall["high_pct"] or 0.0)
+    return {"rows": rows, "bands": found, "scores": scores.score(rows, band),
             "time_to_target": targets(quality, rows) if quality else None}
 
 
@@ -182,6 +186,7 @@ def print_report(result: dict) -> None:
                   v["counted"], v["excluded"]] for v in b["bands"]]))
     o = b["overall"]
     print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
+    print_scores(result.get("scores") or [])
     ttt = result.get("time_to_target")
     if ttt and "hooks" in ttt:
         cells = list(next(iter(ttt["hooks"].values()))["projected_s"])
@@ -195,6 +200,19 @@ def print_report(result: dict) -> None:
 
 CELL_KEYS = ("hook", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
              "error_pct", "quiet_repeats", "repeats", "counted", "why_not")
+
+
+def print_scores(scored: list[dict]) -> None:
+    """The decisions per counted cell (bench/_projection_scores.py), or why there are none."""
+    if not scored:
+        print("\ndecisions: no counted cell with two hooks to score")
+        return
+    print("\ndecisions per counted cell (projected vs measured step; band = the overall band):")
+    print(table(["W", "Gbit/s", "hooks", "projected winner", "measured winner", "regret %", "Kendall tau",
+                 "compress right", "hatched", "call right"],
+                [[c["world_size"], c["link_gbps"], c["hooks"], c["projected_winner"], c["measured_winner"],
+                  round(c["regret_pct"], 1), None if c["kendall_tau"] is None else round(c["kendall_tau"], 2),
+                  c["compress_right"], c["hatched"], c["call_right"]] for c in scored]))
 
 
 def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:

@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 # The collective kinds hooks issue: the accounting keeps each one's calls and bytes apart
 # (``{kind}_calls``, ``{kind}_bytes`` in ``HookState.stats()``) so the cost model can re-price them.
-KINDS = ("allreduce", "allgather", "all_to_all")
+ALLREDUCE, ALLGATHER, ALL_TO_ALL = "allreduce", "allgather", "all_to_all"
+KINDS = (ALLREDUCE, ALLGATHER, ALL_TO_ALL)
 
 
 class Collective(NamedTuple):
@@ -42,3 +43,9 @@ def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
     if kind == "allgather":
         return float((w - 1) * nbytes)
     return (w - 1) / w * nbytes
+
+
+def rounds(kind: str, world_size: int) -> int:
+    """Messages a rank sends in one ring collective of ``kind``: 2(W-1) for allreduce, W-1 otherwise."""
+    check_kind(kind)
+    return 2 * (world_size - 1) if kind == ALLREDUCE else world_size - 1

@@ -26,6 +26,7 @@ from service.report.projection import Basis
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBand, ErrorBands, MeasuredBand
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+from service.step_model.transport import KindFit, TransportFit
 from service.step_model.trial import ComputePoint, TrialTimeline
 from tests.dist_utils import free_port
 
@@ -277,10 +278,17 @@ def store(tmp_path_factory):
             with tracking.MetricLogger(run_id, uri, 0.5) as logger:
                 run_training(trial, cfg, TrainingContext(rank=0, world_size=1, device="cpu", logger=logger))
             tracking.end_run(run_id, "FINISHED", tracking_uri=uri)
+        # the transport the sweep measures before its trials (service/sweep/transport.py): a
+        # made-up machine, so that the test can tell its figures from the trials' own comm
+        tracking.log_transport(parent, uri, TRANSPORT.to_json())
         tracking.end_run(parent, "FINISHED", tracking_uri=uri)
     finally:
         dist.destroy_process_group()
     return {"uri": uri, "parent": parent}
+
+
+TRANSPORT = TransportFit({"allreduce": KindFit(0.5, 2e-5, 0.0), "allgather": KindFit(0.5, 2e-5, 0.0),
+                          "all_to_all": KindFit(0.5, 2e-5, 0.0)}, (), {2: 1.0})
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +315,11 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
     reader = open_store(store["uri"])
     sweep = load_sweep(reader, store["parent"])
     trial = next(t for t in sweep.trials if t.config == "allreduce")
-    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3).step_ms  # report.project's 50 µs
+    transport = reader.transport(store["parent"])
+    assert transport == TRANSPORT  # transport.json read back from the parent run
+    # report.project's 50 µs, the collectives' transport from transport.json
+    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3, transport).step_ms
+    assert priced != pytest.approx(reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3).step_ms)
     row = next(r for r in rows if r["config"] == "allreduce" and r["world_size"] == "8" and r["link_gbps"] == "10.0")
     assert float(row["projected_step_ms"]) == pytest.approx(priced, rel=1e-5)
     if trial.time_to_target.step is not None:
@@ -329,6 +341,9 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     headline = summary.splitlines()[2]
     assert headline.startswith("**Measured here: ") and "Projected for W=16 on 25 Gbit/s" in headline
     assert "latency 50 µs per message, report.project.latency_ms" in summary
+    assert "### Transport measured for this sweep (transport.json)" in summary
+    assert "| allreduce | 500.0 µs | 20.000 ms |" in summary
+    assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline
     attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}
     assert {decision_map.IMAGE, projection.CSV} <= attached

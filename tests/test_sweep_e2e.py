@@ -74,7 +74,7 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
     assert "Report: " in out and "report.html" in out, out
     attached = smoke_sweep.attached_by_sweep  # before test_report rebuilds and re-attaches it
     assert {"report.html", "summary.md", "summary.csv", "loss_curves.png", "throughput.png",
-            "tradeoff.png", "decision_map.png", "projection.csv"} <= attached, attached
+            "tradeoff.png", "decision_map.png", "projection.csv", "transport.json"} <= attached, attached
 
     assert len(children) == len(trials)
     by_name = {r.info.run_name: r for r in children}

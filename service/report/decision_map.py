@@ -30,10 +30,10 @@ def map_world_sizes(global_batch: int) -> list[int]:
 
 
 def winners(bases: list[Basis], world_sizes: list[int], latency_ms: float, links_gbps=MAP_LINKS_GBPS,
-            bands: Optional[ErrorBands] = None) -> dict[tuple[int, float], CellWinner]:
-    """(W, link) -> the cell's winner, every basis priced there at ``latency_ms``."""
+            bands: Optional[ErrorBands] = None, transport=None) -> dict[tuple[int, float], CellWinner]:
+    """(W, link) -> the cell's winner, every basis priced there at ``latency_ms`` (and the sweep's ``transport``)."""
     by_cell: dict[tuple[int, float], list[CellProjection]] = {}
-    for p in project(bases, world_sizes, links_gbps, latency_ms, bands):
+    for p in project(bases, world_sizes, links_gbps, latency_ms, bands, transport):
         by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
     return {cell: winner(ps) for cell, ps in by_cell.items()}
 

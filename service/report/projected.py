@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service.report import decision_map
+from service.report import decision_map, transport_table
 
 from service.report import projection
 from service.report.projection import Basis, CellProjection
+from service.step_model.transport import TransportFit
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Projected:
     image: Optional[Path] = None                               # decision_map.png, when anything was priced
     csv: Optional[Path] = None                                 # projection.csv
     latency_ms: float = 0.0                                    # report.project's, every cell priced at it
+    transport: Optional[TransportFit] = None                   # the sweep's transport.json, when measured
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -33,6 +35,7 @@ class Projected:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
         lines += ["", projection.note(self.latency_ms), ""]
+        lines += transport_table.markdown(self.transport)
         if self.cluster:
             lines += [self.cluster, ""]
         return "\n".join(lines)
@@ -45,16 +48,16 @@ EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sw
 def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -> Projected:
     """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``."""
     bases = projection.bases(sweep.trials, recs, reader.step_timeline)
-    latency_ms = report_cfg.project.latency_ms
-    out = Projected(bases, latency_ms=latency_ms)
+    latency_ms, transport = report_cfg.project.latency_ms, reader.transport(sweep.parent_run_id)
+    out = Projected(bases, latency_ms=latency_ms, transport=transport)
     if not bases:
         return out
     global_batch = max(b.global_batch for b in bases)
     sizes, links = projection.cells(report_cfg.project, global_batch)
-    out.cells = projection.project(bases, sizes, links, latency_ms)
+    out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
-    out.cluster = projection.cluster_answer(bases, report_cfg.cluster)
-    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms)
+    out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=transport)
+    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
     cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)

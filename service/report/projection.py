@@ -17,6 +17,9 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
   W its quality is from.
   The crossing step is a count of optimizer steps at that global batch; evals are left out as in
   the measured time to target, and warm-up steps are priced as steady ones.
+* Collectives' transport (the CPU work moving their bytes) is the sweep's, measured once before
+  its trials (``transport.json``: service/step_model/transport.py) where the sweep has one, else
+  each trial's recorded comm scaled; their wire at the cell's link.
 * Collectives are priced at the cell's latency (``latency_ms`` of report.project / report.cluster,
   default and its reason in docs/hooks.md), not at a constant of the model.
 * Beside every projected figure, the model's error measured on held-out emulated cells by
@@ -42,6 +45,7 @@ from service.report.recommend import BASELINE_HOOK
 from service.report.sequential import Verdict
 from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
 from service.step_model.price import CellRefused
+from service.step_model.transport import TransportFit
 from service.step_model.trial import TrialTimeline
 
 CSV = "projection.csv"
@@ -151,11 +155,12 @@ def _num(x: Optional[float]) -> str:
 
 
 def project_cell(basis: Basis, world_size: int, link_gbps: float, latency_ms: float,
-                 bands: Optional[ErrorBands] = None) -> CellProjection:
-    """``basis`` priced at (``world_size``, ``link_gbps``, ``latency_ms``) (the module doc's formulas)."""
+                 bands: Optional[ErrorBands] = None, transport: Optional[TransportFit] = None) -> CellProjection:
+    """``basis`` priced at (``world_size``, ``link_gbps``, ``latency_ms``) (the module doc's
+    formulas), its collectives' transport from the sweep's ``transport`` where measured."""
     band = (bands or error_bands()).for_cell(basis.hook, basis.error_feedback, world_size)
     try:
-        steps = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0).step_ms
+        steps = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0, transport).step_ms
                  for t in basis.timelines]
     except CellRefused as e:
         return CellProjection(basis, world_size, link_gbps, None, None, band, str(e))
@@ -166,10 +171,10 @@ def project_cell(basis: Basis, world_size: int, link_gbps: float, latency_ms: fl
 
 
 def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float], latency_ms: float,
-            bands: Optional[ErrorBands] = None) -> list[CellProjection]:
-    """Every basis at every (W, link), W-major, at ``latency_ms``."""
+            bands: Optional[ErrorBands] = None, transport: Optional[TransportFit] = None) -> list[CellProjection]:
+    """Every basis at every (W, link), W-major, at ``latency_ms`` (and ``transport``: :func:`project_cell`)."""
     cells = [(w, g) for w in world_sizes for g in links_gbps]
-    return [project_cell(b, w, g, latency_ms, bands) for b in bases for w, g in cells]
+    return [project_cell(b, w, g, latency_ms, bands, transport) for b in bases for w, g in cells]
 
 
 def default_world_sizes(global_batch: int, first: int = FIRST_PROJECTED_W) -> list[int]:
@@ -337,12 +342,15 @@ def quality_from(cells: list[CellProjection]) -> str:
     by_source: dict[int, list[int]] = {}
     for p in cells:
         by_source.setdefault(p.quality.world_size, []).append(p.world_size)
-    def one(q: int) -> str:
-        matches = cells[0].basis.quality_at(q).matches
-        return f"W={q}" + ("" if matches else " (not matching)")
+    basis = cells[0].basis
     if len(by_source) == 1:
-        return one(next(iter(by_source)))
-    return "; ".join(f"{one(q)} at W={', '.join(str(w) for w in sorted(set(ws)))}" for q, ws in sorted(by_source.items()))
+        return _verdict_at(basis, next(iter(by_source)))
+    return "; ".join(f"{_verdict_at(basis, q)} at W={', '.join(str(w) for w in sorted(set(ws)))}"
+                     for q, ws in sorted(by_source.items()))
+
+
+def _verdict_at(basis: Basis, world_size: int) -> str:
+    return f"W={world_size}" + ("" if basis.quality_at(world_size).matches else " (not matching)")
 
 
 def band_text(cells: list[CellProjection]) -> str:
@@ -366,11 +374,12 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
             "the widest band measured. docs/results.md says how to read it.")
 
 
-def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None) -> str:
+def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
+                   transport: Optional[TransportFit] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
     if cluster is None or not bases_:
         return ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands) for b in bases_]
+    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
     where = (f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s at "
              f"{1000 * cluster.latency_ms:g} µs per message (report.cluster)")
     refused = next((p.refused for p in at if p.refused), "")

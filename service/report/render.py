@@ -279,7 +279,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                 images: dict[str, Path], quality_metric: str, scale) -> str:
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``scale``: the projected half (service/report/projected.py's Projected)."""
-    from service.report import projection  # imports hooks (torch): only when a report is built
+    from service.report import projection, transport_table  # imports hooks (torch): only when a report is built
     from service.report.projected import EMPTY
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
@@ -308,5 +308,6 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
         projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
+        transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

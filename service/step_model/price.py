@@ -22,6 +22,9 @@ timeline's ready times and backward end leave the measured holds out (the sample
   with the bytes it sends at W. gloo's ring allreduce pipelines that work under the wire
   (comm = max(transport, wire)); its allgather and all_to_all do not (comm = transport + wire).
   A bucket with any kind outside ``hooks.cost.OVERLAPPING_KINDS`` is priced as not overlapping.
+  Given the sweep's measured transport (``transport.TransportFit``, transport.json), the
+  transport is that fit's at W for the bucket's collectives instead: the machine's, measured
+  once, not what the few sampled steps of one trial happened to record.
 * decode_i(W): the bucket's ``LinearCost`` at W - 1 peers (service/step_model/timeline.py).
 
 Cost: O(buckets x collectives per bucket) per priced cell.
@@ -35,10 +38,12 @@ samples is refused (:class:`CellRefused`) with its reason.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 from hooks.cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
 from hooks.wire import wire_bytes
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+from service.step_model.transport import TransportFit
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,18 @@ class StepPrice:
 
 
 def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_gbps: float,
-            latency_s: float = DEFAULT_LATENCY_S) -> float:
+            latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> float:
     """The link's time for one bucket's collectives at ``world_size`` on ``link_gbps`` (see the
-    module doc): wire + the measured transport, overlapped for allreduce. A timeline measured
-    at W = 1 sent nothing, so it has no transport to scale: wire only."""
+    module doc): wire + the measured transport (``transport``'s where given, else the bucket's
+    own, scaled), overlapped for allreduce. A timeline measured at W = 1 sent nothing, so
+    without ``transport`` it has none to scale: wire only."""
     measured = _collectives(timeline, bucket, timeline.world_size)
     target = _collectives(timeline, bucket, world_size)
     overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
+    wire = sum(collective_seconds(c.kind, c.nbytes, world_size, link_gbps, latency_s, c.count) for c in target)
+    if transport is not None:
+        moved = sum(transport.ms(c.kind, c.nbytes, world_size, c.count) for c in target) / 1000.0
+        return 1000.0 * (max(moved, wire) if overlapping else moved + wire)
     wire_then = sum(collective_seconds(c.kind, c.nbytes, timeline.world_size, timeline.link_gbps,
                                        timeline.latency_s, c.count) for c in measured)
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
@@ -79,7 +89,6 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     sent_then = sum(wire_bytes(c.kind, c.nbytes, timeline.world_size) for c in measured)
     sent = sum(wire_bytes(c.kind, c.nbytes, world_size) for c in target)
     transport = transport * sent / sent_then if sent_then else 0.0
-    wire = sum(collective_seconds(c.kind, c.nbytes, world_size, link_gbps, latency_s, c.count) for c in target)
     return 1000.0 * (max(transport, wire) if overlapping else transport + wire)
 
 
@@ -88,13 +97,13 @@ def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) 
 
 
 def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,
-               latency_s: float = DEFAULT_LATENCY_S) -> StepPrice:
+               latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> StepPrice:
     """The timeline's step at ``world_size`` ranks on ``link_gbps`` (the module doc's formula)."""
     link_free, stall, placed = 0.0, 0.0, []
     for b in timeline.buckets:
         launch = b.ready_ms + stall + b.encode_ms
         start = max(launch, link_free)
-        comm = comm_ms(timeline, b, world_size, link_gbps, latency_s)
+        comm = comm_ms(timeline, b, world_size, link_gbps, latency_s, transport)
         link_free = start + comm
         if b.waited > 0:  # the call returns once its wait is over: the backward pass resumes then
             stall += start - launch + b.waited * comm
@@ -148,9 +157,10 @@ def _ratio(cost: LinearCost, batch: int, measured_batch: int) -> float:
 
 
 def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: int, world_size: int,
-               link_gbps: float, latency_s: float = DEFAULT_LATENCY_S) -> StepPrice:
+               link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,
+               transport: Optional[TransportFit] = None) -> StepPrice:
     """The step at ``world_size`` on ``link_gbps`` keeping ``global_batch``: each rank's compute
     at its share of the batch (:func:`at_batch`), then :func:`price_step`. CellRefused with
     more ranks than samples."""
     return price_step(at_batch(timeline, compute, rank_batch(global_batch, world_size)),
-                      world_size, link_gbps, latency_s)
+                      world_size, link_gbps, latency_s, transport)

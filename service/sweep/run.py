@@ -131,6 +131,7 @@ class _SweepRun:
         from service.sweep.progress import ProgressBoard, ProgressPrinter
         from service.sweep.searcher import SeedSearcher
         from service.sweep.trial_runs import TrialRuns
+        from service.sweep.transport import measure_transport
 
         # Tune's console reporter (a config box, per-trial error banners) would interleave with
         # the progress lines; the legacy reporter at verbose=0 prints nothing.
@@ -149,6 +150,7 @@ class _SweepRun:
                             else f"{len(self.trials)} trials")
                     print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {self.parent_run_id} at {uri}",
                           file=out, flush=True)
+                measure_transport(cfg, self.trials, self.parent_run_id, uri, self.storage, out)
                 # Started before Tune, so its process start and MLflow import overlap Tune's own start.
                 trial_runs = TrialRuns.remote(self.parent_run_id, uri)
                 board = ProgressBoard.remote(len(self.trials), already_done=len(self.trials) - len(self.pending))

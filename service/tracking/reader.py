@@ -19,6 +19,8 @@ from mlflow.tracking import MlflowClient
 from service import uris
 from service.step_model.trial import ARTIFACT as TIMELINE_ARTIFACT
 from service.step_model.trial import TrialTimeline
+from service.step_model.transport import ARTIFACT as TRANSPORT_ARTIFACT
+from service.step_model.transport import TransportFit
 from service.text import one_line
 from service.tracking.identity import TrialRecord
 from service.tracking.store import PARENT_TAG, StoreError, search_all_runs
@@ -103,6 +105,13 @@ class SweepReader:
         if not any(a.path == TIMELINE_ARTIFACT for a in self.client.list_artifacts(run_id)):
             return None
         return TrialTimeline.from_json(json.loads(self._artifact_text(run_id, TIMELINE_ARTIFACT)))
+
+    def transport(self, parent_run_id: str) -> TransportFit | None:
+        """The sweep's measured transport (``transport.json`` on its parent run), or None (a
+        sweep from before it was measured, one with no W above 1)."""
+        if not any(a.path == TRANSPORT_ARTIFACT for a in self.client.list_artifacts(parent_run_id)):
+            return None
+        return TransportFit.from_json(json.loads(self._artifact_text(parent_run_id, TRANSPORT_ARTIFACT)))
 
     def _artifact_text(self, run_id: str, path: str) -> str:
         """One small artifact's text, without MLflow's download progress bar (a report reads one

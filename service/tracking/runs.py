@@ -227,6 +227,13 @@ def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:
     c.update_run(run_id, status="RUNNING")
 
 
+def log_transport(parent_run_id: str, tracking_uri: str, data: dict) -> None:
+    """The sweep's measured transport (service/step_model/transport.py) as ``transport.json`` on its parent run."""
+    from service.step_model.transport import ARTIFACT
+
+    client(tracking_uri).log_dict(parent_run_id, data, ARTIFACT)
+
+
 def open_sweep_run(cfg, config_path: str | None, tracking_uri: str, parent_run_id: str | None = None) -> str:
     """The sweep's record opened: a new parent run, or (``--resume``) ``parent_run_id`` reopened."""
     if parent_run_id is None:

@@ -1,0 +1,44 @@
+"""The report's transport table: what moving bytes through each collective cost this machine,
+measured once before the sweep's trials (``transport.json``, service/step_model/transport.py),
+the figures every projected cell's transport is priced from (summary.md and report.html)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from service.step_model.transport import TransportFit
+
+HEADING = "Transport measured for this sweep (transport.json)"
+HEADER = ("collective", "per round", "per MB sent", "worst fit error", "1 MB payload")
+NOT_MEASURED = ("Transport: not measured for this sweep (no world size above 1, GPUs, or a sweep from before it "
+                "was measured): each trial's recorded communication is scaled instead.")
+
+
+@dataclass(frozen=True)
+class TransportTable:
+    header: tuple[str, ...]
+    rows: list[list[str]]
+    caption: str
+
+
+def table(fit: Optional[TransportFit]) -> Optional[TransportTable]:
+    """Per kind: the fit, its worst error over the samples, and a 1 MB collective at each probed W."""
+    if fit is None:
+        return None
+    rows = []
+    for kind, f in fit.kinds.items():
+        at = "; ".join(f"W={w}: {fit.ms(kind, 1e6, w):.2f} ms" for w in fit.world_sizes)
+        rows.append([kind, f"{1000 * f.fixed_ms:.1f} µs", f"{1e6 * f.per_byte_ms:.3f} ms", f"{100 * f.max_rel_error:.0f} %", at])
+    cost = ", ".join(f"W={w}: {s:g} s" for w, s in sorted(fit.probe_s.items()))
+    return TransportTable(HEADER, rows, f"Fitted over {len(fit.samples)} probes (medians of repeats); "
+                                        f"the probe took {cost}.")
+
+
+def markdown(fit: Optional[TransportFit]) -> list[str]:
+    """The table's lines for summary.md (a sentence when the sweep measured no transport)."""
+    t = table(fit)
+    if t is None:
+        return [NOT_MEASURED, ""]
+    lines = [f"### {HEADING}", "", "| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
+    return lines + ["| " + " | ".join(r) + " |" for r in t.rows] + ["", t.caption, ""]

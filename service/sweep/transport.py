@@ -1,0 +1,68 @@
+"""Transport measured once per sweep, before its trials: on Ray Train workers of each world size
+the sweep runs (above 1), the probe (service/train/transport_probe.py) times every collective
+kind the hooks use; the fit (service/step_model/transport.py) goes on the parent run as
+``transport.json`` (through service/tracking/), and the report prices every trial's collectives
+from it. On loopback: a network sweep's links are not probed yet (docs/performance.md says so).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from typing import Optional, TextIO
+
+from service.step_model.transport import Sample, TransportFit, fit
+
+
+def _probe_loop(config: dict) -> None:
+    """The TorchTrainer's loop: every rank probes; rank 0 reports the samples and the wall time."""
+    import ray.train
+
+    from service.train.transport_probe import probe
+
+    started = time.perf_counter()
+    samples = probe()
+    ray.train.report({"samples": json.dumps([asdict(s) for s in samples]), "probe_s": time.perf_counter() - started})
+
+
+def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float]:
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        _probe_loop, torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
+        run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}", storage_path=storage))
+    metrics = trainer.fit().metrics
+    return [Sample(**s) for s in json.loads(metrics["samples"])], float(metrics["probe_s"])
+
+
+def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
+                      out: TextIO) -> Optional[TransportFit]:
+    """transport.json for the sweep's parent run (kept when a resumed sweep has one already);
+    None where the sweep runs no world size above 1, or on GPUs (NCCL's transport is not gloo's)."""
+    from service import tracking
+
+    sizes = sorted({t.world_size for t in trials if t.world_size > 1})
+    if not sizes or cfg.resources.use_gpu:
+        return None
+    reader = tracking.SweepReader(tracking_uri)
+    kept = reader.transport(parent_run_id)
+    if kept is not None:
+        return kept
+    samples, cost = [], {}
+    try:
+        for w in sizes:
+            started = time.monotonic()  # the trainer's start included: what the sweep pays
+            samples += _probe(w, storage, cfg.resources.cpus_per_worker)[0]
+            cost[w] = round(time.monotonic() - started, 1)
+    except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
+        print(f"transport not measured ({type(exc).__name__}: {exc}); the report scales each trial's "
+              "recorded communication instead", file=out, flush=True)
+        return None
+    result = fit(samples, cost)
+    tracking.log_transport(parent_run_id, tracking_uri, result.to_json())
+    print(f"transport measured at W = {', '.join(map(str, sizes))} in "
+          f"{', '.join(f'{s:g} s' for s in cost.values())} (transport.json on the parent run)", file=out, flush=True)
+    return result

@@ -1,0 +1,67 @@
+"""The transport probe: on every rank of an initialised process group, time each collective kind
+the hooks use (hooks/wire.py's KINDS: allreduce, allgather, all_to_all) at a few message sizes,
+repeated, and return the samples service/step_model/transport.py fits. Plain torch.distributed:
+the sweep runs it once per world size on Ray Train workers (service/sweep/transport.py).
+
+Each repeat starts from a barrier; its time is the slowest rank's (a collective ends for all when
+the last rank's part arrives), and a sample is the median over repeats, after one warm-up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from hooks.wire import ALLGATHER, ALLREDUCE, KINDS
+from service.step_model.transport import Sample, medians
+
+# Payload bytes per rank: a compressed bucket's few KiB (sign, top-k at 1 %) up to a full
+# fp32 bucket (DDP's first bucket is 1 MiB, the rest up to its 25 MiB cap; 8 MiB keeps the
+# probe's cost on 2 cores to seconds while the per-byte part dominates).
+SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
+REPEATS = 5
+
+
+def _elements(nbytes: int, world_size: int) -> int:
+    """fp32 elements for about ``nbytes``, a multiple of the world size (all_to_all splits it evenly)."""
+    n = max(nbytes // 4, world_size)
+    return n - n % world_size
+
+
+def _collective(kind: str, n: int, world_size: int):
+    """A callable running one collective of ``kind`` on ``n`` fp32 elements of payload per rank."""
+    buf = torch.ones(n, dtype=torch.float32)
+    if kind == ALLREDUCE:
+        return lambda: dist.all_reduce(buf)
+    if kind == ALLGATHER:
+        out = torch.empty(n * world_size, dtype=torch.float32)
+        return lambda: dist.all_gather_into_tensor(out, buf)
+    out = torch.empty_like(buf)
+    return lambda: dist.all_to_all_single(out, buf)
+
+
+def _time(run, repeats: int) -> list[float]:
+    """ms of each repeat, the slowest rank's."""
+    run()  # warm-up: gloo's first call on a size sets up its buffers
+    times = []
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        run()
+        times.append(1000.0 * (time.perf_counter() - t0))
+    slowest = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
+def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS) -> list[Sample]:
+    """Every kind at every size on the current group: one :class:`Sample` each (every rank returns the same)."""
+    w = dist.get_world_size()
+    out = []
+    for kind in kinds:
+        for nbytes in sizes:
+            n = _elements(nbytes, w)
+            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w), repeats)))
+    return out

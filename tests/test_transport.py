@@ -1,0 +1,76 @@
+"""Transport measured once per sweep (service/step_model/transport.py, the probe in
+service/train/transport_probe.py): the fit recovers a known machine, it prices a trial's
+collectives in place of the trial's own recorded comm, and it survives transport.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hooks.wire import wire_bytes
+from service.step_model.price import comm_ms
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+from hooks.wire import rounds
+from service.step_model.transport import KindFit, Sample, TransportFit, fit
+from service.step_model.trial import ComputePoint, TrialTimeline
+
+N = 250_000  # fp32 values: 1e6 bytes
+
+
+def machine(kind: str, nbytes: int, w: int) -> float:
+    """A made-up machine: 0.02 ms per round, 1 ms per MB sent (allreduce), 2 ms per MB (the others)."""
+    per_byte = 1e-6 if kind == "allreduce" else 2e-6
+    return 0.02 * rounds(kind, w) + per_byte * wire_bytes(kind, nbytes, w)
+
+
+def samples() -> list[Sample]:
+    return [Sample(k, w, b, machine(k, b, w), 5) for k in ("allreduce", "allgather", "all_to_all")
+            for w in (2, 4) for b in (4096, 65536, 1 << 20, 8 << 20)]
+
+
+def test_the_fit_recovers_the_machine_and_how_it_grows_with_w():
+    f = fit(samples(), {2: 3.0, 4: 5.0})
+    assert f.kinds["allreduce"].fixed_ms == pytest.approx(0.02) and f.kinds["allreduce"].per_byte_ms == pytest.approx(1e-6)
+    assert f.kinds["allgather"].per_byte_ms == pytest.approx(2e-6) and f.kinds["allgather"].max_rel_error < 1e-9
+    # W = 8 was never probed: priced by the ring's rounds and bytes
+    assert f.ms("allreduce", 1e6, 8) == pytest.approx(machine("allreduce", 1e6, 8))
+    assert f.ms("allgather", 1e6, 8, count=2) == pytest.approx(machine("allgather", 1e6, 8) + 0.02 * 7)
+
+
+def test_transport_json_round_trips():
+    f = fit(samples(), {2: 3.0, 4: 5.0})
+    again = TransportFit.from_json(json.loads(json.dumps(f.to_json())))
+    assert again == f and again.world_sizes == [2, 4] and again.probe_s == {2: 3.0, 4: 5.0}
+
+
+def test_a_trials_priced_collectives_come_from_transport_json():
+    # Two trials of one configuration whose one bucket recorded 2 and 9 ms of comm (a noisy
+    # sample each). On their own they price at W = 8 apart; with the sweep's transport both
+    # price the bucket at the fit's allreduce of 1e6 bytes at W = 8: 0.02*14 + 1e-6*1.75e6 ms,
+    # on a link fast enough that the wire (overlapped) is under it.
+    f = TransportFit.from_json(json.loads(json.dumps(fit(samples(), {2: 3.0}).to_json())))
+    trials = []
+    for recorded in (2.0, 9.0):
+        b = BucketTiming(ready_ms=20.0, numel=N, encode_ms=0.0, comm_ms=recorded, decode=LinearCost(0.0))
+        t = StepTimeline(hook="allreduce", world_size=2, batch=32, forward_ms=10.0, buckets=(b,),
+                         backward_end_ms=20.0, optimizer_ms=3.0)
+        trials.append(TrialTimeline(t, (5,), (ComputePoint(32, 10.0, 20.0), ComputePoint(16, 6.0, 12.0))))
+    expected = 0.02 * 14 + 1e-6 * wire_bytes("allreduce", 1e6, 8)
+    for trial in trials:
+        assert comm_ms(trial.timeline, trial.timeline.buckets[0], 8, 1000.0, 0.0, f) == pytest.approx(expected)
+        p = trial.price(64, 8, 1000.0, 0.0, f)
+        assert p.step_ms - p.compute_ms == pytest.approx(expected)
+    own = [t.price(64, 8, 1000.0, 0.0) for t in trials]
+    assert own[1].step_ms - own[0].step_ms > 5  # without it, the seeds' noise is the difference
+    # a non-overlapping kind adds its wire to the transport: allgather on 0.08 Gbit/s
+    ag = StepTimeline(hook="allgather_then_aggregate", world_size=2, batch=32, forward_ms=10.0, optimizer_ms=3.0,
+                      buckets=(BucketTiming(20.0, N, 0.0, 5.0, LinearCost(0.0)),), backward_end_ms=20.0)
+    wire_ms = 1000 * 7 * (1e6 / 1e7)
+    assert comm_ms(ag, ag.buckets[0], 8, 0.08, 0.0, f) == pytest.approx(machine("allgather", 1e6, 8) + wire_ms)
+
+
+def test_a_kind_the_probe_did_not_measure_is_named():
+    f = TransportFit({"allreduce": KindFit(0.01, 1e-6, 0.0)}, (), {})
+    with pytest.raises(KeyError, match="no allgather"):
+        f.ms("allgather", 1e6, 4)
