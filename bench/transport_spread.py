@@ -32,7 +32,7 @@ def _probe(rank: int, world_size: int):
 
 def _trials(rank: int, world_size: int, steps: int, seeds: int):
     from service.config import SweepConfig
-    from service.train import run_training
+    from service.train import TrainingContext, run_training
 
     cfg = SweepConfig.model_validate({
         "name": "transport-spread", "search": {"hooks": list(HOOKS), "world_size": [world_size],
@@ -42,7 +42,7 @@ def _trials(rank: int, world_size: int, steps: int, seeds: int):
         "tracking": {"timeline_steps": 5}})
     out = []
     for trial in cfg.trials():
-        result = run_training(trial, cfg, rank=rank, world_size=world_size, device="cpu")
+        result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
         out.append((trial.hook, trial.seed, result.timeline.to_json() if result.timeline else None))
     return out
 
@@ -72,7 +72,8 @@ def main(argv=None) -> int:
         rows.append([hook, " / ".join(f"{x:.1f}" for x in own), f"{100 * (max(own) / min(own) - 1):.1f}",
                      " / ".join(f"{x:.1f}" for x in measured), f"{100 * (max(measured) / min(measured) - 1):.1f}"])
     print(table(["config", "W=8 own comm, ms per seed", "spread %", "W=8 transport.json, ms", "spread %"], rows))
-    print(f"probe cost {cost} s; fit {({k: (f.fixed_ms, f.per_byte_ms, f.max_rel_error) for k, f in transport.kinds.items()})}")
+    print(f"probe cost {cost} s; fit per kind and W (fixed ms, ms per byte, worst error): "
+          f"{({k: [(f.world_size, f.fixed_ms, f.per_byte_ms, f.max_rel_error) for f in fits] for k, fits in transport.kinds.items()})}")
     print(f"load average before {load_before}, after {load_average()}")
     path = write_json("transport_spread", {"machine": machine(), "probe_s": cost, "transport": transport.to_json(),
                                            "seeds": raw, "load_average_before": load_before,

@@ -287,8 +287,8 @@ def store(tmp_path_factory):
     return {"uri": uri, "parent": parent}
 
 
-TRANSPORT = TransportFit({"allreduce": KindFit(0.5, 2e-5, 0.0), "allgather": KindFit(0.5, 2e-5, 0.0),
-                          "all_to_all": KindFit(0.5, 2e-5, 0.0)}, (), {2: 1.0})
+TRANSPORT = TransportFit({k: (KindFit(2, 0.5, 2e-5, 0.0),) for k in ("allreduce", "allgather", "all_to_all")},
+                         (), {2: 1.0})
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +342,7 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert headline.startswith("**Measured here: ") and "Projected for W=16 on 25 Gbit/s" in headline
     assert "latency 50 µs per message, report.project.latency_ms" in summary
     assert "### Transport measured for this sweep (transport.json)" in summary
-    assert "| allreduce | 500.0 µs | 20.000 ms |" in summary
+    assert "| allreduce | 2 | 500.0 µs | 20.000 ms |" in summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline
     attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}

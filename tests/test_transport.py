@@ -31,11 +31,29 @@ def samples() -> list[Sample]:
 
 def test_the_fit_recovers_the_machine_and_how_it_grows_with_w():
     f = fit(samples(), {2: 3.0, 4: 5.0})
-    assert f.kinds["allreduce"].fixed_ms == pytest.approx(0.02) and f.kinds["allreduce"].per_byte_ms == pytest.approx(1e-6)
-    assert f.kinds["allgather"].per_byte_ms == pytest.approx(2e-6) and f.kinds["allgather"].max_rel_error < 1e-9
-    # W = 8 was never probed: priced by the ring's rounds and bytes
+    at2, at4 = f.kinds["allreduce"]
+    assert (at2.world_size, at4.world_size) == (2, 4)
+    assert at2.fixed_ms == pytest.approx(0.02 * 2) and at4.fixed_ms == pytest.approx(0.02 * 6)  # per collective
+    assert at2.per_byte_ms == pytest.approx(1e-6) and at4.per_byte_ms == pytest.approx(1e-6)
+    assert f.kinds["allgather"][1].per_byte_ms == pytest.approx(2e-6) and f.max_rel_error < 1e-9
+    # W = 8 was never probed: the nearest probed W's (4) fixed cost per round, times W = 8's rounds
     assert f.ms("allreduce", 1e6, 8) == pytest.approx(machine("allreduce", 1e6, 8))
     assert f.ms("allgather", 1e6, 8, count=2) == pytest.approx(machine("allgather", 1e6, 8) + 0.02 * 7)
+
+
+def test_each_probed_w_keeps_its_own_fit_where_one_form_across_w_misses():
+    # A machine whose fixed cost does not grow as the ring's rounds do (W ranks time-share 2 cores:
+    # 0.3 ms per collective at W = 2, 0.5 at W = 4, whatever the rounds): one fit across W missed
+    # such probes by tens of %; per W it gives each back.
+    def shared(kind, nbytes, w):
+        return {2: 0.3, 4: 0.5}[w] + 1e-6 * wire_bytes(kind, nbytes, w)
+
+    probes = [Sample(k, w, b, shared(k, b, w), 5) for k in ("allreduce", "allgather", "all_to_all")
+              for w in (2, 4) for b in (4096, 65536, 1 << 20, 8 << 20)]
+    f = fit(probes, {2: 1.0, 4: 1.0})
+    assert f.max_rel_error < 1e-9
+    for s in probes:
+        assert f.ms(s.kind, s.nbytes, s.world_size) == pytest.approx(s.ms)
 
 
 def test_transport_json_round_trips():
@@ -71,6 +89,6 @@ def test_a_trials_priced_collectives_come_from_transport_json():
 
 
 def test_a_kind_the_probe_did_not_measure_is_named():
-    f = TransportFit({"allreduce": KindFit(0.01, 1e-6, 0.0)}, (), {})
+    f = TransportFit({"allreduce": (KindFit(2, 0.01, 1e-6, 0.0),)}, (), {})
     with pytest.raises(KeyError, match="no allgather"):
         f.ms("allgather", 1e6, 4)
