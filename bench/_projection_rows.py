@@ -17,6 +17,7 @@ from _common import table
 from service.report.recommend import time_to_target
 from service.step_model.bands import FORMAT, RAW_FILE, error_feedback_of
 from service.step_model.price import CellRefused
+from service.step_model.transport import Sample, TransportFit, fit
 from service.step_model.trial import TrialTimeline
 
 LOOPBACK = "loopback"
@@ -54,10 +55,20 @@ def _world(worlds: dict, w: int) -> dict:
     return worlds.get(w, worlds.get(str(w)))
 
 
-def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float):
-    """(projected step ms, projected compute ms), medians over the repeats' bases; or the refusal."""
+def transport_of(worlds: dict) -> TransportFit | None:
+    """The probe's samples of every world (run on loopback before its trials) as one fit; None
+    for a saved run from before the bench probed."""
+    samples = [Sample(**s) for w in worlds.values() for s in w.get("transport", [])]
+    return fit(samples, {}) if samples else None
+
+
+def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float, rules: dict):
+    """(projected step ms, projected compute ms), medians over the repeats' bases; or the refusal.
+    Priced as this machine's cell: its ranks share ``rules["cores"]`` and the transport is the
+    probe's at W (``rules["transport"]``) where the run has one."""
     try:
-        prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0) for b in bases]
+        prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0, rules.get("transport"), rules["cores"])
+                  for b in bases]
     except CellRefused as exc:
         return None, None, str(exc)
     return _median(p.step_ms for p in prices), _median(p.compute_ms for p in prices), None
@@ -82,7 +93,7 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
     why = None if calm_bases else "no quiet basis trial"
     if calm_bases:
         row["projected_ms"], row["projected_compute_ms"], why = _price(
-            [TrialTimeline.from_json(b["timeline"]) for b in calm_bases], rules["global_batch"], w, gbps, latency_ms)
+            [TrialTimeline.from_json(b["timeline"]) for b in calm_bases], rules["global_batch"], w, gbps, latency_ms, rules)
     if measured is None:
         why = why or f"no quiet measured trial (other processes kept {max(row['other_cores'], default=0):.1f} cores busy)"
     elif row.get("projected_ms") is not None:
@@ -93,12 +104,11 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
 
 
 def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | None:
-    """Why a cell is not counted in the band, or None. The model prices W hosts with a core and
-    a link each: a cell this machine cannot give that is shown, not counted."""
+    """Why a cell is not counted in the band, or None. The model is told this machine's shape
+    (W ranks on its cores, the transport probed at W), so a crowded W counts; a link the machine
+    does not carry with all W hosts sending is shown, not counted."""
     if why or link == LOOPBACK:
         return why or "the basis itself (not held out)"
-    if w > rules["cores"]:
-        return f"not carried: {w} ranks on {rules['cores']} cores (each rank's compute time-shared)"
     if gbps < rules["carried"] * link:
         return f"not carried: measured {gbps:.2f} Gbit/s per host with {w} sending ({100 * gbps / link:.0f}% of {link:g})"
     return None
@@ -106,6 +116,7 @@ def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | N
 
 def summarise(worlds: dict, rules: dict) -> dict:
     """Every cell's row, the per-hook bands, and time to target (when a quality run was made)."""
+    rules = {**rules, "transport": transport_of(worlds)}
     bases, rows = _bases(worlds), []
     for w in sorted(int(k) for k in worlds):
         world, links = _world(worlds, w), _links(_world(worlds, w))
@@ -219,7 +230,8 @@ def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
     links = ",".join(f"{x:g}" for x in args.links)
     crowded = [w for w in args.world_sizes if w > rules["cores"]]
-    note = f" (W={','.join(map(str, crowded))} measured, not counted: more ranks than the {rules['cores']} cores)" if crowded else ""
+    note = (f" (W={','.join(map(str, crowded))}: more ranks than the {rules['cores']} cores, priced with the machine's "
+            "shape)") if crowded else ""
     return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
             "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s{note}", "load_average": load,

@@ -17,16 +17,20 @@ rank; the hooks one after another, rank 0 reshaping the links between barriers.
   timeline (``TrialTimeline``) is the model's only input;
 * measured cells: the same trial on W emulated hosts (one per rank) at each link; measured ms =
   the trial's ``step_time_ms_median`` (rank 0's median step over the steps after warm-up);
-* projected ms: ``TrialTimeline.price(64, W, goodput, latency)`` of the basis, where goodput and
-  latency are the cell's link as MEASURED with all W hosts sending at once
-  (``service.network.link_measure.time_group``), not the nominal rate; a cell whose hosts get less than
-  85% of the nominal rate together is not carried by this machine and not counted;
+* projected ms: ``TrialTimeline.price(64, W, goodput, latency, transport, cores)`` of the basis,
+  where goodput and latency are the cell's link as MEASURED with all W hosts sending at once
+  (``service.network.link_measure.time_group``), not the nominal rate; ``transport`` the sweep's
+  probe (service/train/transport_probe.py) run on loopback at each W before its trials, one fit
+  over all of them (transport.json's form); ``cores`` this machine's: W ranks on C cores stretch
+  every rank's CPU phases by W / C (the machine's shape: a cluster cell gives each rank a core).
+  A cell whose hosts get less than 85% of the nominal rate together is not carried by this
+  machine and not counted;
 * error % = (projected - measured) / measured; per hook its band (min, max over counted cells)
   and median |error|. Arms (loopback and the links) alternate in every repeat, the basis trained
   again in each, so load changes hit them alike; figures are medians over repeats.
 
-Counted cells (the rest are shown with the reason): held out (not the basis); one core per rank
-(the model prices W hosts with a CPU each: W above this machine's cores time-shares the compute);
+Counted cells (the rest are shown with the reason): held out (not the basis), W above the cores
+included (the model is told the machine's shape);
 the link carried (above); and only the quiet repeats: each trial records the cores the rest of
 the machine kept busy meanwhile (/proc/stat busy time per second less the ranks' own CPU, ~0 on
 a quiet machine), and a repeat over --quiet-cores is left out of the cell's and the basis's
@@ -168,7 +172,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
     group = netem.process_group_on_host(net.hosts[rank])
     cfg = sweep_config(hook_entries(args.hooks), world_size, args.steps, args.steps)
     arms = ([LOOPBACK] if world_size == 2 else []) + list(args.links)
-    out = {"links": [], "runs": []}
+    out = {"links": [], "runs": [], "transport": _probe_loopback()}
     for rep in range(args.repeats):
         out["links"].append(_measure_links(rank, world_size, net, group, args.links))
         order = arms if rep % 2 == 0 else arms[::-1]
@@ -186,6 +190,16 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
     if world_size == 2 and args.quality_steps:
         out["quality"] = _quality(rank, world_size, args)
     return out
+
+
+def _probe_loopback() -> list[dict]:
+    """The sweep's transport probe (service/train/transport_probe.py) at this W on the default
+    loopback group, before the trials: what the model prices this machine's collectives from."""
+    from dataclasses import asdict
+
+    from service.train.transport_probe import probe
+
+    return [asdict(s) for s in probe()]
 
 
 def _quality(rank: int, world_size: int, args) -> dict:

@@ -12,7 +12,8 @@ import pytest
 
 import hooks
 from service.step_model.combine import combine
-from service.step_model.price import CellRefused, ComputeScaling, at_batch, comm_ms, price_cell, price_step, rank_batch
+from service.step_model.price import (Cell, CellRefused, ComputeScaling, at_batch, comm_ms, price_cell, price_step,
+                                      rank_batch, time_shared)
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, decode_cost, fit_linear
 
 N = 250_000  # fp32 values: 1e6 bytes
@@ -139,8 +140,27 @@ def test_more_ranks_shrink_each_ranks_compute_at_a_fixed_global_batch():
     assert at32.backward_end_ms == pytest.approx(26.0)
     # W=4 keeps the global batch of 128: 32 a rank. With no wire (inf Gbit/s, no latency)
     # B is done at 19 + 1 = 20 < 26: step = 12 + 26 + optimizer 5 = 43.
-    assert price_cell(t, compute, 128, 4, math.inf, latency_s=0.0).step_ms == pytest.approx(43.0)
+    assert price_cell(t, compute, 128, Cell(4, math.inf, latency_s=0.0)).step_ms == pytest.approx(43.0)
     assert at_batch(t, compute, 64) == t  # the measured batch changes nothing
+
+
+def test_ranks_sharing_the_machines_cores_stretch_every_cpu_phase_not_the_wire():
+    # The same timeline (measured at W=2) priced at W=4 on a machine of 2 cores: each rank's CPU
+    # phases x2 (4 ranks on 2 cores) over the measurement's (2 ranks on 2: x1). Compute at the
+    # rank batch first (32 a rank: x0.6, 43 ms as above), then x2 with no wire: 86 ms.
+    compute = ComputeScaling(forward=LinearCost(4.0, 0.25), backward=LinearCost(8.0, 0.5))
+    t = timeline([bucket(10.0, encode=1.0), bucket(31.0, encode=1.0)], backward_end=42.0,
+                 forward=20.0, optimizer=5.0)
+    shared = price_cell(t, compute, 128, Cell(4, math.inf, latency_s=0.0, cores=2))
+    assert shared.step_ms == pytest.approx(86.0)
+    # a cluster cell (cores None) gives each rank its own core: as before; W=2 on 2 cores: as measured
+    assert price_cell(t, compute, 128, Cell(4, math.inf, latency_s=0.0)).step_ms == pytest.approx(43.0)
+    assert price_cell(t, compute, 128, Cell(2, math.inf, latency_s=0.0, cores=2)).step_ms == \
+        price_step(t, 2, math.inf, 0.0).step_ms
+    # the wire is not the CPU's: a bucket's comm on a slow link is the same shared or not
+    slow = time_shared(t, 2.0)
+    assert comm_ms(slow, slow.buckets[0], 4, 0.1, 0.0) == comm_ms(t, t.buckets[0], 4, 0.1, 0.0)
+    assert slow.buckets[1].encode_ms == 2.0 and slow.optimizer_ms == 10.0
 
 
 def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason():
@@ -149,7 +169,7 @@ def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason():
     t = timeline([bucket(10.0)], backward_end=20.0)
     compute = ComputeScaling(forward=LinearCost(4.0, 0.25), backward=LinearCost(8.0, 0.5))
     with pytest.raises(CellRefused, match=r"W=256 has more ranks than the global batch has samples \(128\)"):
-        price_cell(t, compute, 128, 256, 10.0)
+        price_cell(t, compute, 128, Cell(256, 10.0))
 
 
 def test_combining_steps_and_ranks_takes_medians_then_the_slowest_compute_and_the_least_comm():

@@ -24,7 +24,9 @@ timeline's ready times and backward end leave the measured holds out (the sample
   A bucket with any kind outside ``hooks.cost.OVERLAPPING_KINDS`` is priced as not overlapping.
   Given the sweep's measured transport (``transport.TransportFit``, transport.json), the
   transport is that fit's at W for the bucket's collectives instead: the machine's, measured
-  once, not what the few sampled steps of one trial happened to record.
+  once, not what the few sampled steps of one trial happened to record; a hook that waits in
+  its call keeps the kernels it runs between its collectives (its comm less the fit's transport
+  at the measured W).
 * decode_i(W): the bucket's ``LinearCost`` at W - 1 peers (service/step_model/timeline.py).
 
 Cost: O(buckets x collectives per bucket) per priced cell.
@@ -34,6 +36,11 @@ splits over more ranks: each is fixed + per-sample cost (:class:`ComputeScaling`
 ``timeline.fit_linear`` from two measured micro-batch sizes), the timeline's backward scaled along
 its compute (the encodes on the autograd thread kept as they are); a cell with more ranks than
 samples is refused (:class:`CellRefused`) with its reason.
+
+A cell on a machine of ``cores`` cores shared by all its ranks (the measurement machine's own
+cell, e.g. W = 8 emulated hosts on 2 cores; :func:`time_shared`) has every rank's CPU phases
+(forward, backward, encode, decode, optimizer) stretched by W / cores over what the timeline
+measured with its own W on those cores; a cluster cell (``cores`` None) gives each rank its own.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from hooks.cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
+from hooks.registry import spec
 from hooks.wire import wire_bytes
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from service.step_model.transport import TransportFit
@@ -78,11 +86,12 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     target = _collectives(timeline, bucket, world_size)
     overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
     wire = sum(collective_seconds(c.kind, c.nbytes, world_size, link_gbps, latency_s, c.count) for c in target)
-    if transport is not None:
-        moved = sum(transport.ms(c.kind, c.nbytes, world_size, c.count) for c in target) / 1000.0
-        return 1000.0 * (max(moved, wire) if overlapping else moved + wire)
     wire_then = sum(collective_seconds(c.kind, c.nbytes, timeline.world_size, timeline.link_gbps,
                                        timeline.latency_s, c.count) for c in measured)
+    if transport is not None:
+        moved = sum(transport.ms(c.kind, c.nbytes, world_size, c.count) for c in target) / 1000.0
+        kernels = _kernels_between(timeline, bucket, transport, wire_then if not overlapping else 0.0)
+        return 1000.0 * (kernels + (max(moved, wire) if overlapping else moved + wire))
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
     # the others: measured = transport + wire.
     transport = max(bucket.comm_ms / 1000.0 - (0.0 if overlapping else wire_then), 0.0)
@@ -90,6 +99,19 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     sent = sum(wire_bytes(c.kind, c.nbytes, world_size) for c in target)
     transport = transport * sent / sent_then if sent_then else 0.0
     return 1000.0 * (max(transport, wire) if overlapping else transport + wire)
+
+
+def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: TransportFit, wire_s: float) -> float:
+    """Seconds of a hook's own kernels inside its measured comm: a hook that waits in its call
+    (``HookSpec.waits_in_call``: PowerSGD's P, orthogonalisation, Q; quantized_allreduce's
+    rescale) runs them between its collectives, so its comm_ms holds them beside the transport.
+    What the measured comm exceeds the fit's transport (and wire) at the measured W by; 0 for
+    every other hook (their comm is the collectives')."""
+    if not spec(timeline.hook).waits_in_call:
+        return 0.0
+    measured = _collectives(timeline, bucket, timeline.world_size)
+    moved = sum(transport.ms(c.kind, c.nbytes, timeline.world_size, c.count) for c in measured) / 1000.0
+    return max(bucket.comm_ms / 1000.0 - moved - wire_s, 0.0)
 
 
 def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) -> list:
@@ -156,11 +178,43 @@ def _ratio(cost: LinearCost, batch: int, measured_batch: int) -> float:
     return cost.at(batch) / then if then > 0 else 1.0
 
 
-def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: int, world_size: int,
-               link_gbps: float, latency_s: float = DEFAULT_LATENCY_S,
-               transport: Optional[TransportFit] = None) -> StepPrice:
-    """The step at ``world_size`` on ``link_gbps`` keeping ``global_batch``: each rank's compute
-    at its share of the batch (:func:`at_batch`), then :func:`price_step`. CellRefused with
-    more ranks than samples."""
-    return price_step(at_batch(timeline, compute, rank_batch(global_batch, world_size)),
-                      world_size, link_gbps, latency_s, transport)
+def sharing(world_size: int, cores: Optional[int]) -> float:
+    """How many ranks share a core: W / cores where W ranks exceed the cores, else 1 (and 1 for
+    a cluster cell, ``cores`` None: a core per rank)."""
+    return 1.0 if cores is None else max(world_size / cores, 1.0)
+
+
+def time_shared(timeline: StepTimeline, factor: float) -> StepTimeline:
+    """The timeline with every CPU phase of the rank (forward, the backward's ready times and
+    end, encodes, decodes, optimizer) ``factor`` times as long; the collectives are priced
+    apart (their transport measured at the cell's W on the same cores)."""
+    if factor == 1.0:
+        return timeline
+    buckets = tuple(replace(b, ready_ms=b.ready_ms * factor, encode_ms=b.encode_ms * factor,
+                            decode=LinearCost(b.decode.fixed_ms * factor, b.decode.per_unit_ms * factor))
+                    for b in timeline.buckets)
+    return replace(timeline, forward_ms=timeline.forward_ms * factor, buckets=buckets,
+                   backward_end_ms=timeline.backward_end_ms * factor, optimizer_ms=timeline.optimizer_ms * factor)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Where a step is priced: ``world_size`` ranks on ``link_gbps`` with ``latency_s`` per message;
+    ``transport`` the sweep's measured one (None: the timeline's own, scaled); ``cores`` the
+    machine's when its W ranks share them (the measurement machine's cell), None on a cluster."""
+
+    world_size: int
+    link_gbps: float
+    latency_s: float = DEFAULT_LATENCY_S
+    transport: Optional[TransportFit] = None
+    cores: Optional[int] = None
+
+
+def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: int, cell: Cell) -> StepPrice:
+    """The step at ``cell`` keeping ``global_batch``: each rank's compute at its share of the
+    batch (:func:`at_batch`), time-shared where the cell's ranks share the machine's cores
+    (:func:`time_shared`), then :func:`price_step`. CellRefused with more ranks than samples."""
+    w = cell.world_size
+    shaped = at_batch(timeline, compute, rank_batch(global_batch, w))
+    shaped = time_shared(shaped, sharing(w, cell.cores) / sharing(timeline.world_size, cell.cores))
+    return price_step(shaped, w, cell.link_gbps, cell.latency_s, cell.transport)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 from hooks.cost import DEFAULT_LATENCY_S
-from service.step_model.price import CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
+from service.step_model.price import Cell, CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, fit_linear
 from service.step_model.transport import TransportFit
 
@@ -60,18 +60,20 @@ class TrialTimeline:
         return price_step(t, t.world_size, t.link_gbps, t.latency_s).step_ms
 
     def price(self, global_batch: int, world_size: int, link_gbps: float,
-              latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> StepPrice:
+              latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None,
+              cores: Optional[int] = None) -> StepPrice:
         """The step at ``world_size`` ranks on ``link_gbps`` keeping ``global_batch`` (the one
         step model: ``price.price_cell``), its collectives' transport from ``transport`` (the
-        sweep's transport.json) where given. CellRefused where the cell's rank batch is not the
-        measured one and the trial has no compute scaling to take it there."""
+        sweep's transport.json) where given, its ranks sharing ``cores`` where given (this
+        machine's own cell). CellRefused where the cell's rank batch is not the measured one and
+        the trial has no compute scaling to take it there."""
         scaling = self.compute
         if scaling is None:
             if rank_batch(global_batch, world_size) != self.timeline.batch:
                 raise CellRefused(f"W={world_size} changes the rank's batch ({self.timeline.batch} samples measured) "
                                   "and the trial measured no compute at a second batch size")
-            return price_step(self.timeline, world_size, link_gbps, latency_s, transport)
-        return price_cell(self.timeline, scaling, global_batch, world_size, link_gbps, latency_s, transport)
+            scaling = ComputeScaling(LinearCost(self.timeline.forward_ms), LinearCost(self.timeline.backward_end_ms))
+        return price_cell(self.timeline, scaling, global_batch, Cell(world_size, link_gbps, latency_s, transport, cores))
 
     def summary(self, measured_step_ms: float) -> dict[str, float]:
         """The run's headline metrics: the model's own step and its ratio to the measured median."""
