@@ -131,7 +131,8 @@ def summarise(worlds: dict, rules: dict) -> dict:
     found = bands(rows, rules["error_feedback"])
     overall = found["overall"]
     band = (overall["low_pct"] or 0.0, overall["high_pct"] or 0.0)
-    return {"rows": rows, "bands": found, "scores": scores.score(rows, band),
+    scored = scores.score(rows, band)
+    return {"rows": rows, "bands": found, "scores": scored, "score_totals": scores.totals(scored),
             "time_to_target": targets(quality, rows) if quality else None}
 
 
@@ -224,6 +225,11 @@ def print_scores(scored: list[dict]) -> None:
                 [[c["world_size"], c["link_gbps"], c["hooks"], c["projected_winner"], c["measured_winner"],
                   round(c["regret_pct"], 1), None if c["kendall_tau"] is None else round(c["kendall_tau"], 2),
                   c["compress_right"], c["hatched"], c["call_right"]] for c in scored]))
+    for w in sorted({c["world_size"] for c in scored}):
+        t = scores.totals([c for c in scored if c["world_size"] == w])
+        print(f"W={w}: {t['cells']} cells, regret <= 5 % in {100 * t['regret_le_5_pct']:.0f} % (median "
+              f"{t['median_regret_pct']:.1f} %), median tau {t['median_tau']}, compress-or-not right "
+              f"{t['compress_right']} where decisive, calls right {t['calls_right']} ({t['hatched']} hatched)")
 
 
 def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:

@@ -92,3 +92,19 @@ def score(rows: list[dict], band: tuple[float, float]) -> list[dict]:
         if s is not None:
             out.append({"world_size": w, "link_gbps": link, "hooks": len(mine), **s})
     return out
+
+
+def totals(scored: list[dict]) -> dict:
+    """The scores against the targets, over every scored cell: the share of cells whose regret
+    is at most 5 %, the median tau, compress-or-not right where it was decisive, close calls right."""
+    if not scored:
+        return {}
+    taus = sorted(c["kendall_tau"] for c in scored if c["kendall_tau"] is not None)
+    decisive = [c["compress_right"] for c in scored if c["compress_right"] is not None]
+    return {"cells": len(scored),
+            "regret_le_5_pct": sum(c["regret_pct"] <= 5.0 for c in scored) / len(scored),
+            "median_regret_pct": sorted(c["regret_pct"] for c in scored)[len(scored) // 2],
+            "median_tau": taus[len(taus) // 2] if taus else None,
+            "compress_right": f"{sum(decisive)}/{len(decisive)}",
+            "calls_right": f"{sum(c['call_right'] for c in scored)}/{len(scored)}",
+            "hatched": sum(c["hatched"] for c in scored)}

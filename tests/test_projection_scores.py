@@ -49,3 +49,13 @@ def test_only_counted_cells_with_two_hooks_are_scored():
     both = rows({"allreduce": 10.0, "topk": 12.0}, {"allreduce": 10.0, "topk": 11.0}, w=8, link=0.5)
     (only,) = scores.score(r + both, (-5.0, 5.0))
     assert (only["world_size"], only["link_gbps"], only["hooks"]) == (8, 0.5, 2)
+
+
+def test_the_totals_read_against_the_targets():
+    cells = [{"regret_pct": 0.0, "kendall_tau": 1.0, "compress_right": True, "call_right": True, "hatched": False},
+             {"regret_pct": 16.0, "kendall_tau": 0.33, "compress_right": None, "call_right": False, "hatched": True},
+             {"regret_pct": 4.0, "kendall_tau": 0.8, "compress_right": False, "call_right": True, "hatched": False}]
+    t = scores.totals(cells)
+    assert t["cells"] == 3 and t["regret_le_5_pct"] == pytest.approx(2 / 3) and t["median_regret_pct"] == 4.0
+    assert t["median_tau"] == 0.8 and t["compress_right"] == "1/2" and t["calls_right"] == "2/3" and t["hatched"] == 1
+    assert scores.totals([]) == {}
