@@ -228,7 +228,7 @@ def print_scores(scored: list[dict]) -> None:
     for w in sorted({c["world_size"] for c in scored}):
         t = scores.totals([c for c in scored if c["world_size"] == w])
         print(f"W={w}: {t['cells']} cells, regret <= 5 % in {100 * t['regret_le_5_pct']:.0f} % (median "
-              f"{t['median_regret_pct']:.1f} %), median tau {t['median_tau']}, compress-or-not right "
+              f"{t['median_regret_pct']:.1f} %), median tau {t['median_tau'] if t['median_tau'] is None else round(t['median_tau'], 2)}, compress-or-not right "
               f"{t['compress_right']} where decisive, calls right {t['calls_right']} ({t['hatched']} hatched)")
 
 

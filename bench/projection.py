@@ -3,6 +3,7 @@
     sudo .venv/bin/python bench/projection.py              # W = 2, 4; 0.5, 1, 2.5 Gbit/s; every hook (~20 min)
     sudo .venv/bin/python bench/projection.py --quick      # W = 2, 1 Gbit/s, 3 hooks, few steps (smoke)
     .venv/bin/python bench/projection.py --summarise bench/results/projection.json   # a saved run
+    .venv/bin/python bench/projection.py --summarise A.json B.json --band-out P      # B's world sizes A lacks added
     .venv/bin/python bench/projection.py --summarise service/step_model/projection_cells.json [--band-out P]
                                         # the committed cells: the bands re-derived (and rewritten)
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
@@ -268,7 +269,7 @@ def parse(argv) -> argparse.Namespace:
                         "kept at most this many cores busy during its trial (on average)")
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
-    parser.add_argument("--summarise", metavar="JSON", help="print the table of a saved run (its raw runs "
+    parser.add_argument("--summarise", metavar="JSON", nargs="+", help="print the table of saved runs (their raw runs "
                         "through the current model and rules) instead of measuring")
     parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
     parser.add_argument("--band-out", help="the error band's path (default service/step_model/projection_error.json)")
@@ -290,19 +291,35 @@ def rules(args) -> dict:
 def summarise_saved(args) -> int:
     import json
 
-    saved = json.loads(open(args.summarise).read())
-    if "cell_rows" in saved:  # a committed projection_cells.json: its bands again, rewritten with --band-out
-        band = rows_mod.from_cells(saved)
+    saved = [json.loads(open(path).read()) for path in args.summarise]
+    if "cell_rows" in saved[0]:  # a committed projection_cells.json: its bands again, rewritten with --band-out
+        band = rows_mod.from_cells(saved[0])
         rows_mod.print_report({"rows": [], "bands": band})
         if args.band_out:
             print(f"wrote {rows_mod.write_band(band, args.band_out)}")
         return 0
-    for key in ("world_sizes", "links", "steps"):
-        setattr(args, key, saved["settings"][key])
-    rows_mod.print_report(rows_mod.summarise(saved["raw"], rules(args)))
-    print(f"(saved run {saved['finished_utc']}: load average before {saved['load_average_before']}, "
-          f"after {saved['load_average_after']})")
+    worlds, links = {}, []
+    for run in saved:  # a later run adds the world sizes the earlier ones lack (W = 2's basis: the first's)
+        worlds.update({w: v for w, v in run["raw"].items() if w not in worlds})
+        links += [x for x in run["settings"]["links"] if x not in links]
+    args.world_sizes, args.links, args.steps = sorted(int(w) for w in worlds), links, saved[0]["settings"]["steps"]
+    result = rows_mod.summarise(worlds, rules(args))
+    rows_mod.print_report(result)
+    for run, path in zip(saved, args.summarise):
+        print(f"(saved run {path}, {run['finished_utc']}: load average before {run['load_average_before']}, "
+              f"after {run['load_average_after']})")
+    if args.band_out:
+        load = [x for run in saved for x in (run["load_average_before"][0], run["load_average_after"][0])]
+        write_bands(result, args, load)
     return 0
+
+
+def write_bands(result: dict, args, load: list[float]) -> None:
+    """The band file the report reads and, beside it, the cells it comes from."""
+    band = rows_mod.band_file(result, args, rules(args), load)
+    print(f"wrote {rows_mod.write_band(band, args.band_out)}")
+    cells = Path(args.band_out).with_name(RAW_FILE.name)
+    print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
 
 
 def main(argv=None) -> int:
@@ -333,10 +350,7 @@ def main(argv=None) -> int:
                                      "raw": {str(w): v for w, v in worlds.items()}}, args.out)
     print(f"wrote {path}")
     if args.band_out:
-        band = rows_mod.band_file(result, args, rules(args), [load_before[0], load_after[0]])
-        print(f"wrote {rows_mod.write_band(band, args.band_out)}")
-        cells = Path(args.band_out).with_name(RAW_FILE.name)
-        print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
+        write_bands(result, args, [load_before[0], load_after[0]])
     return 0
 
 
