@@ -234,13 +234,17 @@ def print_scores(scored: list[dict]) -> None:
 
 def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
-    links = ",".join(f"{x:g}" for x in args.links)
+    per_w = {}
+    for r in result["rows"]:
+        if r["link_gbps"] != LOOPBACK:
+            per_w.setdefault(r["world_size"], []).append(r["link_gbps"])
+    links = "; ".join(f"W={w} x {','.join(f'{x:g}' for x in dict.fromkeys(v))} Gbit/s" for w, v in sorted(per_w.items()))
     crowded = [w for w in args.world_sizes if w > rules["cores"]]
     note = (f" (W={','.join(map(str, crowded))}: more ranks than the {rules['cores']} cores, priced with the machine's "
             "shape)") if crowded else ""
     return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
-            "cells": f"W={','.join(str(w) for w in args.world_sizes)} x {links} Gbit/s{note}", "load_average": load,
+            "cells": f"{links}{note}", "load_average": load,
             "error_feedback": rules["error_feedback"], "raw": RAW_FILE.name,
             "bands": result["bands"]["bands"], "overall": result["bands"]["overall"]}
 
