@@ -25,7 +25,6 @@ parameter into whichever bucket it lands) and the NaN flags. To its own state a 
 last of the step (``is_last()``): each state sees one bucket per step, so a counter that ticks
 on a step's last bucket (torch's PowerSGD iteration) ticks once per step.
 """
-from __future__ import annotations
 
 import re
 from collections.abc import Mapping
