@@ -690,6 +690,11 @@ def check_resume(rank: int, w: int) -> dict:
     cases.append(("signsgd", {"error_feedback": True, "majority_vote": True, **TEST_PARAMS["signsgd"]}))
     cases.append(("qsgd", {"error_feedback": False, **TEST_PARAMS["qsgd"]}))  # the call count alone seeds the draws
     cases.append(("randomk", {"error_feedback": False, **TEST_PARAMS["randomk"]}))
+    # a plan: each bucket's own state (PowerSGD's memory and iteration, a shard residual) and the
+    # shared residuals, through one checkpoint
+    cases.append(("plan", {"buckets": "0=quantization_perchannel(chunk_size=64,error_feedback=true);"
+                                      "1=powersgd(start_iter=2)",
+                           "default": "quantized_allreduce(chunk_size=64,error_feedback=true)"}))
     shapes = [[(40, 30), (30,)], [(20, 50)], [(50,), (25, 40)]]
     for name, params in cases:
         # --- buckets: three buckets of fixed layout, 6 steps, checkpoint after 3
