@@ -5,6 +5,7 @@
     ddp_model.register_comm_hook(state, hook)
     hooks.kernel_backend()  # "native" (fused C quantization kernels) or "torch" (any device)
     state.stats()    # calls, raw_bytes, payload_bytes, wire_bytes, seconds, nonfinite_inputs, ...
+    hooks.build("plan", buckets={0: {"name": "fp16_compress"}}, default="allreduce")  # a hook per DDP bucket
 
 See docs/hooks.md for each hook's algorithm, wire cost and error.
 """

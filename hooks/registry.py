@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from . import basic, powersgd, qsgd, quantization, quantized_allreduce, sign, sparsify
+from . import basic, plan, powersgd, qsgd, quantization, quantized_allreduce, sign, sparsify
 from .spec import HookSpec
 from .state import HookState
 
@@ -68,3 +68,6 @@ def build(name: str, process_group=None, **params) -> tuple[HookState, Callable]
     state.name = name
     state.params = p
     return state, s.hook
+
+
+_SPECS[plan.NAME] = plan.make_spec(spec, validate, build)

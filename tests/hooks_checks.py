@@ -27,7 +27,20 @@ COMPRESSORS = ("topk", "randomk", "signsgd", "qsgd")  # issue 18: sparsifiers, 1
 # sparsifier ratios at which a 30-step fixed-gradient run shows feedback at work (check_error_feedback).
 TEST_PARAMS = {"quantization_perchannel": {"chunk_size": 64}, "quantized_allreduce": {"chunk_size": 64},
                "topk": {"ratio": 0.1}, "randomk": {"ratio": 0.3}, "signsgd": {"chunk_size": 64},
-               "qsgd": {"chunk_size": 64}}
+               "qsgd": {"chunk_size": 64},
+               # a plan of three hooks (DDP's test models have several buckets): each bucket is
+               # checked against its own configuration's formulas and bounds (bucket_config)
+               "plan": {"buckets": "0=quantization_perchannel(chunk_size=64);1=fp16_compress",
+                        "default": "quantized_allreduce(chunk_size=64)"}}
+
+
+def bucket_config(name: str, params: dict, index: int) -> tuple[str, dict]:
+    """The hook and parameters that run bucket ``index``: a plan's configuration of it (its
+    default for a bucket it does not name, full parameters), any other hook itself."""
+    if name != "plan":
+        return name, params
+    state, _ = hooks.build(name, **params)
+    return state.configs.get(index, state.default)
 
 
 class Bucket:
@@ -268,6 +281,7 @@ def check_buckets(rank: int, w: int) -> dict:
             continue
         state, out = run_hook(name, inputs[rank].clone(), **params)
         s = state.stats()
+        name, params = bucket_config(name, params, 0)  # a plan's bucket 0: its configuration's expectations
         payload, wire = expected_bytes(name, n, w, params)
         assert s["calls"] == 1 and s["raw_bytes"] == 4 * n, (name, s)
         assert s["payload_bytes"] == payload, (name, s["payload_bytes"], payload)
@@ -325,6 +339,7 @@ def check_buckets(rank: int, w: int) -> dict:
         params = TEST_PARAMS.get(name, {})
         state, out = run_hook(name, inputs[rank].clone(), process_group=solo, **params)
         assert state.stats()["wire_bytes"] == 0, name
+        name, params = bucket_config(name, params, 0)
         if name in ("allreduce", "allgather_then_aggregate"):
             assert torch.equal(out, inputs[rank]), name
         elif name in QUANT_HOOKS:
@@ -463,7 +478,7 @@ def _capturing(hook, seen: dict):
     return capturing_hook
 
 
-def _bound(name: str, inputs: torch.Tensor, params: dict, sync_index: int) -> torch.Tensor | None:
+def _bound(name: str, params: dict, inputs: torch.Tensor, sync_index: int) -> torch.Tensor | None:
     """Allowed |DDP grad - exact mean| per element given every rank's bucket input; None = no bound."""
     w = inputs.shape[0]
     mean_abs = inputs.abs().sum(0) / w
@@ -543,7 +558,7 @@ def check_accumulation(rank: int, w: int, names=None, iterations: int = 8, overr
                         inputs = torch.stack(inputs)
                         # the bucket inputs are the locally accumulated gradients: their mean is the global one
                         torch.testing.assert_close(inputs.sum(0) / w, local_grad, rtol=1e-5, atol=1e-6, msg=str(tag))
-                        bound = _bound(name, inputs, full, sync_index)
+                        bound = _bound(*bucket_config(name, full, idx), inputs, sync_index)
                         if bound is not None:
                             err = (ddp_grad - local_grad).abs()
                             assert bool((err <= bound).all()), (tag, float((err - bound).max()))
@@ -675,6 +690,11 @@ def check_resume(rank: int, w: int) -> dict:
     cases.append(("signsgd", {"error_feedback": True, "majority_vote": True, **TEST_PARAMS["signsgd"]}))
     cases.append(("qsgd", {"error_feedback": False, **TEST_PARAMS["qsgd"]}))  # the call count alone seeds the draws
     cases.append(("randomk", {"error_feedback": False, **TEST_PARAMS["randomk"]}))
+    # a plan: each bucket's own state (PowerSGD's memory and iteration, a shard residual) and the
+    # shared residuals, through one checkpoint
+    cases.append(("plan", {"buckets": "0=quantization_perchannel(chunk_size=64,error_feedback=true);"
+                                      "1=powersgd(start_iter=2)",
+                           "default": "quantized_allreduce(chunk_size=64,error_feedback=true)"}))
     shapes = [[(40, 30), (30,)], [(20, 50)], [(50,), (25, 40)]]
     for name, params in cases:
         # --- buckets: three buckets of fixed layout, 6 steps, checkpoint after 3
@@ -1202,13 +1222,14 @@ def check_wire_dtype(rank: int, w: int) -> dict:
     return out
 
 
-def run_checks(rank: int, w: int, checks: list) -> dict:
-    """Run several checks in one set of processes (spawning costs seconds on a small machine)."""
+def run_checks(rank: int, w: int, checks: list, where=None) -> dict:
+    """Run several checks in one set of processes (spawning costs seconds on a small machine);
+    ``where``: the namespace they are in (default: this module's)."""
     import time
 
     out = {}
     for check in checks:
         t0 = time.perf_counter()
-        out[check] = globals()[check](rank, w)
+        out[check] = (where or globals())[check](rank, w)
         out[f"{check}_seconds"] = time.perf_counter() - t0
     return out

@@ -28,6 +28,7 @@ NAMES = {
     "randomk",
     "signsgd",
     "qsgd",
+    "plan",
 }
 
 

@@ -94,8 +94,13 @@ class WorkloadConfig(BaseModel):
         return self
 
 
+_SCALAR_VALUES = "a parameter is a number, bool or string, or a list of them"
+
+
 class HookEntry(BaseModel):
-    """One line of `search.hooks`: a hook name, or {name, param: value-or-list-of-values}."""
+    """One line of `search.hooks`: a hook name, or {name, param: value-or-list-of-values}. A
+    value may be a mapping where the hook's parameter takes one (a plan's buckets): the hook
+    reads it into its canonical text, one value like any other."""
 
     model_config = STRICT
 
@@ -122,13 +127,12 @@ class HookEntry(BaseModel):
             if not isinstance(key, str):
                 raise FieldProblem(str(key), "a hook parameter's name must be a string")
             values = list(value) if isinstance(value, (list, tuple)) else [value]
+            values = [_structured(raw["name"], key, v) if isinstance(v, dict) else v for v in values]
             if not values:
                 raise FieldProblem(key, "an empty list sweeps nothing; give a value or a list of values")
             for v in values:
                 if not isinstance(v, (bool, int, float, str)) or (isinstance(v, float) and not math.isfinite(v)):
-                    raise FieldProblem(
-                        key, f"{short_value(v)} is not allowed; a parameter is a number, bool or string, or a list of them"
-                    )
+                    raise FieldProblem(key, f"{short_value(v)} is not allowed; {_SCALAR_VALUES}")
             if len(set(map(repr, values))) != len(values):
                 raise FieldProblem(key, f"the list {short_value(values)} repeats a value")
             params[key] = tuple(values)
@@ -138,20 +142,13 @@ class HookEntry(BaseModel):
     def _known_hook_and_params(self) -> "HookEntry":
         import hooks  # imported late: it pulls in torch
 
-        available = hooks.available()
-        if self.name not in available:
-            raise FieldProblem("name", f"unknown hook {self.name!r}{did_you_mean(self.name, available)}; "
-                                       f"allowed: {', '.join(available)}")
-        known = available[self.name].params
+        known = _known_hook(self.name).params
         n_combos = math.prod(len(v) for v in self.params.values())
         if n_combos > MAX_TRIALS:  # before building them: lists multiply
             raise FieldProblem(next(iter(self.params)), f"the parameter lists make {n_combos} combinations; "
                                                         f"allowed: at most {MAX_TRIALS} trials in all")
         for key, values in self.params.items():
-            if key not in known:
-                allowed = ", ".join(known) if known else f"none ({self.name} takes no parameters)"
-                raise FieldProblem(key, f"unknown parameter of {self.name}{did_you_mean(key, known)}; "
-                                        f"allowed: {allowed}")
+            _known_param(self.name, known, key)
             for value in values:
                 _validate_hook(self.name, {key: value}, field=key)
         for combo in self.combos():
@@ -162,6 +159,40 @@ class HookEntry(BaseModel):
         """Every combination of this entry's parameter values, in the order the YAML lists them."""
         keys = list(self.params)
         return [dict(zip(keys, values)) for values in itertools.product(*(self.params[k] for k in keys))]
+
+
+def _known_hook(name: Any):
+    """The registered spec of hook ``name``; FieldProblem naming the hooks otherwise."""
+    import hooks  # imported late: it pulls in torch
+
+    available = hooks.available()
+    if not isinstance(name, str) or name not in available:
+        raise FieldProblem("name", f"unknown hook {name!r}{did_you_mean(str(name), available)}; "
+                                   f"allowed: {', '.join(available)}")
+    return available[name]
+
+
+def _known_param(hook: str, known: dict, key: str) -> None:
+    if key not in known:
+        allowed = ", ".join(known) if known else f"none ({hook} takes no parameters)"
+        raise FieldProblem(key, f"unknown parameter of {hook}{did_you_mean(key, known)}; allowed: {allowed}")
+
+
+def _structured(hook: Any, key: str, value: dict) -> Scalar:
+    """A mapping given as one value of parameter ``key``: where the hook's ``Param`` takes one,
+    it reads it into its canonical scalar form; FieldProblem naming the problem otherwise."""
+    spec = _known_hook(hook)
+    _known_param(hook, spec.params, key)
+    param = spec.parameters[key]
+    if not param.ok(value):
+        raise FieldProblem(key, f"{short_value(value)} is not allowed; {_SCALAR_VALUES}")
+    try:
+        canonical = param.checked(hook, key, value)
+    except Exception as exc:  # the library promises ValueError; anything else still gets one line
+        raise FieldProblem(key, exception_text(exc)) from None
+    if not isinstance(canonical, (bool, int, float, str)):
+        raise FieldProblem(key, f"{short_value(value)} is not allowed; {_SCALAR_VALUES}")
+    return canonical
 
 
 def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None) -> dict[str, Scalar]:

@@ -25,6 +25,7 @@ STYLES: dict[str, tuple[str, str]] = {
     "randomk": ("tab:olive", "<"),
     "signsgd": ("tab:pink", "d"),
     "qsgd": ("navy", "8"),
+    "plan": ("darkgreen", "s"),
 }
 # Pairs no row of STYLES uses, for registered hooks without a row (a user's own hooks).
 SPARE = (("gold", "H"), ("teal", "1"), ("maroon", "2"), ("darkviolet", "3"), ("lime", "4"), ("coral", "+"))
