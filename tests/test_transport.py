@@ -117,3 +117,18 @@ def test_a_hook_that_waits_in_its_call_keeps_its_kernels_between_collectives():
     ar = StepTimeline(hook="allreduce", world_size=2, batch=32, forward_ms=12.0, buckets=(replace(b, waited=0.0),),
                       backward_end_ms=24.0, optimizer_ms=2.0)
     assert comm_ms(ar, ar.buckets[0], 2, 1e6, 0.0, f) == pytest.approx(f.ms("allreduce", 4 * 297216, 2))
+
+
+def test_a_cluster_cell_is_priced_from_the_world_sizes_probed_with_a_core_per_rank():
+    # W = 2 probed with a core per rank (0.02 ms a round), W = 4 on 2 cores (4 ranks: 10x the
+    # fixed cost, time-sharing). This machine's W = 4 cell keeps the shared fit; a cluster's W = 8
+    # scales W = 2's by the ring, not this machine's crowding.
+    own = [Sample(k, 2, b, machine(k, b, 2), 5) for k in ("allreduce", "allgather", "all_to_all")
+           for b in (4096, 65536, 1 << 20, 8 << 20)]
+    crowded = [Sample(k, 4, b, machine(k, b, 4) + 9 * 0.02 * rounds(k, 4), 5, shared=True)
+               for k in ("allreduce", "allgather", "all_to_all") for b in (4096, 65536, 1 << 20, 8 << 20)]
+    f = fit(own + crowded, {2: 1.0, 4: 1.0})
+    assert f.kinds["allreduce"][1].shared and not f.kinds["allreduce"][0].shared
+    assert f.ms("allreduce", 1e6, 4) == pytest.approx(machine("allreduce", 1e6, 4) + 9 * 0.02 * 6)
+    assert f.own_cores().ms("allreduce", 1e6, 8) == pytest.approx(machine("allreduce", 1e6, 8))
+    assert TransportFit.from_json(json.loads(json.dumps(f.to_json()))) == f

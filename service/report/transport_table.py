@@ -10,7 +10,8 @@ from typing import Optional
 from service.step_model.transport import TransportFit
 
 HEADING = "Transport measured for this sweep (transport.json)"
-HEADER = ("collective", "probed W", "fixed per collective", "per MB sent", "worst fit error", "1 MB payload")
+HEADER = ("collective", "probed W", "fixed per collective", "per MB sent", "worst fit error", "1 MB payload",
+          "cores")
 NOT_MEASURED = ("Transport: not measured for this sweep (no world size above 1, GPUs, or a sweep from before it "
                 "was measured): each trial's recorded communication is scaled instead.")
 
@@ -30,7 +31,8 @@ def table(fit: Optional[TransportFit]) -> Optional[TransportTable]:
     for kind, fits in fit.kinds.items():
         for f in fits:
             rows.append([kind, str(f.world_size), f"{1000 * f.fixed_ms:.1f} µs", f"{1e6 * f.per_byte_ms:.3f} ms",
-                         f"{100 * f.max_rel_error:.0f} %", f"{fit.ms(kind, 1e6, f.world_size):.2f} ms"])
+                         f"{100 * f.max_rel_error:.0f} %", f"{fit.ms(kind, 1e6, f.world_size):.2f} ms",
+                         "shared by the ranks (not used for cluster cells)" if f.shared else "one per rank"])
     cost = ", ".join(f"W={w}: {s:g} s" for w, s in sorted(fit.probe_s.items()))
     return TransportTable(HEADER, rows, f"Fitted over {len(fit.samples)} probes (medians of repeats); "
                                         f"the probe took {cost}. Other world sizes scale the nearest probed W's "

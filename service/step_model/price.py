@@ -213,8 +213,13 @@ class Cell:
 def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: int, cell: Cell) -> StepPrice:
     """The step at ``cell`` keeping ``global_batch``: each rank's compute at its share of the
     batch (:func:`at_batch`), time-shared where the cell's ranks share the machine's cores
-    (:func:`time_shared`), then :func:`price_step`. CellRefused with more ranks than samples."""
+    (:func:`time_shared`), then :func:`price_step`; a cluster cell's transport from the world
+    sizes probed with a core per rank (``TransportFit.own_cores``). CellRefused with more ranks
+    than samples."""
     w = cell.world_size
     shaped = at_batch(timeline, compute, rank_batch(global_batch, w))
     shaped = time_shared(shaped, sharing(w, cell.cores) / sharing(timeline.world_size, cell.cores))
-    return price_step(shaped, w, cell.link_gbps, cell.latency_s, cell.transport)
+    transport = cell.transport
+    if transport is not None and cell.cores is None:  # a cluster: no W probed on shared cores
+        transport = transport.own_cores()
+    return price_step(shaped, w, cell.link_gbps, cell.latency_s, transport)

@@ -10,7 +10,9 @@ rounds: the ring's (allreduce 2(W-1), allgather and all_to_all W-1); wire_bytes:
 One form fitted across world sizes missed its own probes by up to 87 % (docs/performance.md
 section 9b): gloo's fixed cost does not grow as the ring's rounds do on this machine (W ranks
 time-share its cores), so each probed W keeps its own fit and only unprobed W are scaled by the
-ring. The cost of a collective is a property of the machine and W, not of the hook or the seed:
+ring. A W probed with more ranks than a host has cores carries this machine's time-sharing:
+a cluster cell (a core per rank) is priced from the unshared W only (:meth:`TransportFit.own_cores`).
+The cost of a collective is a property of the machine and W, not of the hook or the seed:
 priced from this fit, a trial's collectives no longer carry the noise of the few steps it
 sampled (service/step_model/price.py uses it in place of the trial's own comm when given).
 """
@@ -36,6 +38,7 @@ class Sample:
     nbytes: int
     ms: float
     repeats: int
+    shared: bool = False   # more ranks than cores on a host: this machine's time-sharing is in it
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class KindFit:
     fixed_ms: float
     per_byte_ms: float
     max_rel_error: float
+    shared: bool = False   # fitted from samples whose ranks outnumbered a host's cores
 
     def ms(self, kind: str, nbytes: float, world_size: int, count: float = 1.0) -> float:
         """At this fit's W as fitted; at another W its fixed cost per ring round times that W's rounds."""
@@ -74,6 +78,13 @@ class TransportFit:
             raise KeyError(f"transport.json has no {kind} (measured: {', '.join(sorted(self.kinds))})")
         nearest = min(self.kinds[kind], key=lambda f: (abs(f.world_size - world_size), -f.world_size))
         return nearest.ms(kind, nbytes, world_size, count)
+
+    def own_cores(self) -> "TransportFit":
+        """The fit for a cluster cell, where every rank has a core: per kind only the world sizes
+        probed without sharing cores (their fixed cost is not this machine's time-sharing),
+        scaled by the ring to other W; a kind probed only shared keeps what it has."""
+        kinds = {k: tuple(f for f in fits if not f.shared) or fits for k, fits in self.kinds.items()}
+        return TransportFit(kinds, self.samples, self.probe_s)
 
     @property
     def world_sizes(self) -> list[int]:
@@ -121,13 +132,13 @@ def _fit_kind(kind: str, world_size: int, samples: list[Sample]) -> KindFit:
         alone = [(y1 / a11, 0.0) if a11 else (0.0, 0.0), (0.0, y2 / a22) if a22 else (0.0, 0.0)]
         fixed, per_byte = min(alone, key=lambda c: _worst(kind, samples, KindFit(world_size, c[0], c[1], 0.0)))
     f = KindFit(world_size, fixed, per_byte, 0.0)
-    return KindFit(world_size, fixed, per_byte, _worst(kind, samples, f))
+    return KindFit(world_size, fixed, per_byte, _worst(kind, samples, f), any(s.shared for s in samples))
 
 
 def _worst(kind: str, samples: list[Sample], f: KindFit) -> float:
     return max(abs(f.ms(kind, s.nbytes, s.world_size) - s.ms) / s.ms for s in samples)
 
 
-def medians(kind: str, world_size: int, nbytes: int, times_ms: list[float]) -> Sample:
+def medians(kind: str, world_size: int, nbytes: int, times_ms: list[float], shared: bool = False) -> Sample:
     """One :class:`Sample` from a probe's repeated times (the median: one slow repeat is noise)."""
-    return Sample(kind, world_size, nbytes, statistics.median(times_ms), len(times_ms))
+    return Sample(kind, world_size, nbytes, statistics.median(times_ms), len(times_ms), shared)

@@ -9,6 +9,8 @@ the last rank's part arrives), and a sample is the median over repeats, after on
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 import torch
@@ -59,9 +61,18 @@ def _time(run, repeats: int) -> list[float]:
 def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS) -> list[Sample]:
     """Every kind at every size on the current group: one :class:`Sample` each (every rank returns the same)."""
     w = dist.get_world_size()
+    shared = _shared_cores()
     out = []
     for kind in kinds:
         for nbytes in sizes:
             n = _elements(nbytes, w)
-            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w), repeats)))
+            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w), repeats), shared))
     return out
+
+
+def _shared_cores() -> bool:
+    """Whether some host runs more of the group's ranks than it has cores (every rank learns it:
+    one all_gather_object of the hostnames)."""
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, (socket.gethostname(), os.cpu_count() or 1))
+    return any(sum(h == name for h, _ in hosts) > cores for name, cores in set(hosts))
