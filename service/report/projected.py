@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service.report import decision_map, transport_table
+from service.report import decision_map, plan_section, transport_table
 
 from service.report import projection
 from service.report.projection import Basis, CellProjection
@@ -24,6 +24,7 @@ class Projected:
     csv: Optional[Path] = None                                 # projection.csv
     latency_ms: float = 0.0                                    # report.project's, every cell priced at it
     transport: Optional[TransportFit] = None                   # the sweep's transport.json, when measured
+    plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for report.cluster
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -38,6 +39,7 @@ class Projected:
         lines += transport_table.markdown(self.transport)
         if self.cluster:
             lines += [self.cluster, ""]
+        lines += plan_section.markdown(self.plan)
         return "\n".join(lines)
 
 
@@ -57,6 +59,7 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -
     out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=transport)
+    out.plan = plan_section.answer(bases, report_cfg.cluster, transport)
     grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))

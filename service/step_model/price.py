@@ -107,7 +107,7 @@ def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: Tr
     rescale) runs them between its collectives, so its comm_ms holds them beside the transport.
     What the measured comm exceeds the fit's transport (and wire) at the measured W by; 0 for
     every other hook (their comm is the collectives')."""
-    if not spec(timeline.hook).waits_in_call:
+    if not spec(bucket.priced_as(timeline)[0]).waits_in_call:
         return 0.0
     measured = _collectives(timeline, bucket, timeline.world_size)
     moved = sum(transport.ms(c.kind, c.nbytes, timeline.world_size, c.count) for c in measured) / 1000.0
@@ -115,7 +115,8 @@ def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: Tr
 
 
 def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) -> list:
-    return hook_collectives(timeline.hook, bucket.numel, world_size, bucket.element_size, **timeline.hook_params)
+    hook, params = bucket.priced_as(timeline)
+    return hook_collectives(hook, bucket.numel, world_size, bucket.element_size, **params)
 
 
 def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,

@@ -70,6 +70,12 @@ class BucketTiming:
     decode: LinearCost
     element_size: int = 4
     waited: float = 0.0  # the fraction of comm the hook waits for inside its call (see the module doc)
+    hook: str = ""       # a bucket run by another hook than its step's (a per-bucket plan); "": the step's
+    hook_params: dict = field(default_factory=dict)   # that hook's parameters (and measured inputs)
+
+    def priced_as(self, timeline: "StepTimeline") -> tuple[str, dict]:
+        """The hook and parameters that price this bucket: its own where it has one, else its step's."""
+        return (self.hook, self.hook_params) if self.hook else (timeline.hook, timeline.hook_params)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,116 @@
+"""The report's per-bucket plan for ``report.cluster``: designed from the sweep's step timelines
+(service/step_model/planner.py) among the configurations whose quality matched the baseline's,
+shown beside the best uniform configuration with the sentence a user pastes into
+``search.hooks`` to prove it by a trial. Designed, not trained: the sweep has not measured it."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+from hooks.plan import NAME as PLAN
+from hooks.registry import spec
+from service.report.projection import Basis
+from service.report.recommend import BASELINE_HOOK
+from service.step_model.bands import ErrorBands, error_bands
+from service.step_model.planner import Plan, design, layout
+from service.step_model.price import Cell, CellRefused
+from service.step_model.transport import TransportFit
+from service.step_model.trial import TrialTimeline
+
+HEADING = "A per-bucket plan for report.cluster (designed from the timelines, not yet trained)"
+
+
+@dataclass(frozen=True)
+class PlanAnswer:
+    """What the section says: the plan (None where none could be designed) and why not."""
+
+    plan: Optional[Plan] = None
+    numels: tuple[int, ...] = ()
+    configs: Optional[dict[str, dict]] = None   # configuration -> its hook entry for search.hooks
+    band_pct: float = 0.0
+    why_not: str = ""
+
+
+def _representative(basis: Basis) -> TrialTimeline:
+    """The seed whose own priced step is the median of the basis's seeds."""
+    ranked = sorted(basis.timelines, key=lambda t: t.own_step_ms())
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def _entry(basis: Basis, timeline: TrialTimeline) -> dict:
+    """The configuration as a search.hooks entry: its hook and the parameters off their defaults."""
+    defaults = spec(basis.hook).params
+    params = {k: v for k, v in timeline.timeline.hook_params.items() if k in defaults and v != defaults[k]}
+    return {"name": basis.hook, **params}
+
+
+def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None,
+           bands: Optional[ErrorBands] = None) -> Optional[PlanAnswer]:
+    """The plan at ``cluster`` (None without one): candidates are the baseline and every
+    configuration that matched its quality at the cluster's W, measured at the baseline's W."""
+    if cluster is None:
+        return None
+    base = next((b for b in bases if b.config == BASELINE_HOOK), None)
+    if base is None:
+        return PlanAnswer(why_not=f"the sweep has no {BASELINE_HOOK} timeline to plan against")
+    chosen = [b for b in bases if b.config == BASELINE_HOOK or
+              (b.quality_at(cluster.world_size).matches and b.timeline_world_size == base.timeline_world_size)]
+    options = {b.config: _representative(b) for b in chosen}
+    same = {c: t for c, t in options.items() if layout(t.timeline) == layout(options[BASELINE_HOOK].timeline)}
+    if len(same) < 2:
+        return PlanAnswer(why_not="no configuration that matched the baseline's quality recorded the same buckets")
+    band = (bands or error_bands()).for_cell(base.hook, base.error_feedback, cluster.world_size)
+    width = 0.0 if band is None else band.high_pct - band.low_pct
+    baseline = same[BASELINE_HOOK]
+    compute = baseline.compute
+    if compute is None:
+        return PlanAnswer(why_not=f"{BASELINE_HOOK}'s trials measured no compute at a second batch size")
+    cell = Cell(cluster.world_size, cluster.link_gbps, cluster.latency_ms / 1000.0, transport)
+    try:
+        plan = design(BASELINE_HOOK, {c: t.timeline for c, t in same.items()}, compute, base.global_batch, cell, width)
+    except (CellRefused, ValueError) as exc:
+        return PlanAnswer(why_not=str(exc))
+    entries = {c: _entry(next(b for b in chosen if b.config == c), t) for c, t in same.items()}
+    return PlanAnswer(plan, layout(baseline.timeline), entries, width)
+
+
+def hook_entry(a: PlanAnswer) -> str:
+    """The plan as a search.hooks entry (flow YAML)."""
+    def flow(entry: dict) -> str:
+        return "{" + ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in entry.items()) + "}"
+
+    default = statistics.mode(a.plan.choices)
+    buckets = ", ".join(f"{i}: {flow(a.configs[c])}" for i, c in enumerate(a.plan.choices) if c != default)
+    return (f"{{name: {PLAN}, buckets: {{{buckets}}}, default: {flow(a.configs[default])}}}" if buckets
+            else flow(a.configs[default]))
+
+
+def markdown(a: Optional[PlanAnswer]) -> list[str]:
+    """The section's lines for summary.md (nothing without report.cluster)."""
+    if a is None:
+        return []
+    lines = [f"### {HEADING}", ""]
+    if a.plan is None:
+        return lines + [f"No plan: {a.why_not}.", ""]
+    p = a.plan
+    lines += ["| bucket | MB (fp32) | configuration |", "|---|---:|---|"]
+    lines += [f"| {i} | {4 * n / 1e6:.2f} | {c} |" for i, (n, c) in enumerate(zip(a.numels, p.choices))]
+    rule = (f"searched: {p.searched}; a bucket leaves the baseline only where it saves more than "
+            f"{a.band_pct:.1f} % of the step, the baseline's error spread at this W")
+    if p.is_uniform:
+        return lines + ["", f"No per-bucket plan beats a uniform configuration here: {_why_uniform(a)}; "
+                            f"projected step {p.step_ms:.3g} ms ({rule}).", ""]
+    return lines + ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
+                        f"everywhere: {p.gain_pct:+.1f} % shorter ({rule}).",
+                    "", f"To prove it by a trial, add to search.hooks: `{hook_entry(a)}`", ""]
+
+
+def _why_uniform(a: PlanAnswer) -> str:
+    choice = a.plan.choices[0]
+    if len(a.numels) == 1:
+        return f"the model has one bucket ({choice})"
+    if choice == BASELINE_HOOK:
+        return f"compressing no bucket saves more than the band ({choice} everywhere)"
+    return f"every bucket's communication is exposed ({choice} everywhere)"

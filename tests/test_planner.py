@@ -1,0 +1,105 @@
+"""Designing a per-bucket plan (service/step_model/planner.py) on hand-built timelines whose
+every figure is worked out beside its assertion: the exposed bucket compressed, the overlapped
+one left alone, the band rule, coordinate descent where plans are many, mixed layouts refused."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from service.step_model import planner
+from service.step_model.price import Cell, ComputeScaling, price_cell
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+
+N = 250_000  # fp32: 1e6 bytes. allreduce at W=8 on 1 Gbit/s: 2*7/8*1e6*8/1e9 = 14 ms; fp16: 7 ms
+CELL = Cell(8, 1.0, latency_s=0.0)
+FLAT = ComputeScaling(LinearCost(10.0), LinearCost(30.0))  # compute that does not change with the batch
+
+
+def timeline(hook: str, encode: float = 0.0, readies=(5.0, 30.0)) -> StepTimeline:
+    """Measured at W=1 (no transport: the wire only): forward 10, the backward's compute 30, an
+    early bucket (ready at 5: 25 ms of backward still to overlap) and the last one (at its end)."""
+    buckets, done = [], 0.0
+    for r in readies:
+        buckets.append(BucketTiming(r + done, N, encode, 0.0, LinearCost(0.0)))
+        done += encode
+    return StepTimeline(hook=hook, world_size=1, batch=8, forward_ms=10.0, buckets=tuple(buckets),
+                        backward_end_ms=30.0 + done, optimizer_ms=5.0)
+
+
+OPTIONS = {"allreduce": timeline("allreduce"), "fp16_compress": timeline("fp16_compress", encode=1.0)}
+
+
+def step(choices) -> float:
+    return price_cell(planner.combine(OPTIONS["allreduce"], OPTIONS, choices), FLAT, 64, CELL).step_ms
+
+
+def test_the_exposed_bucket_is_compressed_and_the_overlapped_one_is_not():
+    # uniform allreduce: bucket 0 on the link 5..19 (hidden: the backward runs to 30), bucket 1
+    # 30..44: step 10 + 44 + 5 = 59. Uniform fp16: encodes 1 ms each, 6..13 and 32..39, backward
+    # end 32: 10 + 39 + 5 = 54. The plan (allreduce, fp16): 5..19, then bucket 1 ready at 30,
+    # encoded by 31, 31..38: 10 + 38 + 5 = 53.
+    assert step(("allreduce", "allreduce")) == pytest.approx(59.0)
+    assert step(("fp16_compress", "fp16_compress")) == pytest.approx(54.0)
+    assert step(("allreduce", "fp16_compress")) == pytest.approx(53.0)
+    plan = planner.design("allreduce", OPTIONS, FLAT, 64, CELL)
+    assert plan.choices == ("allreduce", "fp16_compress") and plan.step_ms == pytest.approx(53.0)
+    assert (plan.uniform, plan.uniform_step_ms) == ("fp16_compress", pytest.approx(54.0))
+    assert plan.gain_pct == pytest.approx(100 * (1 - 53 / 54)) and plan.searched == "every plan (4)"
+    # the combined timeline prices each bucket by its own hook
+    combined = planner.combine(OPTIONS["allreduce"], OPTIONS, ("allreduce", "fp16_compress"))
+    assert [b.hook for b in combined.buckets] == ["allreduce", "fp16_compress"]
+    assert combined.backward_end_ms == pytest.approx(31.0)
+
+
+def test_a_bucket_is_compressed_only_where_it_saves_more_than_the_band():
+    # reverting bucket 1 to allreduce costs 59 - 53 = 6 ms, 11 % of the plan's 53 ms
+    assert planner.design("allreduce", OPTIONS, FLAT, 64, CELL, min_gain_pct=10.0).choices == ("allreduce", "fp16_compress")
+    kept = planner.design("allreduce", OPTIONS, FLAT, 64, CELL, min_gain_pct=12.0)
+    assert kept.choices == ("allreduce", "allreduce") and kept.step_ms == pytest.approx(59.0)
+
+
+def test_nothing_exposed_keeps_the_baseline_everywhere():
+    # on a link fast enough that both buckets hide under compute, fp16's encodes only cost
+    fast = Cell(8, 1000.0, latency_s=0.0)
+    plan = planner.design("allreduce", OPTIONS, FLAT, 64, fast)
+    assert plan.choices == ("allreduce", "allreduce") and plan.is_uniform and plan.gain_pct == pytest.approx(0.0)
+
+
+def test_many_buckets_are_searched_by_coordinate_descent(monkeypatch):
+    monkeypatch.setattr(planner, "EXHAUSTIVE", 3)
+    plan = planner.design("allreduce", OPTIONS, FLAT, 64, CELL)
+    assert plan.searched == "coordinate descent" and plan.choices == ("allreduce", "fp16_compress")
+
+
+def test_timelines_of_other_buckets_are_not_mixed():
+    other = {**OPTIONS, "topk": timeline("topk", readies=(5.0, 20.0, 30.0))}
+    with pytest.raises(ValueError, match="topk recorded other buckets than allreduce"):
+        planner.design("allreduce", other, FLAT, 64, CELL)
+
+
+def test_the_report_names_the_plan_and_the_entry_that_trains_it():
+    import yaml
+
+    from service.config import SweepConfig
+    from service.report import plan_section
+    from service.report.projection import Basis
+    from service.step_model.bands import ErrorBands
+    from service.step_model.trial import ComputePoint, TrialTimeline
+
+    def basis(config: str) -> Basis:
+        points = (ComputePoint(8, 10.0, 30.0), ComputePoint(4, 10.0, 30.0))  # compute that does not scale
+        return Basis(config, config, 1, 64, (TrialTimeline(OPTIONS[config], (5,), points),), (100.0,), True, 1)
+
+    class Cluster:
+        world_size, link_gbps, latency_ms = 8, 1.0, 0.0
+
+    a = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=ErrorBands((), "x"))
+    assert a.plan.choices == ("allreduce", "fp16_compress") and a.plan.step_ms == pytest.approx(53.0)
+    text = "\n".join(plan_section.markdown(a))
+    assert "| 1 | 1.00 | fp16_compress |" in text and "-1.9 % shorter" in text.replace("+", "-")
+    entry = plan_section.hook_entry(a)
+    assert entry == "{name: plan, buckets: {1: {name: fp16_compress}}, default: {name: allreduce}}"
+    cfg = SweepConfig.model_validate({"name": "p", "workload": {"name": "char_lm", "steps": 10},
+                                      "search": {"hooks": [yaml.safe_load(entry)], "world_size": [2]}})
+    assert [t.hook for t in cfg.trials()] == ["plan"]
