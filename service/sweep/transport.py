@@ -14,16 +14,28 @@ from typing import Optional, TextIO
 
 from service.step_model.transport import Sample, TransportFit, fit
 
+SAMPLES = "transport_samples.json"   # in the probe's checkpoint
+
 
 def _probe_loop(config: dict) -> None:
-    """The TorchTrainer's loop: every rank probes; rank 0 reports the samples and the wall time."""
+    """The TorchTrainer's loop: every rank probes; rank 0 reports the samples and the wall time
+    in a checkpoint (Train V2's ``Result.metrics`` is the last checkpoint's report: None without one)."""
+    import tempfile
+
     import ray.train
 
     from service.train.transport_probe import probe
 
     started = time.perf_counter()
     samples = probe()
-    ray.train.report({"samples": json.dumps([asdict(s) for s in samples]), "probe_s": time.perf_counter() - started})
+    seconds = time.perf_counter() - started
+    if ray.train.get_context().get_world_rank() != 0:
+        ray.train.report({"probe_s": seconds})
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(f"{tmp}/{SAMPLES}", "w") as f:
+            json.dump({"samples": [asdict(s) for s in samples], "probe_s": seconds}, f)
+        ray.train.report({"probe_s": seconds}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
 def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float]:
@@ -33,9 +45,15 @@ def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[
     trainer = TorchTrainer(
         _probe_loop, torch_config=TorchConfig(backend="gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
-        run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}", storage_path=storage))
-    metrics = trainer.fit().metrics
-    return [Sample(**s) for s in json.loads(metrics["samples"])], float(metrics["probe_s"])
+        run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                       storage_path=storage))
+    result = trainer.fit()
+    if result.checkpoint is None:
+        raise RuntimeError(f"the W={world_size} probe reported no samples")
+    with result.checkpoint.as_directory() as path:
+        with open(f"{path}/{SAMPLES}") as f:
+            data = json.load(f)
+    return [Sample(**s) for s in data["samples"]], float(data["probe_s"])
 
 
 def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
