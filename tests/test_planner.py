@@ -98,6 +98,8 @@ def test_the_report_names_the_plan_and_the_entry_that_trains_it():
     assert a.plan.choices == ("allreduce", "fp16_compress") and a.plan.step_ms == pytest.approx(53.0)
     text = "\n".join(plan_section.markdown(a))
     assert "| 1 | 1.00 | fp16_compress |" in text and "-1.9 % shorter" in text.replace("+", "-")
+    # both crossed at step 100: the plan's 53 ms x 100 against fp16's 54 ms x 100
+    assert "Time to target 5.3 s against 5.4 s" in text
     entry = plan_section.hook_entry(a)
     assert entry == "{name: plan, buckets: {1: {name: fp16_compress}}, default: {name: allreduce}}"
     cfg = SweepConfig.model_validate({"name": "p", "workload": {"name": "char_lm", "steps": 10},

@@ -31,6 +31,13 @@ class PlanAnswer:
     configs: Optional[dict[str, dict]] = None   # configuration -> its hook entry for search.hooks
     band_pct: float = 0.0
     why_not: str = ""
+    crossings: Optional[dict[str, Optional[float]]] = None   # configuration -> its crossing step at the cluster's W
+
+    def time_to_target_s(self, choices: tuple[str, ...], step_ms: float) -> Optional[float]:
+        """Seconds to the target at the slowest crossing step of the configurations ``choices``
+        mixes (an assumption until a trial measures the plan); None where one never crossed."""
+        steps = [self.crossings[c] for c in set(choices)]
+        return None if any(s is None for s in steps) else max(steps) * step_ms / 1000.0
 
 
 def _representative(basis: Basis) -> TrialTimeline:
@@ -73,7 +80,8 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
     except (CellRefused, ValueError) as exc:
         return PlanAnswer(why_not=str(exc))
     entries = {c: _entry(next(b for b in chosen if b.config == c), t) for c, t in same.items()}
-    return PlanAnswer(plan, layout(baseline.timeline), entries, width)
+    crossings = {b.config: b.quality_at(cluster.world_size).crossing_step for b in chosen}
+    return PlanAnswer(plan, layout(baseline.timeline), entries, width, crossings=crossings)
 
 
 def hook_entry(a: PlanAnswer) -> str:
@@ -102,8 +110,12 @@ def markdown(a: Optional[PlanAnswer]) -> list[str]:
     if p.is_uniform:
         return lines + ["", f"No per-bucket plan beats a uniform configuration here: {_why_uniform(a)}; "
                             f"projected step {p.step_ms:.3g} ms ({rule}).", ""]
+    mine, theirs = a.time_to_target_s(p.choices, p.step_ms), a.time_to_target_s((p.uniform,), p.uniform_step_ms)
+    ttt = ("" if mine is None or theirs is None else
+           f" Time to target {mine:.3g} s against {theirs:.3g} s, assuming the plan crosses at the slowest "
+           "crossing step of the configurations it mixes (a trial of it measures its own).")
     return lines + ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
-                        f"everywhere: {p.gain_pct:+.1f} % shorter ({rule}).",
+                        f"everywhere: {p.gain_pct:+.1f} % shorter ({rule}).{ttt}",
                     "", f"To prove it by a trial, add to search.hooks: `{hook_entry(a)}`", ""]
 
 
