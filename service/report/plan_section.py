@@ -40,9 +40,17 @@ class PlanAnswer:
         return None if any(s is None for s in steps) else max(steps) * step_ms / 1000.0
 
 
-def _representative(basis: Basis) -> TrialTimeline:
-    """The seed whose own priced step is the median of the basis's seeds."""
-    ranked = sorted(basis.timelines, key=lambda t: t.own_step_ms())
+def _representative(basis: Basis, cell: Cell) -> TrialTimeline:
+    """The seed whose step priced at ``cell`` is the (lower) median of the basis's seeds: the
+    one the cluster's answer stands on (a seed's compute fit is noisy, and priced at another
+    batch the seeds of one configuration can differ by a fifth)."""
+    def priced(t: TrialTimeline) -> float:
+        try:
+            return t.price(basis.global_batch, cell.world_size, cell.link_gbps, cell.latency_s, cell.transport).step_ms
+        except CellRefused:
+            return t.own_step_ms()
+
+    ranked = sorted(basis.timelines, key=priced)
     return ranked[(len(ranked) - 1) // 2]
 
 
@@ -64,7 +72,8 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
         return PlanAnswer(why_not=f"the sweep has no {BASELINE_HOOK} timeline to plan against")
     chosen = [b for b in bases if b.config == BASELINE_HOOK or
               (b.quality_at(cluster.world_size).matches and b.timeline_world_size == base.timeline_world_size)]
-    options = {b.config: _representative(b) for b in chosen}
+    cell = Cell(cluster.world_size, cluster.link_gbps, cluster.latency_ms / 1000.0, transport)
+    options = {b.config: _representative(b, cell) for b in chosen}
     same = {c: t for c, t in options.items() if layout(t.timeline) == layout(options[BASELINE_HOOK].timeline)}
     if len(same) < 2:
         return PlanAnswer(why_not="no configuration that matched the baseline's quality recorded the same buckets")
@@ -74,7 +83,6 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
     compute = baseline.compute
     if compute is None:
         return PlanAnswer(why_not=f"{BASELINE_HOOK}'s trials measured no compute at a second batch size")
-    cell = Cell(cluster.world_size, cluster.link_gbps, cluster.latency_ms / 1000.0, transport)
     try:
         plan = design(BASELINE_HOOK, {c: t.timeline for c, t in same.items()}, compute, base.global_batch, cell, width)
     except (CellRefused, ValueError) as exc:
@@ -107,15 +115,19 @@ def markdown(a: Optional[PlanAnswer]) -> list[str]:
     lines += [f"| {i} | {4 * n / 1e6:.2f} | {c} |" for i, (n, c) in enumerate(zip(a.numels, p.choices))]
     rule = (f"searched: {p.searched}; a bucket leaves the baseline only where it saves more than "
             f"{a.band_pct:.1f} % of the step, the baseline's error spread at this W")
+    same = (f"; {BASELINE_HOOK} everywhere {p.baseline_step_ms:.3g} ms. Every configuration is priced here with "
+            f"{BASELINE_HOOK}'s compute, so only what the hooks change differs (the cluster's answer above prices "
+            "each with its own seeds' compute)")
     if p.is_uniform:
         return lines + ["", f"No per-bucket plan beats a uniform configuration here: {_why_uniform(a)}; "
-                            f"projected step {p.step_ms:.3g} ms ({rule}).", ""]
+                            f"projected step {p.step_ms:.3g} ms{same if p.choices[0] != BASELINE_HOOK else ''} "
+                            f"({rule}).", ""]
     mine, theirs = a.time_to_target_s(p.choices, p.step_ms), a.time_to_target_s((p.uniform,), p.uniform_step_ms)
     ttt = ("" if mine is None or theirs is None else
            f" Time to target {mine:.3g} s against {theirs:.3g} s, assuming the plan crosses at the slowest "
            "crossing step of the configurations it mixes (a trial of it measures its own).")
     return lines + ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
-                        f"everywhere: {p.gain_pct:+.1f} % shorter ({rule}).{ttt}",
+                        f"everywhere: {p.gain_pct:+.1f} % shorter{same} ({rule}).{ttt}",
                     "", f"To prove it by a trial, add to search.hooks: `{hook_entry(a)}`", ""]
 
 

@@ -41,6 +41,7 @@ class Plan:
     uniform: str
     uniform_step_ms: float
     searched: str          # "every plan (N)" or "coordinate descent"
+    baseline_step_ms: float = 0.0   # the baseline everywhere, at the same compute
 
     @property
     def gain_pct(self) -> float:
@@ -99,7 +100,7 @@ def design(baseline: str, options: dict[str, StepTimeline], compute: ComputeScal
     else:
         best, searched = _descend((best_uniform,) * n, names, step), "coordinate descent"
     best = _keep_baseline_within_band(best, baseline, step, min_gain_pct)
-    return Plan(tuple(best), step(tuple(best)), best_uniform, uniform[best_uniform], searched)
+    return Plan(tuple(best), step(tuple(best)), best_uniform, uniform[best_uniform], searched, uniform[baseline])
 
 
 def _descend(start: tuple[str, ...], names: list[str], step) -> tuple[str, ...]:
