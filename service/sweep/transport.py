@@ -8,7 +8,9 @@ from it. On loopback: a network sweep's links are not probed yet (docs/performan
 from __future__ import annotations
 
 import json
+import signal
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Optional, TextIO
 
@@ -39,11 +41,15 @@ def _probe_loop(config: dict) -> None:
 
 
 def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float]:
+    import ray
     import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from service.sweep.cluster import torch_config
 
     trainer = TorchTrainer(
-        _probe_loop, torch_config=TorchConfig(backend="gloo"),
+        # across hosts gloo must not bind to a loopback hostname, as the trials' (service/sweep/cluster.py)
+        _probe_loop, torch_config=torch_config("gloo", ray.nodes()),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
         run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}-{time.strftime('%Y%m%d-%H%M%S')}",
                                        storage_path=storage))
@@ -54,6 +60,19 @@ def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[
         with open(f"{path}/{SAMPLES}") as f:
             data = json.load(f)
     return [Sample(**s) for s in data["samples"]], float(data["probe_s"])
+
+
+@contextmanager
+def _sweep_signal_handlers():
+    """The sweep's SIGINT and SIGTERM handlers put back after the probe's TorchTrainer.fit(),
+    which installs Ray Train's own and leaves them: afterwards a Ctrl-C no longer stopped the
+    sweep (tests/test_resume.py, test_netem's interrupted sweep caught it)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
@@ -73,7 +92,8 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
     try:
         for w in sizes:
             started = time.monotonic()  # the trainer's start included: what the sweep pays
-            samples += _probe(w, storage, cfg.resources.cpus_per_worker)[0]
+            with _sweep_signal_handlers():
+                samples += _probe(w, storage, cfg.resources.cpus_per_worker)[0]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
         print(f"transport not measured ({type(exc).__name__}: {exc}); the report scales each trial's "
