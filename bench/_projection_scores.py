@@ -1,4 +1,4 @@
-"""The projection's decisions scored against measurement (bench/projection.py, issue 32's item 3):
+"""The projection's decisions scored against measurement (bench/projection.py):
 per held-out (W, link) cell, the hooks ranked by projected and by measured step.
 
 * regret: the measured step of the projected winner against the measured best, %;

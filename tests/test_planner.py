@@ -31,7 +31,7 @@ OPTIONS = {"allreduce": timeline("allreduce"), "fp16_compress": timeline("fp16_c
 
 
 def step(choices) -> float:
-    return price_cell(planner.combine(OPTIONS["allreduce"], OPTIONS, choices), FLAT, 64, CELL).step_ms
+    return price_cell(planner.mixed_timeline(OPTIONS["allreduce"], OPTIONS, choices), FLAT, 64, CELL).step_ms
 
 
 def test_the_exposed_bucket_is_compressed_and_the_overlapped_one_is_not():
@@ -47,7 +47,7 @@ def test_the_exposed_bucket_is_compressed_and_the_overlapped_one_is_not():
     assert (plan.uniform, plan.uniform_step_ms) == ("fp16_compress", pytest.approx(54.0))
     assert plan.gain_pct == pytest.approx(100 * (1 - 53 / 54)) and plan.searched == "every plan (4)"
     # the combined timeline prices each bucket by its own hook
-    combined = planner.combine(OPTIONS["allreduce"], OPTIONS, ("allreduce", "fp16_compress"))
+    combined = planner.mixed_timeline(OPTIONS["allreduce"], OPTIONS, ("allreduce", "fp16_compress"))
     assert [b.hook for b in combined.buckets] == ["allreduce", "fp16_compress"]
     assert combined.backward_end_ms == pytest.approx(31.0)
 

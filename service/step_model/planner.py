@@ -58,7 +58,7 @@ def layout(timeline: StepTimeline) -> tuple[int, ...]:
     return tuple(b.numel for b in timeline.buckets)
 
 
-def combine(baseline: StepTimeline, options: dict[str, StepTimeline], choices: tuple[str, ...]) -> StepTimeline:
+def mixed_timeline(baseline: StepTimeline, options: dict[str, StepTimeline], choices: tuple[str, ...]) -> StepTimeline:
     """The plan's timeline: the baseline's compute (forward, optimizer, each bucket's backward
     compute before it), each bucket's encode, collectives and decode from its chosen
     configuration's timeline; a bucket's ready time moves by the encodes before it (they run on
@@ -90,7 +90,7 @@ def design(baseline: str, options: dict[str, StepTimeline], compute: ComputeScal
                          f"({len(options[different[0]].buckets)} against {len(base.buckets)}): no plan mixes them")
 
     def step(choices: tuple[str, ...]) -> float:
-        return price_cell(combine(base, options, choices), compute, global_batch, cell).step_ms
+        return price_cell(mixed_timeline(base, options, choices), compute, global_batch, cell).step_ms
 
     n = len(base.buckets)
     uniform = {name: step((name,) * n) for name in names}
