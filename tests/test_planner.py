@@ -105,3 +105,29 @@ def test_the_report_names_the_plan_and_the_entry_that_trains_it():
     cfg = SweepConfig.model_validate({"name": "p", "workload": {"name": "char_lm", "steps": 10},
                                       "search": {"hooks": [yaml.safe_load(entry)], "world_size": [2]}})
     assert [t.hook for t in cfg.trials()] == ["plan"]
+
+
+def test_the_plan_round_trains_a_mixed_plan_at_every_trial_of_the_baseline_and_a_uniform_one_not_at_all():
+    """service/sweep/plan_round.py: the plan's trials copy the baseline's that ran (world size,
+    seed, link, kind), with the plan as their hook; a uniform plan adds none."""
+    import hooks
+    from service.config import SweepConfig
+    from service.report.plan_section import PlanAnswer
+    from service.step_model.planner import Plan
+    from service.sweep.plan_round import plan_trials
+
+    cfg = SweepConfig.model_validate({
+        "name": "p", "workload": {"name": "mlp_digits", "steps": 10, "global_batch_size": 64, "lr": 0.05},
+        "search": {"hooks": ["allreduce", "fp16_compress"], "world_size": [1, 2], "seed": [0, 1, 2],
+                   "plan": {"cell": {"world_size": 8, "link_gbps": 1}}}})
+    trials = cfg.trials()
+    ran = {t.key for t in trials if t.seed < 2 or t.hook == "allreduce"}   # allreduce got a third seed
+    configs = {"allreduce": {"name": "allreduce"}, "fp16_compress": {"name": "fp16_compress"}}
+    mixed = PlanAnswer(Plan(("fp16_compress", "allreduce", "allreduce"), 1.0, "allreduce", 2.0, "every plan (8)"),
+                       (10, 10, 10), configs)
+    planned = plan_trials(cfg, trials, mixed, ran)
+    assert sorted((t.world_size, t.seed) for t in planned) == [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (2, 2)]
+    assert {t.hook for t in planned} == {"plan"}
+    assert dict(planned[0].hook_params) == dict(hooks.validate("plan", buckets="0=fp16_compress", default="allreduce"))
+    uniform = PlanAnswer(Plan(("fp16_compress",) * 3, 1.0, "fp16_compress", 1.0, "every plan (8)"), (10, 10, 10), configs)
+    assert plan_trials(cfg, trials, uniform, ran) == [] and plan_trials(cfg, trials, PlanAnswer(why_not="x"), ran) == []

@@ -344,7 +344,7 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "### Transport measured for this sweep (transport.json)" in summary
     assert "| allreduce | 2 | 500.0 µs | 20.000 ms |" in summary
     # the per-bucket plan for report.cluster: this tiny model has one bucket, so none beats uniform
-    assert "### A per-bucket plan for report.cluster" in summary
+    assert "### A per-bucket plan for W=16 on 25 Gbit/s (report.cluster)" in summary
     assert "No per-bucket plan beats a uniform configuration here: the model has one bucket" in summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline

@@ -40,3 +40,15 @@ def tiny_noisy(seed: int) -> Workload:
               torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
               torch.nn.Linear(32, 10)]
     return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)
+
+
+def tiny_exposed(seed: int) -> Workload:
+    """tiny_digits with one large layer near the output and tiny ones at the input: at a small
+    bucket cap DDP cuts it into a 2 MB bucket (the last layers', ready first), a 72 KB one and a
+    2 KB last one (the first layer's). On a slow link the large bucket's wire is most of the step
+    and the last one's is nothing: a per-bucket plan compresses the first and not the last
+    (tests/test_plan_round.py)."""
+    wl = tiny_digits(seed)
+    layers = [torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2048), torch.nn.ReLU(),
+              torch.nn.Linear(2048, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)]
+    return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)

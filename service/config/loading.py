@@ -172,3 +172,26 @@ def report_section(text: str | None, shown: str = "the sweep's config"):
         return ReportConfig.model_validate(section or {})
     except ValidationError as exc:
         raise ConfigError(exception_text(exc), source=shown) from None
+
+
+def plan_cell(text: str | None, report, shown: str = "the sweep's config"):
+    """The cell a sweep's per-bucket plan is designed for: ``search.plan``'s (its 'cluster' being
+    ``report.cluster``), else ``report.cluster`` (None: no plan is designed); and where it came
+    from ('search.plan' or 'report.cluster')."""
+    from pydantic import BaseModel, ConfigDict
+
+    from service.config.sections import PlanRound
+
+    class _PlanOnly(BaseModel):  # the search section's plan, its other keys left to the sweep that ran them
+        model_config = ConfigDict(extra="ignore")
+        plan: PlanRound | None = None
+
+    raw = _parse_yaml(text, shown) if text else None
+    search = raw.get("search") if isinstance(raw, dict) else None
+    try:
+        round_ = _PlanOnly.model_validate(search if isinstance(search, dict) else {}).plan
+    except ValidationError as exc:
+        raise ConfigError(exception_text(exc), source=shown) from None
+    if round_ is None:
+        return report.cluster, "report.cluster"
+    return (report.cluster if round_.cell == "cluster" else round_.cell), "search.plan"

@@ -16,7 +16,7 @@ from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, fiel
 from service.config.errors import FieldProblem, exception_text
 from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH,
                                    MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
-from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, ReportConfig, ResourcesConfig,
+from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, PlanRound, ReportConfig, ResourcesConfig,
                                      StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
 from service.config.trial import Scalar, TrialSpec
 from service.text import did_you_mean, short_value
@@ -235,6 +235,8 @@ class SearchConfig(BaseModel):
                                        description="DDP's bucket size cap, MiB (25: DDP's default)")
     gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    plan: PlanRound | None = Field(None, description="after the trials, design a per-bucket plan for a cell and "
+                                   "train it as one more configuration (a last round); absent: no plan round")
 
     _scalar_allowed = field_validator("world_size", "bucket_cap_mb", "gradient_as_bucket_view",
                                       "static_graph", mode="before")(scalar_to_list)
@@ -349,6 +351,8 @@ class SweepConfig(BaseModel):
         if self.checkpoint.every > wl.steps:
             raise FieldProblem("checkpoint.every", f"{self.checkpoint.every} is more than the {wl.steps} steps, "
                                                    f"so no checkpoint would be taken; allowed: 0 (off) to {wl.steps}")
+        if self.search.plan is not None:
+            self.search.plan.check(self)
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
         n_knobs = len(self.search.ddp_knobs())
@@ -368,7 +372,10 @@ class SweepConfig(BaseModel):
     def fingerprint(self) -> str:
         """A short hash of everything that decides what the trials compute (not how fast, where
         they run or how often they flush): ``--resume`` only continues a sweep of the same one."""
+        # search.plan is left out too: its round adds trials designed from the recorded ones and
+        # changes none of them, so a finished sweep given search.plan resumes into its plan round
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
+                                                         "search": {"plan"},
                                                          "tracking": {"flush_seconds", "paired_timing_every",
                                                                       "timeline_steps"},
                                                          "storage_path": True,

@@ -3,7 +3,7 @@ and the checks sweep axes share (a scalar for a list, each value in range, no va
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -138,6 +138,34 @@ class ClusterCell(BaseModel):
     world_size: int = Field(ge=1, le=MAX_PROJECTED_WORLD_SIZE, description="ranks on that cluster")
     link_gbps: float = Field(gt=0, le=MAX_LINK_GBPS, description="each rank's link there, Gbit/s")
     latency_ms: float = projected_latency()
+
+
+class PlanRound(BaseModel):
+    """``search.plan``: after its trials, the sweep designs a per-bucket plan for ``cell`` from their
+    step timelines (service/step_model/planner.py) and trains it, at every world size, link and
+    seed the baseline ran (service/sweep/plan_round.py)."""
+
+    model_config = STRICT
+
+    cell: Union[Literal["cluster"], ClusterCell] = Field(
+        description="the (world_size, link_gbps, latency_ms) the plan is designed for, or 'cluster': report.cluster's")
+
+    def check(self, cfg) -> None:
+        """A plan needs its cell, the baseline and one other hook to mix, and the step timelines
+        (``cfg``: the SweepConfig it is part of)."""
+        import hooks  # imported late: it pulls in torch
+        from hooks.plan import NAME as PLAN
+
+        if self.cell == "cluster" and cfg.report.cluster is None:
+            raise FieldProblem("search.plan.cell", "'cluster' names report.cluster, which is not set; allowed: "
+                                                   "set report.cluster, or give the cell {world_size, link_gbps}")
+        names = {e.name for e in cfg.search.hooks}
+        if hooks.BASELINE not in names or not names - {hooks.BASELINE, PLAN}:
+            raise FieldProblem("search.plan", f"a plan mixes {hooks.BASELINE} with the other hooks of search.hooks; "
+                                              f"allowed: search.hooks with {hooks.BASELINE} and at least one other")
+        if cfg.tracking.timeline_steps == 0:
+            raise FieldProblem("search.plan", "the plan is designed from the trials' step timelines, and "
+                                              "tracking.timeline_steps is 0; allowed: 1 or more")
 
 
 class ReportConfig(BaseModel):

@@ -24,7 +24,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     and return the path of report.html. Raises ReportError for problems the user can fix."""
     from service.report import plots  # here: `--help` and the package import stay light
     from service.config import ConfigError
-    from service.config.loading import report_section
+    from service.config.loading import plan_cell, report_section
     from service.report.projected import projected
     from service.tracking import StoreError
 
@@ -36,6 +36,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     sweep = load_sweep(reader, parent_run_id)
     try:
         report_cfg = report_section(sweep.config_text)
+        plan_at = plan_cell(sweep.config_text, report_cfg)
     except ConfigError as e:
         raise ReportError(f"the sweep's config: {e}") from None
     out_dir = Path(out_dir) if out_dir is not None else Path("results") / f"report-{parent_run_id[:8]}"
@@ -55,7 +56,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
                                         title=sweep.experiment),
     }
-    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment)  # service/report/projection.py
+    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment, plan_at=plan_at)  # service/report/projection.py
     if scale.image is not None:  # nothing priced (no step timeline recorded): the section says so, no map
         images["decision_map"] = scale.image
     write_summary_csv(rows, recs, out_dir / "summary.csv")

@@ -6,7 +6,7 @@ shown beside the best uniform configuration with the sentence a user pastes into
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from hooks.plan import NAME as PLAN
@@ -19,7 +19,7 @@ from service.step_model.price import Cell, CellRefused
 from service.step_model.transport import TransportFit
 from service.step_model.trial import TrialTimeline
 
-HEADING = "A per-bucket plan for report.cluster (designed from the timelines, not yet trained)"
+HEADING = "A per-bucket plan for W={w} on {gbps:g} Gbit/s ({source})"
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class PlanAnswer:
     band_pct: float = 0.0
     why_not: str = ""
     crossings: Optional[dict[str, Optional[float]]] = None   # configuration -> its crossing step at the cluster's W
+    trained: Optional["TrainedPlan"] = None   # the plan as the sweep's plan round trained it (search.plan)
 
     def time_to_target_s(self, choices: tuple[str, ...], step_ms: float) -> Optional[float]:
         """Seconds to the target at the slowest crossing step of the configurations ``choices``
@@ -61,8 +62,58 @@ def _entry(basis: Basis, timeline: TrialTimeline) -> dict:
     return {"name": basis.hook, **params}
 
 
+@dataclass(frozen=True)
+class TrainedPlan:
+    """The designed plan's own trials (the plan round's): its configuration label, its quality at
+    the cell's W, and at the cell where this machine measured it (its W and emulated link) the
+    measured median step of it and of the best uniform configuration; its own timeline priced at
+    the cell."""
+
+    config: str
+    matches: bool
+    projected_own_ms: Optional[float]          # its trials' timelines priced at the cell (median)
+    measured_ms: Optional[float] = None        # None: the cell is not one this machine measured
+    uniform_measured_ms: Optional[float] = None
+
+
+def plan_params(a: PlanAnswer) -> dict:
+    """The plan's full hook parameters (as a trial of it records them)."""
+    import hooks
+    from service.config import HookEntry
+
+    entry = HookEntry.model_validate(plan_entry(a))
+    return dict(hooks.validate(entry.name, **entry.combos()[0]))
+
+
+def measured_steps(trials: list, cell) -> dict[str, float]:
+    """Per configuration, the median over its ok trials at ``cell``'s W and emulated link of their
+    median step (ms): what this machine measured there (none where the cell is not a link it ran)."""
+    steps: dict[str, list[float]] = {}
+    for t in trials:
+        gbps = (t.timing or t).record.link_gbps
+        if t.state == "ok" and t.world_size == cell.world_size and gbps is not None and gbps == cell.link_gbps:
+            steps.setdefault(t.config, []).append(t.metric("step_time_ms_median"))
+    return {c: statistics.median(v) for c, v in steps.items()}
+
+
+def _trained(a: PlanAnswer, bases: list[Basis], cell: Cell, measured: dict[str, float]) -> Optional[TrainedPlan]:
+    """The designed plan's trials among ``bases`` (by its hook parameters), None where it has none."""
+    params = plan_params(a)
+    mine = next((b for b in bases if b.hook == PLAN and b.timelines
+                 and b.timelines[0].timeline.hook_params == params), None)
+    if mine is None:
+        return None
+    try:
+        own = statistics.median(t.price(mine.global_batch, cell.world_size, cell.link_gbps, cell.latency_s,
+                                        cell.transport).step_ms for t in mine.timelines)
+    except CellRefused:
+        own = None
+    return TrainedPlan(mine.config, mine.quality_at(cell.world_size).matches, own, measured.get(mine.config),
+                       measured.get(a.plan.uniform))
+
+
 def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None,
-           bands: Optional[ErrorBands] = None) -> Optional[PlanAnswer]:
+           bands: Optional[ErrorBands] = None, measured: Optional[dict[str, float]] = None) -> Optional[PlanAnswer]:
     """The plan at ``cluster`` (None without one): candidates are the baseline and every
     configuration that matched its quality at the cluster's W, measured at the baseline's W."""
     if cluster is None:
@@ -70,8 +121,10 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
     base = next((b for b in bases if b.config == BASELINE_HOOK), None)
     if base is None:
         return PlanAnswer(why_not=f"the sweep has no {BASELINE_HOOK} timeline to plan against")
+    # a plan trained by the sweep's plan round is not a candidate of the next plan
     chosen = [b for b in bases if b.config == BASELINE_HOOK or
-              (b.quality_at(cluster.world_size).matches and b.timeline_world_size == base.timeline_world_size)]
+              (b.hook != PLAN and b.quality_at(cluster.world_size).matches
+               and b.timeline_world_size == base.timeline_world_size)]
     cell = Cell(cluster.world_size, cluster.link_gbps, cluster.latency_ms / 1000.0, transport)
     options = {b.config: _representative(b, cell) for b in chosen}
     same = {c: t for c, t in options.items() if layout(t.timeline) == layout(options[BASELINE_HOOK].timeline)}
@@ -89,25 +142,36 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
         return PlanAnswer(why_not=str(exc))
     entries = {c: _entry(next(b for b in chosen if b.config == c), t) for c, t in same.items()}
     crossings = {b.config: b.quality_at(cluster.world_size).crossing_step for b in chosen}
-    return PlanAnswer(plan, layout(baseline.timeline), entries, width, crossings=crossings)
+    a = PlanAnswer(plan, layout(baseline.timeline), entries, width, crossings=crossings)
+    if plan.is_uniform:
+        return a
+    return replace(a, trained=_trained(a, bases, cell, measured or {}))
+
+
+def plan_entry(a: PlanAnswer) -> dict:
+    """The plan as a search.hooks entry: the plan hook, the most common choice its default and
+    every other bucket by index (a uniform plan: that configuration's own entry)."""
+    default = statistics.mode(a.plan.choices)
+    buckets = {i: a.configs[c] for i, c in enumerate(a.plan.choices) if c != default}
+    return {"name": PLAN, "buckets": buckets, "default": a.configs[default]} if buckets else a.configs[default]
 
 
 def hook_entry(a: PlanAnswer) -> str:
     """The plan as a search.hooks entry (flow YAML)."""
-    def flow(entry: dict) -> str:
-        return "{" + ", ".join(f"{k}: {str(v).lower() if isinstance(v, bool) else v}" for k, v in entry.items()) + "}"
+    def flow(value) -> str:
+        if isinstance(value, dict):
+            return "{" + ", ".join(f"{k}: {flow(v)}" for k, v in value.items()) + "}"
+        return str(value).lower() if isinstance(value, bool) else str(value)
 
-    default = statistics.mode(a.plan.choices)
-    buckets = ", ".join(f"{i}: {flow(a.configs[c])}" for i, c in enumerate(a.plan.choices) if c != default)
-    return (f"{{name: {PLAN}, buckets: {{{buckets}}}, default: {flow(a.configs[default])}}}" if buckets
-            else flow(a.configs[default]))
+    return flow(plan_entry(a))
 
 
-def markdown(a: Optional[PlanAnswer]) -> list[str]:
-    """The section's lines for summary.md (nothing without report.cluster)."""
+def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster") -> list[str]:
+    """The section's lines for summary.md (nothing without a cell: report.cluster or search.plan's)."""
     if a is None:
         return []
-    lines = [f"### {HEADING}", ""]
+    heading = HEADING.format(w=cell.world_size, gbps=cell.link_gbps, source=source) if cell else "A per-bucket plan"
+    lines = [f"### {heading}", ""]
     if a.plan is None:
         return lines + [f"No plan: {a.why_not}.", ""]
     p = a.plan
@@ -126,9 +190,27 @@ def markdown(a: Optional[PlanAnswer]) -> list[str]:
     ttt = ("" if mine is None or theirs is None else
            f" Time to target {mine:.3g} s against {theirs:.3g} s, assuming the plan crosses at the slowest "
            "crossing step of the configurations it mixes (a trial of it measures its own).")
-    return lines + ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
-                        f"everywhere: {p.gain_pct:+.1f} % shorter{same} ({rule}).{ttt}",
-                    "", f"To prove it by a trial, add to search.hooks: `{hook_entry(a)}`", ""]
+    lines += ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
+                  f"everywhere: {p.gain_pct:+.1f} % shorter{same} ({rule}).{ttt}", ""]
+    if a.trained is None:
+        return lines + ["Designed from the timelines, not yet trained. To prove it by a trial, add to "
+                        f"search.hooks: `{hook_entry(a)}` (or set search.plan to train it in a last round).", ""]
+    return lines + [_trained_text(a, cell), ""]
+
+
+def _trained_text(a: PlanAnswer, cell) -> str:
+    """What the plan's own trials showed: quality, and the step measured where the cell is this machine's."""
+    t, p = a.trained, a.plan
+    quality = "matched" if t.matches else "did not match (its verdict is in the table above)"
+    where = f"W={cell.world_size}" if cell else "the cell's W"
+    text = f"Proven by a trial: {t.config} trained at the baseline's seeds; its quality {quality} {BASELINE_HOOK}'s at {where}."
+    own = "" if t.projected_own_ms is None else f", {t.projected_own_ms:.3g} ms from its own timeline"
+    if t.measured_ms is None or t.uniform_measured_ms is None:
+        return text + (f" The cell is not one this machine measured: projected {p.step_ms:.3g} ms as designed{own}.")
+    gain = 100.0 * (1.0 - t.measured_ms / t.uniform_measured_ms)
+    return text + (f" Measured here at the cell: step {t.measured_ms:.3g} ms against {t.uniform_measured_ms:.3g} ms for "
+                   f"{p.uniform} everywhere ({gain:+.1f} % shorter); projected {p.step_ms:.3g} ms as designed{own} "
+                   f"(error {100.0 * (p.step_ms / t.measured_ms - 1):+.1f} %).")
 
 
 def _why_uniform(a: PlanAnswer) -> str:
@@ -138,3 +220,14 @@ def _why_uniform(a: PlanAnswer) -> str:
     if choice == BASELINE_HOOK:
         return f"compressing no bucket saves more than the band ({choice} everywhere)"
     return f"every bucket's communication is exposed ({choice} everywhere)"
+
+
+def html_parts(lines: list[str]) -> Optional[dict]:
+    """The section's markdown lines as the HTML report draws them: heading, the bucket table,
+    paragraphs (None: no section)."""
+    if not lines:
+        return None
+    table = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]
+    return {"heading": lines[0].lstrip("# "), "header": table[0] if table else [],
+            "rows": [r for r in table[2:]], "paragraphs": [line.replace("`", "") for line in lines[1:]
+                                                        if line and not line.startswith("|")]}

@@ -24,7 +24,8 @@ class Projected:
     csv: Optional[Path] = None                                 # projection.csv
     latency_ms: float = 0.0                                    # report.project's, every cell priced at it
     transport: Optional[TransportFit] = None                   # the sweep's transport.json, when measured
-    plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for report.cluster
+    plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
+    plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -39,7 +40,7 @@ class Projected:
         lines += transport_table.markdown(self.transport)
         if self.cluster:
             lines += [self.cluster, ""]
-        lines += plan_section.markdown(self.plan)
+        lines += plan_section.markdown(self.plan, *self.plan_at)
         return "\n".join(lines)
 
 
@@ -47,11 +48,13 @@ EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sw
           "recorded): there is nothing to project from.")
 
 
-def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -> Projected:
-    """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``."""
+def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", plan_at=None) -> Projected:
+    """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``;
+    ``plan_at``: (the per-bucket plan's cell, 'search.plan' or 'report.cluster'), default report.cluster's."""
     bases = projection.bases(sweep.trials, recs, reader.step_timeline)
     latency_ms, transport = report_cfg.project.latency_ms, reader.transport(sweep.parent_run_id)
-    out = Projected(bases, latency_ms=latency_ms, transport=transport)
+    out = Projected(bases, latency_ms=latency_ms, transport=transport,
+                    plan_at=plan_at or (report_cfg.cluster, "report.cluster"))
     if not bases:
         return out
     global_batch = max(b.global_batch for b in bases)
@@ -59,7 +62,9 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "") -
     out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=transport)
-    out.plan = plan_section.answer(bases, report_cfg.cluster, transport)
+    cell = out.plan_at[0]
+    out.plan = plan_section.answer(bases, cell, transport,
+                                   measured=None if cell is None else plan_section.measured_steps(sweep.trials, cell))
     grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from service import uris
-from service.report import recommend
+from service.report import plan_section, recommend
 from service.report.data import SummaryRow, Sweep, link_order
 from service.report.recommend import BASELINE_HOOK
 from service.text import format_bytes
@@ -309,5 +309,6 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
         projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
+        plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at)),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

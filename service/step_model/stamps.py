@@ -26,19 +26,25 @@ from service.step_model.timeline import BucketTiming, StepTimeline, decode_cost
 
 
 def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size: int, batch: int,
-                  link_gbps: float = math.inf, latency_s: float = 0.0) -> StepTimeline:
-    """One sampled step as the step model's ``StepTimeline`` (ms; the module doc)."""
-    ms, waits = _ms, spec(hook).waits_in_call
+                  link_gbps: float = math.inf, latency_s: float = 0.0,
+                  bucket_hooks: dict[int, tuple[str, dict]] | None = None) -> StepTimeline:
+    """One sampled step as the step model's ``StepTimeline`` (ms; the module doc).
+    ``bucket_hooks``: {bucket index: (hook, its parameters)} where a bucket ran another hook than
+    the step's (a per-bucket plan's buckets), each bucket then timed and priced as its own."""
+    ms, bucket_hooks = _ms, bucket_hooks or {}
     buckets, link_free, held = [], -math.inf, 0.0
-    for c in sample.calls:
+    for i, c in enumerate(sample.calls):
+        own, own_params = bucket_hooks.get(i, ("", {}))
+        waits = spec(own or hook).waits_in_call
         launched = c.launched if c.launched is not None else c.returned
         comm_from = max(launched, link_free)
         comm = ms(comm_from, c.completed)
         buckets.append(BucketTiming(
             ready_ms=max(ms(sample.backward, c.called) - held, 0.0), numel=c.numel, element_size=c.element_size,
             encode_ms=ms(c.called, launched), comm_ms=comm,
-            decode=decode_cost(hook, ms(c.completed, c.decoded), world_size),
-            waited=min(ms(comm_from, c.returned) / comm, 1.0) if waits and comm > 0 else 0.0))
+            decode=decode_cost(own or hook, ms(c.completed, c.decoded), world_size),
+            waited=min(ms(comm_from, c.returned) / comm, 1.0) if waits and comm > 0 else 0.0,
+            hook=own, hook_params=dict(own_params)))
         if waits:  # the thread's hold after the launch: the model puts it back at its own W and link
             held += ms(launched, c.returned)
         link_free = c.completed
@@ -56,7 +62,10 @@ def sampled_timelines(sampler: StepSampler, world_size: int, batch: int, link_gb
     ``measured_params``: the hook's ``HookSpec.from_stats`` inputs read from its measured stats
     (PowerSGD's)."""
     params = {**sampler.state.params, **measured_params}
-    return [step_timeline(s, sampler.state.name, params, world_size, batch, link_gbps, latency_s)
+    # a plan's buckets each run their own hook (hooks/plan.py: PlanState.by_bucket, by bucket index)
+    by_bucket = getattr(sampler.state, "by_bucket", {})
+    own = {i: (b.state.name, dict(b.state.params)) for i, b in by_bucket.items()}
+    return [step_timeline(s, sampler.state.name, params, world_size, batch, link_gbps, latency_s, own)
             for s in sampler.samples]
 
 

@@ -61,6 +61,10 @@ class ProgressBoard:
         self._round = (round_, rounds)
         self._total = planned
 
+    def add_trials(self, count: int) -> None:
+        """A round beyond the grid (search.plan's) brings ``count`` more trials."""
+        self._total += count
+
     def interrupt(self) -> None:
         """The sweep was interrupted (Ctrl-C/SIGTERM): trials whose fit fails from now on were
         torn down by it, and end KILLED rather than FAILED."""

@@ -71,18 +71,18 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
               + (f"at most {len(trials)} trials already finished; the adaptive seeds go on from there"
                  if adaptive else f"{len(trials)} trials already finished, {len(pending)} to run"),
               file=out, flush=True)
-        if not (left_to_run(seed_rounds(cfg, trials), done) if adaptive else pending):
+        if not (left_to_run(seed_rounds(cfg, trials), done) if adaptive else pending) and cfg.search.plan is None:
             print("Nothing left to run.", file=out, flush=True)
             return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
                                                                         ran_only=adaptive))
-        links = prepare_network(cfg, pending, out)
+        links = prepare_network(cfg, pending or trials, out)  # nothing pending: the plan round's, on the baseline's links
     # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
-    local_ray = (init_ray or _init_ray)(cfg, pending)  # a LocalRay when this sweep started one
+    local_ray = (init_ray or _init_ray)(cfg, pending or trials)  # a LocalRay when this sweep started one
     try:
         log.info("ray ready in %.1f s", time.monotonic() - started)
-        check_cluster(cfg, pending, tracking_uri, storage)
+        check_cluster(cfg, pending or trials, tracking_uri, storage)
         # open the record, run the trials, close every run (whatever happens)
         run = _SweepRun(cfg, trials, pending, tracking_uri, storage, parent_run_id, reusable_runs, links)
         run.go(config_path, train_loop or _default_train_loop(), resume, out, done, local_ray)
@@ -93,7 +93,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
     if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
     # report: the table, read back from MLflow
-    rows = trial_rows(run.parent_run_id, tracking_uri, trials, ran_only=adaptive)
+    rows = trial_rows(run.parent_run_id, tracking_uri, run.trials, ran_only=adaptive)  # the plan round's too
     return SweepOutcome(run.parent_run_id, tracking_uri, rows, run.status == "KILLED")
 
 
@@ -158,7 +158,10 @@ class _SweepRun:
                 search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
                           if cfg.search.adaptive is not None else None)
                 sweep, tune_name = self._context(train_loop, board, trial_runs, resume)
-                _make_tuner(sweep, self.pending, tune_name, self.storage, search).fit()
+                if self.pending:  # --resume of a sweep whose plan round is all that is left: none
+                    _make_tuner(sweep, self.pending, tune_name, self.storage, search).fit()
+                if cfg.search.plan is not None:
+                    self._plan_round(sweep, tune_name, board, out)
                 self.status = "FINISHED"
             except KeyboardInterrupt:
                 self.status, interrupted_at_ms = "KILLED", signal_received["at_ms"] or int(time.time() * 1000)
@@ -174,6 +177,27 @@ class _SweepRun:
                 if self.parent_run_id is not None:  # every child run closed, then the parent
                     tracking.close_sweep_run(self.parent_run_id, uri, self.status, interrupted_at_ms)
 
+
+    def _plan_round(self, sweep: SweepContext, tune_name: str, board, out: TextIO) -> None:
+        """search.plan's last round (service/sweep/plan_round.py): the plan designed from the
+        trials recorded so far, its trials not yet ended run; all of them join ``self.trials``."""
+        from service import tracking
+        from service.sweep import plan_round
+
+        try:
+            plan = plan_round.design(self.cfg, self.parent_run_id, self.tracking_uri)
+            records = tracking.SweepReader(self.tracking_uri).trials(self.parent_run_id)
+        except Exception as exc:  # the configured trials stand; the round says why it could not run
+            print(f"Plan round: could not design a plan: {one_line(exc)}", file=out, flush=True)
+            return
+        trials = plan_round.plan_trials(self.cfg, self.trials, plan, {r.key for r in records})
+        plan_round.announce(plan, trials, out)
+        ended = {r.key for r in records if r.ended}
+        todo = [t for t in trials if t.key not in ended]
+        self.trials = self.trials + trials
+        if todo:
+            board.add_trials.remote(len(todo))
+            _make_tuner(sweep, todo, f"{tune_name}-plan", self.storage).fit()
 
     def _context(self, train_loop: Callable[[dict], None], board, trial_runs, resume: bool) -> tuple[SweepContext, str]:
         """What every trial of this sweep runs with, and the Tune experiment's name."""

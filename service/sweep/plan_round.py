@@ -1,0 +1,60 @@
+"""``search.plan``: the sweep's last round, a per-bucket plan designed from what its trials
+recorded, then trained like any configuration.
+
+After the configured trials end, the sweep reads itself back as the report does (the quality
+verdicts, each configuration's step timelines, the measured transport) and designs the plan for
+``search.plan.cell`` among the configurations whose quality matched the baseline's
+(service/report/plan_section.py, service/step_model/planner.py). A plan that mixes
+configurations then trains at every world size, link and seed the baseline ran, so each of its
+trials pairs with one of the baseline's (like with like: the same seeds, the same links). A
+uniform plan is one of the configurations already trained: nothing new runs.
+
+``--resume`` designs the plan again from the same records (the plan's own trials are never a
+candidate) and runs only the plan trials without an ended run.
+"""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from hooks import BASELINE
+from hooks.plan import NAME as PLAN
+from service.config import SweepConfig, TrialSpec
+from service.report.plan_section import PlanAnswer, answer, hook_entry, plan_params
+
+
+def design(cfg: SweepConfig, parent_run_id: str, tracking_uri: str) -> PlanAnswer:
+    """The plan for ``cfg.search.plan.cell`` from the sweep's records so far."""
+    from service.report.data import load_sweep, open_store, recommendations
+    from service.report.projection import bases
+
+    reader = open_store(tracking_uri)
+    sweep = load_sweep(reader, parent_run_id)
+    found = bases(sweep.trials, recommendations(sweep), reader.step_timeline)
+    cell = cfg.report.cluster if cfg.search.plan.cell == "cluster" else cfg.search.plan.cell
+    return answer(found, cell, reader.transport(parent_run_id))
+
+
+def plan_trials(cfg: SweepConfig, trials: list[TrialSpec], plan: PlanAnswer, ran: set[str]) -> list[TrialSpec]:
+    """The plan's trials: one per trial of the baseline that ran (``ran``: the keys of the trials
+    with a run), the same world size, link, seed and run kind, with the plan as its hook. []
+    for no plan or a uniform one."""
+    if plan.plan is None or plan.plan.is_uniform:
+        return []
+    params = plan_params(plan)
+    return [t.model_copy(update={"hook": PLAN, "hook_params": params})
+            for t in trials if t.config_label == BASELINE and t.key in ran]
+
+
+def announce(plan: PlanAnswer, trials: list[TrialSpec], out: TextIO) -> None:
+    """One line: what the plan round trains, or why it trains nothing."""
+    if plan.plan is None:
+        line = f"Plan round: no plan ({plan.why_not}); nothing more to train."
+    elif plan.plan.is_uniform:
+        line = (f"Plan round: the designed plan is {plan.plan.choices[0]} on every bucket, a configuration "
+                "the sweep already trained; nothing more to train.")
+    else:
+        line = (f"Plan round: {len(trials)} trials of {hook_entry(plan)} (projected step "
+                f"{plan.plan.step_ms:.3g} ms against {plan.plan.uniform_step_ms:.3g} ms for {plan.plan.uniform} "
+                "everywhere)")
+    print(line, file=out, flush=True)
