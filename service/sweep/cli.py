@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     report_line = write_report(cfg, outcome)  # first: it records each trial's time to target
-    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, trials,
+    rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, outcome.trials or trials,
                       ran_only=cfg.search.adaptive is not None)
     print()
     print(format_table(rows))
@@ -110,7 +110,15 @@ def print_dry_run(cfg, trials) -> None:
         for trial in trials:
             print(trial.describe())
         print(count(len(trials), "trial"))
-        return
+    else:
+        _print_rounds(cfg, trials)
+    if cfg.search.plan is not None:
+        print("then a plan round (search.plan): a per-bucket plan designed from these trials' step timelines, "
+              "trained at every world size, link and seed the baseline ran, unless the plan is one hook everywhere")
+
+
+def _print_rounds(cfg, trials) -> None:
+    """Adaptive seeds: the first round's trials, the rounds after it and the rule."""
     rounds = seed_rounds(cfg, trials)
     first = rounds.plan({})
     seeds = cfg.search.adaptive

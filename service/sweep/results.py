@@ -26,6 +26,7 @@ class SweepOutcome:
     tracking_uri: str
     rows: list[dict[str, Any]] = field(default_factory=list)
     interrupted: bool = False
+    trials: list[TrialSpec] = field(default_factory=list)   # the grid's, then a plan round's (search.plan)
 
     @property
     def failed(self) -> int:

@@ -94,7 +94,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         raise KeyboardInterrupt
     # report: the table, read back from MLflow
     rows = trial_rows(run.parent_run_id, tracking_uri, run.trials, ran_only=adaptive)  # the plan round's too
-    return SweepOutcome(run.parent_run_id, tracking_uri, rows, run.status == "KILLED")
+    return SweepOutcome(run.parent_run_id, tracking_uri, rows, run.status == "KILLED", run.trials)
 
 
 def seed_rounds(cfg: SweepConfig, trials: list[TrialSpec]) -> SeedRounds:
