@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from hooks import BASELINE
-from hooks.plan import NAME as PLAN
 from service.config import SweepConfig, TrialSpec
-from service.report.plan_section import PlanAnswer, answer, hook_entry, plan_params
+from service.report.plan_section import PLAN, PlanAnswer, answer, hook_entry, plan_params
+from service.report.recommend import BASELINE_HOOK
 
 
 def design(cfg: SweepConfig, parent_run_id: str, tracking_uri: str) -> PlanAnswer:
@@ -43,7 +42,7 @@ def plan_trials(cfg: SweepConfig, trials: list[TrialSpec], plan: PlanAnswer, ran
         return []
     params = plan_params(plan)
     return [t.model_copy(update={"hook": PLAN, "hook_params": params})
-            for t in trials if t.config_label == BASELINE and t.key in ran]
+            for t in trials if t.config_label == BASELINE_HOOK and t.key in ran]
 
 
 def announce(plan: PlanAnswer, trials: list[TrialSpec], out: TextIO) -> None:
