@@ -43,12 +43,13 @@ def tiny_noisy(seed: int) -> Workload:
 
 
 def tiny_exposed(seed: int) -> Workload:
-    """tiny_digits with one large layer near the output and tiny ones at the input: at a small
-    bucket cap DDP cuts it into a 2 MB bucket (the last layers', ready first), a 72 KB one and a
-    2 KB last one (the first layer's). On a slow link the large bucket's wire is most of the step
-    and the last one's is nothing: a per-bucket plan compresses the first and not the last
+    """tiny_digits with a 1 MB layer near the output and tiny ones at the input: DDP (its first
+    bucket capped at 1 MiB, the rest at 25) cuts it into a 1.1 MB bucket (the last two layers',
+    ready first) and an 11 KB last one (the first two layers'). On a fast link at a large world
+    size the large bucket's wire is most of the step and the small one's microseconds, less than
+    fp16's cast costs: a per-bucket plan compresses the first and not the last
     (tests/test_plan_round.py)."""
     wl = tiny_digits(seed)
-    layers = [torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2048), torch.nn.ReLU(),
-              torch.nn.Linear(2048, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)]
+    layers = [torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 256), torch.nn.ReLU(),
+              torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]
     return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)

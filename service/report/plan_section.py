@@ -71,6 +71,7 @@ class TrainedPlan:
 
     config: str
     matches: bool
+    quality_world_size: int                    # where its quality was measured (the cell's W, else its largest)
     projected_own_ms: Optional[float]          # its trials' timelines priced at the cell (median)
     measured_ms: Optional[float] = None        # None: the cell is not one this machine measured
     uniform_measured_ms: Optional[float] = None
@@ -108,7 +109,8 @@ def _trained(a: PlanAnswer, bases: list[Basis], cell: Cell, measured: dict[str, 
                                         cell.transport).step_ms for t in mine.timelines)
     except CellRefused:
         own = None
-    return TrainedPlan(mine.config, mine.quality_at(cell.world_size).matches, own, measured.get(mine.config),
+    quality = mine.quality_at(cell.world_size)
+    return TrainedPlan(mine.config, quality.matches, quality.world_size, own, measured.get(mine.config),
                        measured.get(a.plan.uniform))
 
 
@@ -202,7 +204,8 @@ def _trained_text(a: PlanAnswer, cell) -> str:
     """What the plan's own trials showed: quality, and the step measured where the cell is this machine's."""
     t, p = a.trained, a.plan
     quality = "matched" if t.matches else "did not match (its verdict is in the table above)"
-    where = f"W={cell.world_size}" if cell else "the cell's W"
+    where = f"W={t.quality_world_size}" + ("" if cell is None or cell.world_size == t.quality_world_size
+                                            else f" (the quality W={cell.world_size} assumes)")
     text = f"Proven by a trial: {t.config} trained at the baseline's seeds; its quality {quality} {BASELINE_HOOK}'s at {where}."
     own = "" if t.projected_own_ms is None else f", {t.projected_own_ms:.3g} ms from its own timeline"
     if t.measured_ms is None or t.uniform_measured_ms is None:
