@@ -129,6 +129,10 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
                and b.timeline_world_size == base.timeline_world_size)]
     cell = Cell(cluster.world_size, cluster.link_gbps, cluster.latency_ms / 1000.0, transport)
     options = {b.config: _representative(b, cell) for b in chosen}
+    if len(options) < 2:
+        return PlanAnswer(why_not=f"no configuration matched {BASELINE_HOOK}'s quality at W={cluster.world_size} "
+                                  "(a plan mixes only those that did; more seeds or a wider report.target_tolerance "
+                                  "can decide the undecided)")
     same = {c: t for c, t in options.items() if layout(t.timeline) == layout(options[BASELINE_HOOK].timeline)}
     if len(same) < 2:
         return PlanAnswer(why_not="no configuration that matched the baseline's quality recorded the same buckets")
