@@ -104,6 +104,11 @@ def test_the_plan_moves_fewer_bytes_than_allreduce_and_more_than_fp16_everywhere
 
 
 def test_the_report_shows_the_plan_its_verdict_and_that_a_trial_proved_it(swept):
+    assert "warning: no report" not in swept["out"], swept["out"]   # a plan's label in a tag key once broke it
+    parent = next(r for r in swept["client"].search_runs([swept["runs"][0].info.experiment_id])
+                  if "mlflow.parentRunId" not in r.data.tags)
+    verdicts = {k: v for k, v in parent.data.tags.items() if k.startswith("verdict.w2.loopback.plan-")}
+    assert len(verdicts) == 1 and "=" not in next(iter(verdicts)), verdicts
     summary = next((swept["dir"] / "results").rglob("summary.md")).read_text()
     assert "A per-bucket plan for W=8 on 10 Gbit/s (search.plan)" in summary, summary
     assert "Proven by a trial: plan-" in summary and "trained at the baseline's seeds" in summary, summary

@@ -88,7 +88,7 @@ def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) ->
         reader.record(run_id, metrics={"time_to_target_s": statistics.fmean(x.seconds for x in times),
                                        "time_to_target_interpolated": float(any(x.interpolated for x in times))})
     tags = {r.key: r.choice.config for r in recs if r.choice is not None}
-    tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{c.config}": c.verdict.value
+    tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{recommend.config_tag_safe(c.config)}": c.verdict.value
                  for r in recs for c in r.candidates})
     tags["target_tolerance"] = repr(sweep.tolerance)
     reader.record(sweep.parent_run_id, tags=tags)

@@ -28,6 +28,8 @@ Everything here is pure data (no MLflow, no plotting): service.report feeds it t
 
 from __future__ import annotations
 
+import re
+
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -288,6 +290,12 @@ class Recommendation:
 
 def tag_safe(link: str) -> str:
     return link.replace(" ", "").replace("/", "per")
+
+
+def config_tag_safe(config: str) -> str:
+    """A configuration's label as part of an MLflow tag key, which allows only alphanumerics and
+    _ - . space : / (a plan's label has = ; ( ) ,): each other character as _."""
+    return re.sub(r"[^\w\-. :/]", "_", config)
 
 
 def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
