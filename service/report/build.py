@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -88,7 +89,13 @@ def record_answer(reader, sweep: Sweep, recs: list[recommend.Recommendation]) ->
         reader.record(run_id, metrics={"time_to_target_s": statistics.fmean(x.seconds for x in times),
                                        "time_to_target_interpolated": float(any(x.interpolated for x in times))})
     tags = {r.key: r.choice.config for r in recs if r.choice is not None}
-    tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{recommend.config_tag_safe(c.config)}": c.verdict.value
+    tags.update({f"verdict.w{r.world_size}.{recommend.tag_safe(r.link)}.{_tag_safe_config(c.config)}": c.verdict.value
                  for r in recs for c in r.candidates})
     tags["target_tolerance"] = repr(sweep.tolerance)
     reader.record(sweep.parent_run_id, tags=tags)
+
+
+def _tag_safe_config(config: str) -> str:
+    """A configuration's label as part of an MLflow tag key, which allows only alphanumerics and
+    _ - . space : / (a plan's label has = ; ( ) ,): each other character as _."""
+    return re.sub(r"[^\w\-. :/]", "_", config)

@@ -28,7 +28,6 @@ Everything here is pure data (no MLflow, no plotting): service.report feeds it t
 
 from __future__ import annotations
 
-import re
 
 import math
 import statistics
@@ -290,12 +289,6 @@ class Recommendation:
 
 def tag_safe(link: str) -> str:
     return link.replace(" ", "").replace("/", "per")
-
-
-def config_tag_safe(config: str) -> str:
-    """A configuration's label as part of an MLflow tag key, which allows only alphanumerics and
-    _ - . space : / (a plan's label has = ; ( ) ,): each other character as _."""
-    return re.sub(r"[^\w\-. :/]", "_", config)
 
 
 def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
