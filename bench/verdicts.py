@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, load_average, machine, table, write_json  # noqa: E402
-from _hog import HogDuringBaseline  # noqa: E402
+from _hog import HogDuringBaseline, busy  # noqa: E402
 
 ARMS = ("adaptive", "fixed", "adaptive_hog")
 HOGS = 4  # busy processes while the baseline runs: more than this machine has cores
@@ -57,7 +57,7 @@ def run_arm(arm: str, directory: Path, preset: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
     env.update(MLFLOW_TRACKING_URI=uri, PYTHONPATH=str(ROOT))
     before, t0 = load_average(), time.monotonic()
-    with HogDuringBaseline(uri, experiment, HOGS).around(arm == "adaptive_hog") as hog:
+    with HogDuringBaseline(uri, experiment, busy(HOGS)).around(arm == "adaptive_hog") as hog:
         rc = subprocess.call([sys.executable, "-m", "service.sweep", str(config)], cwd=directory, env=env)
     print(f"{arm}: exit {rc} in {(time.monotonic() - t0) / 60:.1f} min; load {before} -> {load_average()}"
           + (f"; hogs ran {hog.hogged_s / 60:.1f} min" if arm == "adaptive_hog" else ""))
