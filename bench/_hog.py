@@ -5,24 +5,29 @@ the load tests (tests/test_paired_under_load.py, tests/test_like_with_like.py).
 Two kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
 docs/performance.md's tables with; how much they slow a trial depends on everything else that
 runs (under the test suite's second worker, 4 of them slowed a trial 1.15-1.2x where alone they
-slowed it 3.6x). ``core_share(share)``: one realtime spinner per core, busy ``share`` of every
-4 ms, which leaves every other process ``1 - share`` of the machine whatever else runs; what the
-load tests use, so their power does not hang on the other worker's load.
+slowed it 3.6x). ``throttle(share)``: the trial's own ranks (this process's descendants titled
+``ray::RayTrainWorker``) stopped ``share`` of every 10 ms, as a CPU quota on a noisy node would;
+it slows them by the same factor whatever else runs, and nothing else: what the load tests
+use, beside the suite's other worker (realtime spinners that took 70 % of every core starved
+that worker's Ray cluster until its health checks failed).
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
 LIFETIME_S = 1800.0  # a hog orphaned by a killed test stops by itself
-PERIOD_S = 0.004  # short against a step (tens of ms), so every step loses the same share
+PERIOD_S = 0.010     # short against a step (tens of ms), so every step loses the same share
+RANK_TITLE = b"ray::RayTrainWorker"
 
 
 def _spin() -> None:
@@ -31,21 +36,55 @@ def _spin() -> None:
         pass
 
 
-def _take_share(cpu: int, share: float) -> None:
-    """Busy ``share`` of every period on ``cpu``, at realtime priority where allowed (root; a
-    container without realtime runtime keeps normal priority and the share is a lower bound)."""
-    os.sched_setaffinity(0, {cpu})
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except PermissionError:
-        pass
-    busy, idle = PERIOD_S * share, PERIOD_S * (1 - share)
-    deadline = time.monotonic() + LIFETIME_S
-    while time.monotonic() < deadline:
-        start = time.perf_counter()
-        while time.perf_counter() - start < busy:
+def _descendants(root: int) -> set[int]:
+    """Every process below ``root`` (from /proc: no psutil here)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, rest = stat.read_text().split(" (", 1)
+            children.setdefault(int(rest.rsplit(") ", 1)[1].split()[1]), []).append(int(pid))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _ranks(root: int) -> list[int]:
+    pids = []
+    for pid in _descendants(root):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(RANK_TITLE):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
             pass
-        time.sleep(idle)
+
+
+def _throttle(root: int, share: float) -> None:
+    """Stop ``root``'s ranks ``share`` of every period until terminated; continued on the way out."""
+    ranks: list[int] = []
+    signal.signal(signal.SIGTERM, lambda *_: (_signal(ranks, signal.SIGCONT), os._exit(0)))
+    deadline, looked = time.monotonic() + LIFETIME_S, 0.0
+    while time.monotonic() < deadline:
+        if time.monotonic() - looked > 0.5:  # ranks start after the run opens
+            ranks[:], looked = _ranks(root), time.monotonic()
+        _signal(ranks, signal.SIGSTOP)
+        time.sleep(PERIOD_S * share)
+        _signal(ranks, signal.SIGCONT)
+        time.sleep(PERIOD_S * (1 - share))
+    _signal(ranks, signal.SIGCONT)
 
 
 def _fork(target, *args) -> multiprocessing.Process:
@@ -57,9 +96,10 @@ def busy(count: int) -> Callable[[], list[multiprocessing.Process]]:
     return lambda: [_fork(_spin) for _ in range(count)]
 
 
-def core_share(share: float) -> Callable[[], list[multiprocessing.Process]]:
-    """One realtime spinner per core this process may run on, busy ``share`` of its time."""
-    return lambda: [_fork(_take_share, cpu, share) for cpu in sorted(os.sched_getaffinity(0))]
+def throttle(share: float) -> Callable[[], list[multiprocessing.Process]]:
+    """One process that stops this process's Ray Train ranks ``share`` of the time."""
+    root = os.getpid()
+    return lambda: [_fork(_throttle, root, share)]
 
 
 class HogDuringBaseline(threading.Thread):
@@ -117,6 +157,6 @@ class HogDuringBaseline(threading.Thread):
 
     def kill(self) -> None:
         for p in self.hogs:
-            p.kill()
+            p.terminate()  # a throttle continues what it stopped on SIGTERM
             p.join()
         self.hogs = []
