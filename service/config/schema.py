@@ -18,7 +18,7 @@ from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BU
                                    MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
 from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, PlanRound, ReportConfig, ResourcesConfig,
                                      StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
-from service.config.trial import Scalar, TrialSpec
+from service.config.trial import KNOBS, Scalar, TrialSpec
 from service.text import did_you_mean, short_value
 
 
@@ -263,6 +263,10 @@ class SearchConfig(BaseModel):
             raise FieldProblem("", f"{short_value(values)} lists a value twice; each value runs once")
         return values
 
+    def varied_knobs(self) -> tuple[str, ...]:
+        """The DDP knobs given more than one value: the ones that tell configurations apart."""
+        return tuple(k for k in KNOBS if len(getattr(self, k)) > 1)
+
     def ddp_knobs(self) -> list[dict[str, Any]]:
         """Every combination of the DDP axes, in the order the config lists them."""
         return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
@@ -397,12 +401,12 @@ class SweepConfig(BaseModel):
         configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
                           for entry in self.search.hooks for combo in entry.combos()
                           for knobs in self.search.ddp_knobs()]
-        out = []
+        out, named = [], self.search.varied_knobs()
         for i, (world, link, seed, kind) in enumerate(self._blocks()):
             turn = i % len(configurations)
             for hook, full, knobs in configurations[turn:] + configurations[:turn]:
                 out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
-                                     link_gbps=link, kind=kind, **knobs))
+                                     link_gbps=link, kind=kind, named_knobs=named, **knobs))
         return out
 
     @property
