@@ -263,10 +263,6 @@ class SearchConfig(BaseModel):
             raise FieldProblem("", f"{short_value(values)} lists a value twice; each value runs once")
         return values
 
-    def varied_knobs(self) -> tuple[str, ...]:
-        """The DDP knobs given more than one value: the ones that tell configurations apart."""
-        return tuple(k for k in KNOBS if len(getattr(self, k)) > 1)
-
     def ddp_knobs(self) -> list[dict[str, Any]]:
         """Every combination of the DDP axes, in the order the config lists them."""
         return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
@@ -401,7 +397,7 @@ class SweepConfig(BaseModel):
         configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
                           for entry in self.search.hooks for combo in entry.combos()
                           for knobs in self.search.ddp_knobs()]
-        out, named = [], self.search.varied_knobs()
+        out, named = [], tuple(k for k in KNOBS if len(getattr(self.search, k)) > 1)  # the knobs it varies
         for i, (world, link, seed, kind) in enumerate(self._blocks()):
             turn = i % len(configurations)
             for hook, full, knobs in configurations[turn:] + configurations[:turn]:
