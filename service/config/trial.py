@@ -37,7 +37,7 @@ class TrialSpec(BaseModel):
     # The knobs the sweep varies: only these name the configuration (a knob every trial shares is
     # a setting, not a difference: `bucket_cap_mb: 1` alone keeps the baseline's label allreduce).
     # All of them by default, as before this field (a trial recorded then keeps its label).
-    named_knobs: tuple[str, ...] = KNOBS
+    named_knobs: tuple[str, ...] = Field(KNOBS, strict=False)  # a JSON round trip makes it a list
 
     @property
     def run_name(self) -> str:
