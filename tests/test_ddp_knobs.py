@@ -86,9 +86,10 @@ def test_the_knobs_multiply_the_grid_and_name_each_trial():
     trials = cfg.trials()
     assert len(trials) == 2 * 3 * 2 * 1
     names = [t.run_name for t in trials]
-    assert names[:6] == ["allreduce-b0.25-static-w2-s0", "allreduce-b0.25-view-static-w2-s0",
-                         "allreduce-b1-static-w2-s0", "allreduce-b1-view-static-w2-s0",
-                         "allreduce-static-w2-s0", "allreduce-view-static-w2-s0"]
+    # static_graph, the same in every trial, is a setting, not a difference: it names nothing
+    assert names[:6] == ["allreduce-b0.25-w2-s0", "allreduce-b0.25-view-w2-s0",
+                         "allreduce-b1-w2-s0", "allreduce-b1-view-w2-s0",
+                         "allreduce-w2-s0", "allreduce-view-w2-s0"]
     assert len(set(names)) == len(names) and len({t.key for t in trials}) == len(trials)
     assert trials[0].key == ("allreduce[]-ddp[bucket_cap_mb=0.25,gradient_as_bucket_view=False,static_graph=True]"
                              "-w2-s0")
@@ -97,7 +98,8 @@ def test_the_knobs_multiply_the_grid_and_name_each_trial():
 
 
 def test_the_knobs_are_the_trials_params_identity_and_configuration_label():
-    trial = _cfg({"bucket_cap_mb": 1, "static_graph": True}).trials()[0]
+    trial = next(t for t in _cfg({"bucket_cap_mb": [1, 25], "static_graph": [False, True]}).trials()
+                 if t.bucket_cap_mb == 1 and t.static_graph)
     cfg = _cfg(workload={"find_unused_parameters": False})
     params = tracking.trial_params(trial, cfg)
     assert (params["bucket_cap_mb"], params["gradient_as_bucket_view"], params["static_graph"]) == (1.0, False, True)
@@ -106,6 +108,22 @@ def test_the_knobs_are_the_trials_params_identity_and_configuration_label():
     assert tags["trial_config"] == "allreduce-b1-static"  # the report's and summary's label
     assert json.loads(tags["trial_ddp"]) == trial.knobs()
     assert tags["trial_key"] == trial.key != _cfg().trials()[0].key  # --resume tells them apart
+
+
+def test_a_knob_every_trial_shares_names_no_configuration_and_keeps_the_baselines_label():
+    """One non-default value is the sweep's setting: labelled by it, the baseline was
+    allreduce-b1, which the verdicts do not take for allreduce, and every verdict was undecided."""
+    cfg = _cfg({"hooks": ["allreduce", "fp16_compress"], "bucket_cap_mb": 1, "static_graph": True})
+    trials = cfg.trials()
+    assert [t.config_label for t in trials] == ["allreduce", "fp16_compress"]
+    assert all(t.knobs() == {"bucket_cap_mb": 1.0, "gradient_as_bucket_view": False, "static_graph": True}
+               for t in trials)
+    # the key still spells them: --resume does not take these for the default trials
+    assert trials[0].key != _cfg().trials()[0].key and "bucket_cap_mb=1.0" in trials[0].key
+    assert TrialSpec.from_dict(trials[0].to_dict()).config_label == "allreduce"
+    # a trial passed as a dict without the field (recorded before it) names every knob, as then
+    old = {k: v for k, v in trials[0].to_dict().items() if k != "named_knobs"}
+    assert TrialSpec.from_dict(old).config_label == "allreduce-b1-static"
 
 
 @pytest.mark.parametrize("search, workload, fragment", [
@@ -188,7 +206,7 @@ def test_gradients_are_views_of_the_buckets_under_gradient_as_bucket_view(throug
 
 
 def test_small_bucket_views_with_no_sync_accumulation_train_the_same_model(through_the_worker):
-    runs = [through_the_worker[rank]["accumulate", "allreduce-b0.004-view-w2-s0"] for rank in (0, 1)]
+    runs = [through_the_worker[rank]["accumulate", "allreduce-w2-s0"] for rank in (0, 1)]  # its knobs: one setting
     assert all(r["status"] == "ok" for r in runs) and runs[0]["losses"] == runs[1]["losses"]
     plain = through_the_worker[0]["grid", "allreduce-w2-s0"]["losses"]
     assert runs[0]["losses"] == pytest.approx(plain, rel=1e-4)  # two micro-batches of 8, one of 16: one mean

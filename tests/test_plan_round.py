@@ -3,7 +3,8 @@ fp16_compress on a model whose two DDP buckets differ by a hundred times in size
 (tests.tiny_workload:tiny_exposed: 1.1 MB and 11 KB), at world size 2 on loopback, with the plan
 designed for W = 8 on 10 Gbit/s. There the large bucket's wire is most of the step and the 11 KB
 bucket's fp16 saves microseconds, less than its cast costs, so the designed plan compresses
-bucket 0 and leaves the last one to allreduce. The sweep then trains that plan at the
+bucket 0 and leaves the last one to allreduce (with DDP's cap at 1 MiB in every trial: a setting,
+not a difference, so allreduce is still the baseline). The sweep then trains that plan at the
 baseline's seeds; the report shows it in the same tables, with its verdict, and says it was proven
 by a trial. ``--resume`` designs the same plan again and runs nothing twice."""
 
@@ -37,6 +38,8 @@ search:
   hooks: [allreduce, fp16_compress]
   world_size: [2]
   seed: [0, 1]
+  bucket_cap_mb: 1        # the same two buckets as DDP's default makes at W=2; one non-default
+                          # cap is the sweep's setting, and the baseline is still allreduce
   plan: {cell: cluster}
 resources:
   cpus_per_worker: 1
@@ -113,6 +116,7 @@ def test_the_report_shows_the_plan_its_verdict_and_that_a_trial_proved_it(swept)
     assert "A per-bucket plan for W=8 on 10 Gbit/s (search.plan)" in summary, summary
     assert "Proven by a trial: plan-" in summary and "trained at the baseline's seeds" in summary, summary
     assert "The cell is not one this machine measured" in summary, summary
+    assert "Every trial ran with DDP's bucket_cap_mb=1.0." in summary, summary  # named nowhere else
     rows = list(csv.DictReader(next((swept["dir"] / "results").rglob("summary.csv")).open()))
     plan_row = next(r for r in rows if r["hook"] == PLAN)
     assert plan_row["verdict"] in ("matches", "worse", "undecided"), plan_row

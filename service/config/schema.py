@@ -18,7 +18,7 @@ from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BU
                                    MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
 from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, PlanRound, ReportConfig, ResourcesConfig,
                                      StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
-from service.config.trial import Scalar, TrialSpec
+from service.config.trial import KNOBS, Scalar, TrialSpec
 from service.text import did_you_mean, short_value
 
 
@@ -397,12 +397,12 @@ class SweepConfig(BaseModel):
         configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
                           for entry in self.search.hooks for combo in entry.combos()
                           for knobs in self.search.ddp_knobs()]
-        out = []
+        out, named = [], tuple(k for k in KNOBS if len(getattr(self.search, k)) > 1)  # the knobs it varies
         for i, (world, link, seed, kind) in enumerate(self._blocks()):
             turn = i % len(configurations)
             for hook, full, knobs in configurations[turn:] + configurations[:turn]:
                 out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
-                                     link_gbps=link, kind=kind, **knobs))
+                                     link_gbps=link, kind=kind, named_knobs=named, **knobs))
         return out
 
     @property

@@ -16,6 +16,7 @@ Scalar = Union[bool, int, float, str]
 # (configuration, world size, seed), every step on loopback, and per link one "timing" run of
 # network.timing_steps steps, which gives that link's step times.
 RunKind = Literal["full", "quality", "timing"]
+KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DDP's knobs, the search axes
 
 
 class TrialSpec(BaseModel):
@@ -33,6 +34,10 @@ class TrialSpec(BaseModel):
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
     kind: RunKind = "full"
+    # The knobs the sweep varies: only these name the configuration (a knob every trial shares is
+    # a setting, not a difference: `bucket_cap_mb: 1` alone keeps the baseline's label allreduce).
+    # All of them by default, as before this field (a trial recorded then keeps its label).
+    named_knobs: tuple[str, ...] = Field(KNOBS, strict=False)  # a JSON round trip makes it a list
 
     @property
     def run_name(self) -> str:
@@ -53,7 +58,8 @@ class TrialSpec(BaseModel):
 
         Other parameters appear only when they differ from the hook's default (e.g. a swept
         PowerSGD rank: `powersgd-rank4`), so the names in a grid stay distinct; so do
-        DDP's knobs (`-b1` for bucket_cap_mb 1, `-view`, `-static`).
+        DDP's knobs the sweep varies (``named_knobs``), off their defaults (`-b1` for bucket_cap_mb 1,
+        `-view`, `-static`).
         """
         parts = [self.hook]
         chunk = hook_facts.chunk_size(self.hook, self.hook_params)
@@ -66,7 +72,7 @@ class TrialSpec(BaseModel):
                 parts.append(key if value else f"no_{key}")
             else:
                 parts.append(f"{key}{value}")
-        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items()]
+        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items() if k in self.named_knobs]
         return "-".join(parts)
 
     def non_default_params(self) -> dict[str, Any]:
@@ -78,10 +84,10 @@ class TrialSpec(BaseModel):
 
     def knobs(self) -> dict[str, Any]:
         """DDP's knobs of this trial: bucket_cap_mb, gradient_as_bucket_view, static_graph."""
-        return {k: getattr(self, k) for k in _KNOB_DEFAULTS}
+        return {k: getattr(self, k) for k in KNOB_DEFAULTS}
 
     def non_default_knobs(self) -> dict[str, Any]:
-        return {k: v for k, v in self.knobs().items() if v != _KNOB_DEFAULTS[k]}
+        return {k: v for k, v in self.knobs().items() if v != KNOB_DEFAULTS[k]}
 
     @property
     def key(self) -> str:
@@ -116,7 +122,7 @@ class TrialSpec(BaseModel):
         return cls.model_validate(data)
 
 
-_KNOB_DEFAULTS = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "gradient_as_bucket_view": False, "static_graph": False}
+KNOB_DEFAULTS = dict(zip(KNOBS, (DDP_BUCKET_CAP_MB, False, False)))
 _KNOB_NAMES = {"bucket_cap_mb": lambda cap: f"b{cap:g}", "gradient_as_bucket_view": lambda on: "view",
                "static_graph": lambda on: "static"}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import json
 import math
 from collections import Counter
 from datetime import datetime, timezone
@@ -13,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from service import uris
+from service.config.trial import KNOB_DEFAULTS
 from service.report import plan_section, recommend
 from service.report.data import SummaryRow, Sweep, link_order
 from service.report.recommend import BASELINE_HOOK
@@ -241,8 +243,18 @@ def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in body]
     lines += ["", f"Metrics average the trials that ended ok (mean ± std over seeds). "
               f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
-              f"{rule_text(sweep)}", ""]
+              f"{rule_text(sweep)}{shared_knobs_text(sweep)}", ""]
     return "\n".join(lines)
+
+
+def shared_knobs_text(sweep: Sweep) -> str:
+    """' Every trial ran with DDP's bucket_cap_mb=1 …' where every trial shares knobs off DDP's
+    defaults: the names leave out a knob no two configurations differ in."""
+    settings = {json.dumps(t.record.knobs, sort_keys=True) for t in sweep.trials}
+    if len(settings) != 1:
+        return ""
+    off = {k: v for k, v in json.loads(settings.pop()).items() if v != KNOB_DEFAULTS.get(k, v)}
+    return f" Every trial ran with DDP's {', '.join(f'{k}={v}' for k, v in off.items())}." if off else ""
 
 
 # --------------------------------------------------------------------------------------------

@@ -83,6 +83,12 @@ class TrialRecord:
         return "nan" if self.metrics.get("nan_detected", 0) >= 1 else "ok"
 
     @property
+    def knobs(self) -> dict[str, Any]:
+        """DDP's knobs the trial ran with, as the run records them ({} for a run recorded before
+        they were axes: DDP's defaults)."""
+        return json.loads(self.tags.get(DDP_TAG, "{}"))
+
+    @property
     def ended(self) -> bool:
         """FINISHED or FAILED: done for --resume (KILLED and RUNNING runs are continued)."""
         return self.status in ("FINISHED", "FAILED")
