@@ -30,9 +30,9 @@ SMOKE_SWEEP_TIMEOUT_S = 1400
 # Its default order, most tests first, left these few-test files for last, where one of them
 # could run on one worker after the other worker had finished everything else.
 SLOW_FILES_FIRST = (
-    "test_like_with_like.py", "test_netem.py", "test_refusals.py", "test_paired_under_load.py",
-    "test_cluster.py", "test_plan_round.py", "test_bench_smoke.py", "test_adaptive_sweep.py",
-    "test_sweep_e2e.py", "test_hf_sweep.py", "test_resume.py", "test_compose.py",
+    "test_bench_smoke.py", "test_netem.py", "test_like_with_like.py", "test_cluster.py",
+    "test_refusals.py", "test_paired_under_load.py", "test_plan_round.py", "test_sweep_e2e.py",
+    "test_adaptive_sweep.py", "test_resume.py", "test_hf_sweep.py", "test_compose.py",
     "test_resume_across_versions.py", "test_cluster_hosts.py", "test_nothing_left_running.py",
     "test_netem_docker.py", "test_workload_contract.py",
 )
