@@ -2,14 +2,17 @@
 machine with some of a sweep's trials and not others (issue 23). Used by bench/verdicts.py and
 the load tests (tests/test_paired_under_load.py, tests/test_like_with_like.py).
 
-Two kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
+Three kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
 docs/performance.md's tables with; how much they slow a trial depends on everything else that
 runs (under the test suite's second worker, 4 of them slowed a trial 1.15-1.2x where alone they
 slowed it 3.6x). ``throttle(share)``: the trial's own ranks (this process's descendants titled
-``ray::RayTrainWorker``) stopped ``share`` of every 10 ms, as a CPU quota on a noisy node would;
-it slows them by the same factor whatever else runs, and nothing else: what the load tests
-use, beside the suite's other worker (realtime spinners that took 70 % of every core starved
-that worker's Ray cluster until its health checks failed).
+``ray::RayTrainWorker``) stopped ``share`` of every millisecond, as a CPU quota on a noisy node would;
+it slows them by the same factor whatever else runs, and nothing else: what
+test_paired_under_load uses beside the suite's other worker. ``core_share(share)``: one realtime
+spinner per core, busy ``share`` of every 4 ms, which leaves every other process ``1 - share`` of
+the machine: what test_like_with_like uses, whose tiny workload's 1 ms steps and 50 ms times to
+target a throttle cannot slow evenly (its times to target then moved more by chance than by the
+throttle); it slows the suite's other worker too, for the one trial it runs beside.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 LIFETIME_S = 1800.0  # a hog orphaned by a killed test stops by itself
-PERIOD_S = 0.010     # short against a step (tens of ms), so every step loses the same share
+PERIOD_S = 0.001     # short against a step (1 ms on the tiny workload), so every step loses the same share
+SHARE_PERIOD_S = 0.004
 RANK_TITLE = b"ray::RayTrainWorker"
 
 
@@ -76,6 +80,10 @@ def _throttle(root: int, share: float) -> None:
     """Stop ``root``'s ranks ``share`` of every period until terminated; continued on the way out."""
     ranks: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: (_signal(ranks, signal.SIGCONT), os._exit(0)))
+    try:  # on time, whatever else runs: it sleeps most of each period, so it takes little from anyone
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        pass
     deadline, looked = time.monotonic() + LIFETIME_S, 0.0
     while time.monotonic() < deadline:
         if time.monotonic() - looked > 0.5:  # ranks start after the run opens
@@ -87,6 +95,23 @@ def _throttle(root: int, share: float) -> None:
     _signal(ranks, signal.SIGCONT)
 
 
+def _take_share(cpu: int, share: float) -> None:
+    """Busy ``share`` of every period on ``cpu``, at realtime priority where allowed (root; a
+    container without realtime runtime keeps normal priority and the share is a lower bound)."""
+    os.sched_setaffinity(0, {cpu})
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
+        pass
+    busy, idle = SHARE_PERIOD_S * share, SHARE_PERIOD_S * (1 - share)
+    deadline = time.monotonic() + LIFETIME_S
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        while time.perf_counter() - start < busy:
+            pass
+        time.sleep(idle)
+
+
 def _fork(target, *args) -> multiprocessing.Process:
     return multiprocessing.get_context("fork").Process(target=target, args=args, daemon=True)
 
@@ -94,6 +119,11 @@ def _fork(target, *args) -> multiprocessing.Process:
 def busy(count: int) -> Callable[[], list[multiprocessing.Process]]:
     """``count`` plain spinners."""
     return lambda: [_fork(_spin) for _ in range(count)]
+
+
+def core_share(share: float) -> Callable[[], list[multiprocessing.Process]]:
+    """One realtime spinner per core this process may run on, busy ``share`` of every 4 ms."""
+    return lambda: [_fork(_take_share, cpu, share) for cpu in sorted(os.sched_getaffinity(0))]
 
 
 def throttle(share: float) -> Callable[[], list[multiprocessing.Process]]:

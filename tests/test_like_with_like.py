@@ -27,11 +27,11 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(1500)]
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from _hog import HogDuringBaseline, throttle  # noqa: E402
+from _hog import HogDuringBaseline, core_share  # noqa: E402
 
 from tests.test_adaptive_sweep import CONFIG as ADAPTIVE_CONFIG  # noqa: E402
 
-SHARE = 0.6  # of every 10 ms the baseline's ranks are stopped: 2.5x its steps (bench/_hog.py)
+SHARE = 0.7  # of every core, at realtime priority: every other process keeps 30 % (bench/_hog.py)
 # test_adaptive_sweep's sweep (its seed schedule is known), paired every other step, no timeline
 CONFIG = ADAPTIVE_CONFIG.replace("name: adaptive_test", "name: like_with_like").replace(
     "  flush_seconds: 1.0\n", "  flush_seconds: 1.0\n  paired_timing_every: 2\n  timeline_steps: 0\n")
@@ -44,7 +44,7 @@ def _sweep(tmp: Path, hog: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))  # tests.tiny_workload
-    with HogDuringBaseline(uri, "like_with_like", throttle(SHARE), seed=2).around(hog) as watcher:
+    with HogDuringBaseline(uri, "like_with_like", core_share(SHARE), seed=2).around(hog) as watcher:
         done = subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp, env=env,
                               capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"

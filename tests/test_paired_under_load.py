@@ -1,7 +1,7 @@
 """The sweep's speed verdict under a busy machine, for real (issue 23): two sweeps of the same
 two configurations (allreduce, bf16_compress; char_lm at world size 2, one seed) through
 `python -m service.sweep` with a local Ray and a SQLite MLflow store. The second one has CPU
-load (the trial's ranks stopped 60 % of every 10 ms) exactly while the baseline's
+load (the trial's ranks stopped 60 % of every ms) exactly while the baseline's
 trial runs, as another job sharing the machine would.
 
 The training is the same in both (same seed, deterministic gloo): the crossing steps are equal,
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from _hog import HogDuringBaseline, throttle  # noqa: E402
 
-SHARE = 0.6  # of every 10 ms the baseline's ranks are stopped: 2.5x its steps (bench/_hog.py)
+SHARE = 0.6  # of every ms the baseline's ranks are stopped: 2.5x its steps (bench/_hog.py)
 CONFIG = """
 name: paired_load
 workload:
