@@ -24,25 +24,6 @@ SMOKE = ROOT / "tune_configs" / "smoke.yaml"
 # tests that use the fixture carry a timeout above this (pytest-timeout counts fixture set-up).
 SMOKE_SWEEP_TIMEOUT_S = 1400
 
-# The files that each take minutes, slowest first (their durations in CI on 2026-12-03).
-# pytest-xdist hands whole files (--dist loadfile) to its two workers in collection order
-# (--no-loadscope-reorder, pyproject.toml): slowest first keeps both workers busy to the end.
-# Its default order, most tests first, left these few-test files for last, where one of them
-# could run on one worker after the other worker had finished everything else.
-SLOW_FILES_FIRST = (
-    "test_bench_smoke.py", "test_netem.py", "test_like_with_like.py", "test_cluster.py",
-    "test_refusals.py", "test_paired_under_load.py", "test_plan_round.py", "test_sweep_e2e.py",
-    "test_adaptive_sweep.py", "test_resume.py", "test_hf_sweep.py", "test_compose.py",
-    "test_resume_across_versions.py", "test_cluster_hosts.py", "test_nothing_left_running.py",
-    "test_netem_docker.py", "test_workload_contract.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow files first, in SLOW_FILES_FIRST's order; every other file after, as collected."""
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
 
 @dataclass(frozen=True)
 class SmokeSweep:

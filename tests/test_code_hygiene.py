@@ -283,11 +283,3 @@ def test_the_layout_check_fails_on_planted_loose_modules(tmp_path):
     (tmp_path / "one_more.py").write_text("")
     assert len(too_many_loose_modules(tmp_path)) == MAX_TOP_LEVEL_MODULES + 1
 
-
-def test_every_file_the_suite_schedules_first_exists():
-    """tests/conftest.py's SLOW_FILES_FIRST names test files; a renamed one would silently fall
-    back to the end of the queue, where a slow file leaves one worker running alone."""
-    from tests.conftest import SLOW_FILES_FIRST
-
-    missing = [name for name in SLOW_FILES_FIRST if not (ROOT / "tests" / name).is_file()]
-    assert not missing, missing
