@@ -29,7 +29,7 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 LIFETIME_S = 1800.0  # a hog orphaned by a killed test stops by itself
-PERIOD_S = 0.001     # short against a step (1 ms on the tiny workload), so every step loses the same share
+THROTTLE_PERIOD_S = 0.001  # far shorter than a step, so every step loses the same share
 SHARE_PERIOD_S = 0.004
 RANK_TITLE = b"ray::RayTrainWorker"
 
@@ -37,6 +37,14 @@ RANK_TITLE = b"ray::RayTrainWorker"
 def _spin() -> None:
     deadline = time.monotonic() + LIFETIME_S
     while time.monotonic() < deadline:
+        pass
+
+
+def _realtime() -> None:
+    """SCHED_FIFO where allowed (root; a container without realtime runtime keeps normal priority)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+    except PermissionError:
         pass
 
 
@@ -80,29 +88,23 @@ def _throttle(root: int, share: float) -> None:
     """Stop ``root``'s ranks ``share`` of every period until terminated; continued on the way out."""
     ranks: list[int] = []
     signal.signal(signal.SIGTERM, lambda *_: (_signal(ranks, signal.SIGCONT), os._exit(0)))
-    try:  # on time, whatever else runs: it sleeps most of each period, so it takes little from anyone
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except PermissionError:
-        pass
+    _realtime()  # on time, whatever else runs: it sleeps most of each period, so it takes little from anyone
     deadline, looked = time.monotonic() + LIFETIME_S, 0.0
     while time.monotonic() < deadline:
         if time.monotonic() - looked > 0.5:  # ranks start after the run opens
             ranks[:], looked = _ranks(root), time.monotonic()
         _signal(ranks, signal.SIGSTOP)
-        time.sleep(PERIOD_S * share)
+        time.sleep(THROTTLE_PERIOD_S * share)
         _signal(ranks, signal.SIGCONT)
-        time.sleep(PERIOD_S * (1 - share))
+        time.sleep(THROTTLE_PERIOD_S * (1 - share))
     _signal(ranks, signal.SIGCONT)
 
 
 def _take_share(cpu: int, share: float) -> None:
-    """Busy ``share`` of every period on ``cpu``, at realtime priority where allowed (root; a
-    container without realtime runtime keeps normal priority and the share is a lower bound)."""
+    """Busy ``share`` of every period on ``cpu``, at realtime priority where allowed (without it
+    the share is a lower bound)."""
     os.sched_setaffinity(0, {cpu})
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-    except PermissionError:
-        pass
+    _realtime()
     busy, idle = SHARE_PERIOD_S * share, SHARE_PERIOD_S * (1 - share)
     deadline = time.monotonic() + LIFETIME_S
     while time.monotonic() < deadline:
