@@ -89,7 +89,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
     finally:
         if local_ray is not None:  # every process of the Ray instance it started, however it ended
-            stop_ray(local_ray, out)
+            stop_ray(local_ray, out)  # a no-op where Ctrl-C's path in go() already stopped it
     if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
     # report: the table, read back from MLflow
