@@ -75,7 +75,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             print("Nothing left to run.", file=out, flush=True)
             return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
                                                                         ran_only=adaptive))
-        links = prepare_network(cfg, pending or trials, out)  # nothing pending: the plan round's, on the baseline's links
+        from service.sweep.plan_round import trials_to_measure  # it imports the report: only on resume
+
+        links = prepare_network(cfg, trials_to_measure(cfg, trials, pending), out)  # the plan round's links too
     # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
