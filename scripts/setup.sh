@@ -58,7 +58,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # (this machine's pip config names find-links folders that may not exist: drop that noise only)
-pipq() { .venv/bin/python -m pip install --quiet "$@" 2> >(grep -v "^WARNING: Location" >&2); }
+# setuptools' editable build warns "Editable installation ... Please be careful with folders in your
+# working directory with the same name as your package" on every `pip install -e`, a banner about
+# nothing wrong here, which pip relays as a BuildBackendWarning: that one message is filtered (in
+# the build backend's process and in pip's, both read PYTHONWARNINGS); every other warning shows.
+pipq() {
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet "$@" \
+    2> >(grep -v "^WARNING: Location" >&2)
+}
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   echo "setup: installing into .venv (first time: about 4 minutes)" >&2

@@ -131,3 +131,29 @@ def test_the_plan_round_trains_a_mixed_plan_at_every_trial_of_the_baseline_and_a
     assert dict(planned[0].hook_params) == dict(hooks.validate("plan", buckets="0=fp16_compress", default="allreduce"))
     uniform = PlanAnswer(Plan(("fp16_compress",) * 3, 1.0, "fp16_compress", 1.0, "every plan (8)"), (10, 10, 10), configs)
     assert plan_trials(cfg, trials, uniform, ran) == [] and plan_trials(cfg, trials, PlanAnswer(why_not="x"), ran) == []
+
+
+def test_resume_measures_every_link_the_plan_round_trains_on():
+    """--resume measures the links of its pending trials (service/sweep/run.py); the plan round
+    then trains on every link the baseline ran, pending or not: those are measured too, or its
+    trial on an unmeasured link fails after training (no measurement to log)."""
+    from service.config import SweepConfig
+    from service.report.plan_section import PlanAnswer
+    from service.step_model.planner import Plan
+    from service.sweep.plan_round import plan_trials, trials_to_measure
+
+    cfg = SweepConfig.model_validate({
+        "name": "p", "workload": {"name": "mlp_digits", "steps": 10, "global_batch_size": 64, "lr": 0.05},
+        "search": {"hooks": ["allreduce", "fp16_compress"], "world_size": [2], "seed": [0],
+                   "plan": {"cell": {"world_size": 2, "link_gbps": 1}}},
+        "network": {"link_gbps": [1, 10]}})
+    trials = cfg.trials()
+    pending = [t for t in trials if t.hook == "fp16_compress" and t.link_gbps == 10]  # interrupted there
+    configs = {"allreduce": {"name": "allreduce"}, "fp16_compress": {"name": "fp16_compress"}}
+    mixed = PlanAnswer(Plan(("fp16_compress", "allreduce"), 1.0, "allreduce", 2.0, "every plan (4)"), (10, 10), configs)
+    planned = plan_trials(cfg, trials, mixed, {t.key for t in trials})
+    measured = {t.link_gbps for t in trials_to_measure(cfg, trials, pending)}
+    assert {t.link_gbps for t in planned} == {1.0, 10.0} == measured
+    assert trials_to_measure(cfg, trials, []) == [t for t in trials if t.hook == "allreduce"]  # only the plan round left
+    no_plan = cfg.model_copy(update={"search": cfg.search.model_copy(update={"plan": None})})
+    assert trials_to_measure(no_plan, trials, pending) == pending

@@ -353,6 +353,33 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "projected_throughput.png" not in attached  # the old alpha-beta plot is gone
 
 
+def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_says_why(tmp_path):
+    """service/sweep/transport.py records a failed probe's one-line reason on the parent run (a tag,
+    through service/tracking/); the report says that reason rather than blaming an old sweep or a
+    single world size, and a later measurement (a resumed sweep's) drops it."""
+    from service import tracking
+    from service.report.data import load_sweep, open_store
+    from service.report.projected import projected
+    from service.report.render import render_html
+
+    uri, path = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "projection.yaml"
+    path.write_text(CONFIG)
+    cfg, _ = load_config(str(path))
+    parent = tracking.start_parent_run(cfg, str(path), tracking_uri=uri)
+    reason = "RuntimeError: the W=2 probe reported no samples"
+    tracking.log_transport_failure(parent, uri, reason)
+    reader = open_store(uri)
+    sweep = load_sweep(reader, parent)
+    scale = projected(sweep, [], reader, cfg.report, tmp_path)
+    assert scale.transport is None and scale.transport_failure == reason
+    scale.cells = projection.project([basis()], [8], [10.0], LATENCY_MS, NO_BANDS)  # something projected
+    for text in (scale.markdown(), render_html(sweep, [], [], {}, "final_loss", scale)):
+        assert f"not measured for this sweep: its probe failed ({reason})" in text
+        assert "a sweep from before it was measured" not in text
+    tracking.log_transport(parent, uri, TRANSPORT.to_json())
+    assert reader.transport_failure(parent) is None and reader.transport(parent) == TRANSPORT
+
+
 def test_a_sweep_without_step_timelines_says_there_is_nothing_to_project():
     from service.report.projected import EMPTY, Projected
 

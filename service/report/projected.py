@@ -24,6 +24,7 @@ class Projected:
     csv: Optional[Path] = None                                 # projection.csv
     latency_ms: float = 0.0                                    # report.project's, every cell priced at it
     transport: Optional[TransportFit] = None                   # the sweep's transport.json, when measured
+    transport_failure: Optional[str] = None                    # else why its probe failed, when it did
     plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
     plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
 
@@ -37,7 +38,7 @@ class Projected:
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
         lines += ["", projection.note(self.latency_ms), ""]
-        lines += transport_table.markdown(self.transport)
+        lines += transport_table.markdown(self.transport, self.transport_failure)
         if self.cluster:
             lines += [self.cluster, ""]
         lines += plan_section.markdown(self.plan, *self.plan_at)
@@ -53,7 +54,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     ``plan_at``: (the per-bucket plan's cell, 'search.plan' or 'report.cluster'), default report.cluster's."""
     bases = projection.bases(sweep.trials, recs, reader.step_timeline)
     latency_ms, transport = report_cfg.project.latency_ms, reader.transport(sweep.parent_run_id)
-    out = Projected(bases, latency_ms=latency_ms, transport=transport,
+    failure = None if transport is not None else reader.transport_failure(sweep.parent_run_id)
+    out = Projected(bases, latency_ms=latency_ms, transport=transport, transport_failure=failure,
                     plan_at=plan_at or (report_cfg.cluster, "report.cluster"))
     if not bases:
         return out

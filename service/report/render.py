@@ -321,6 +321,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
         projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
+        transport_missing=transport_table.not_measured(scale.transport_failure),
         plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at)),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

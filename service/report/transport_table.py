@@ -14,6 +14,13 @@ HEADER = ("collective", "probed W", "fixed per collective", "per MB sent", "wors
           "cores")
 NOT_MEASURED = ("Transport: not measured for this sweep (no world size above 1, GPUs, or a sweep from before it "
                 "was measured): each trial's recorded communication is scaled instead.")
+PROBE_FAILED = ("Transport: not measured for this sweep: its probe failed ({reason}); each trial's recorded "
+                "communication is scaled instead.")
+
+
+def not_measured(failure: Optional[str]) -> str:
+    """Why the sweep has no transport: its probe's recorded failure, else the usual reasons."""
+    return PROBE_FAILED.format(reason=failure) if failure else NOT_MEASURED
 
 
 @dataclass(frozen=True)
@@ -39,10 +46,11 @@ def table(fit: Optional[TransportFit]) -> Optional[TransportTable]:
                                         "fixed cost by the ring's rounds.")
 
 
-def markdown(fit: Optional[TransportFit]) -> list[str]:
-    """The table's lines for summary.md (a sentence when the sweep measured no transport)."""
+def markdown(fit: Optional[TransportFit], failure: Optional[str] = None) -> list[str]:
+    """The table's lines for summary.md (a sentence when the sweep measured no transport, with
+    ``failure``, the probe's recorded reason, where it failed)."""
     t = table(fit)
     if t is None:
-        return [NOT_MEASURED, ""]
+        return [not_measured(failure), ""]
     lines = [f"### {HEADING}", "", "| " + " | ".join(t.header) + " |", "|" + "---|" * len(t.header)]
     return lines + ["| " + " | ".join(r) + " |" for r in t.rows] + ["", t.caption, ""]

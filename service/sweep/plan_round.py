@@ -42,7 +42,20 @@ def plan_trials(cfg: SweepConfig, trials: list[TrialSpec], plan: PlanAnswer, ran
         return []
     params = plan_params(plan)
     return [t.model_copy(update={"hook": PLAN, "hook_params": params})
-            for t in trials if t.config_label == BASELINE_HOOK and t.key in ran]
+            for t in _baseline(trials) if t.key in ran]
+
+
+def _baseline(trials: list[TrialSpec]) -> list[TrialSpec]:
+    return [t for t in trials if t.config_label == BASELINE_HOOK]
+
+
+def trials_to_measure(cfg: SweepConfig, trials: list[TrialSpec], pending: list[TrialSpec]) -> list[TrialSpec]:
+    """The trials whose links a ``--resume`` measures: the pending ones and, with search.plan, the
+    baseline's, whose links the plan round trains on (``plan_trials``) whether or not they are pending."""
+    if cfg.search.plan is None:
+        return pending
+    keys = {t.key for t in pending}
+    return pending + [t for t in _baseline(trials) if t.key not in keys]
 
 
 def announce(plan: PlanAnswer, trials: list[TrialSpec], out: TextIO) -> None:

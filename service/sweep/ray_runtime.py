@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from service.sweep.processes import LocalRay, child_pids, descendants, kill
+from service.sweep.processes import LocalRay, children
 
 # name -> (our value, Ray's default).
 TRAIN_ENV: dict[str, tuple[str, str]] = {
@@ -78,15 +78,15 @@ def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int 
 
     apply_env()
     for attempt in range(1, INIT_ATTEMPTS + 1):
-        before = child_pids()
+        before = children()  # each as first seen: pid and start time (service/sweep/processes.py)
         try:
             ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness, system_config))
-            return LocalRay(frozenset(child_pids() - before))
+            return LocalRay(children() - before)
         except Exception as exc:  # ray raises a bare Exception for this timeout
-            ray.shutdown()
             # The timed-out node (GCS, raylet, monitors) was started as our children and is not
             # ours to reach through ray.shutdown(): left alive, each retry would add a whole Ray
-            # instance to an already loaded machine.
-            kill(descendants(child_pids() - before))
+            # instance to an already loaded machine. Stopped as a started instance is (its tree
+            # read before the shutdown, only its own processes killed), at once: it never served.
+            LocalRay(children() - before).stop(grace_s=0)
             if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
                 raise

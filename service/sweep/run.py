@@ -75,7 +75,9 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
             print("Nothing left to run.", file=out, flush=True)
             return SweepOutcome(parent_run_id, tracking_uri, trial_rows(parent_run_id, tracking_uri, trials,
                                                                         ran_only=adaptive))
-        links = prepare_network(cfg, pending or trials, out)  # nothing pending: the plan round's, on the baseline's links
+        from service.sweep.plan_round import trials_to_measure  # it imports the report: only on resume
+
+        links = prepare_network(cfg, trials_to_measure(cfg, trials, pending), out)  # the plan round's links too
     # check: Ray up, and the cluster can place and reach it all
     storage = storage_root(cfg)
     started = time.monotonic()
@@ -89,7 +91,7 @@ def run_sweep(cfg: SweepConfig, config_path: Path, trials: list[TrialSpec] | Non
         log.info("sweep ended %s after %.1f s", run.status, time.monotonic() - started)
     finally:
         if local_ray is not None:  # every process of the Ray instance it started, however it ended
-            stop_ray(local_ray, out)
+            stop_ray(local_ray, out)  # a no-op where Ctrl-C's path in go() already stopped it
     if run.parent_run_id is None:  # interrupted before the sweep's run existed: nothing to report
         raise KeyboardInterrupt
     # report: the table, read back from MLflow

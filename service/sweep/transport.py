@@ -2,7 +2,8 @@
 the sweep runs (above 1), the probe (service/train/transport_probe.py) times every collective
 kind the hooks use; the fit (service/step_model/transport.py) goes on the parent run as
 ``transport.json`` (through service/tracking/), and the report prices every trial's collectives
-from it. On loopback: a network sweep's links are not probed yet (docs/performance.md says so).
+from it. A probe that fails leaves the trials alone: its one-line reason goes on the parent run
+instead, and the report says it. On loopback: a network sweep's links are not probed yet (docs/performance.md says so).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import asdict
 from typing import Optional, TextIO
 
 from service.step_model.transport import Sample, TransportFit, fit
+from service.text import one_line
 
 SAMPLES = "transport_samples.json"   # in the probe's checkpoint
 
@@ -96,7 +98,9 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
                 samples += _probe(w, storage, cfg.resources.cpus_per_worker)[0]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
-        print(f"transport not measured ({type(exc).__name__}: {exc}); the report scales each trial's "
+        reason = one_line(exc)
+        tracking.log_transport_failure(parent_run_id, tracking_uri, reason)  # the report says why
+        print(f"transport not measured ({reason}); the report scales each trial's "
               "recorded communication instead", file=out, flush=True)
         return None
     result = fit(samples, cost)

@@ -23,7 +23,7 @@ from service.step_model.transport import ARTIFACT as TRANSPORT_ARTIFACT
 from service.step_model.transport import TransportFit
 from service.text import one_line
 from service.tracking.identity import TrialRecord
-from service.tracking.store import PARENT_TAG, StoreError, search_all_runs
+from service.tracking.store import PARENT_TAG, TRANSPORT_FAILED_TAG, StoreError, search_all_runs
 
 
 class SweepReader:
@@ -112,6 +112,10 @@ class SweepReader:
         if not any(a.path == TRANSPORT_ARTIFACT for a in self.client.list_artifacts(parent_run_id)):
             return None
         return TransportFit.from_json(json.loads(self._artifact_text(parent_run_id, TRANSPORT_ARTIFACT)))
+
+    def transport_failure(self, parent_run_id: str) -> str | None:
+        """Why the sweep's transport probe failed (one line), or None: measured, or never probed."""
+        return self.client.get_run(parent_run_id).data.tags.get(TRANSPORT_FAILED_TAG)
 
     def _artifact_text(self, run_id: str, path: str) -> str:
         """One small artifact's text, without MLflow's download progress bar (a report reads one

@@ -15,8 +15,8 @@ from mlflow.entities import Param, RunStatus, RunTag
 
 from service.tracking.identity import identity_tags
 from service.tracking.store import (END_STATUSES, MAX_PARAM_VALUE, MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VALUE,
-                                    PARENT_TAG, client, get_or_create_experiment, resolve_tracking_uri,
-                                    search_all_runs)
+                                    PARENT_TAG, TRANSPORT_FAILED_TAG, client, get_or_create_experiment,
+                                    resolve_tracking_uri, search_all_runs)
 
 
 def git_commit(path: str | None = None) -> str | None:
@@ -228,10 +228,19 @@ def reopen_run(run_id: str, tracking_uri: str | None = None) -> None:
 
 
 def log_transport(parent_run_id: str, tracking_uri: str, data: dict) -> None:
-    """The sweep's measured transport (service/step_model/transport.py) as ``transport.json`` on its parent run."""
+    """The sweep's measured transport (service/step_model/transport.py) as ``transport.json`` on its
+    parent run; the reason an earlier attempt failed (a resumed sweep's) no longer holds: dropped."""
     from service.step_model.transport import ARTIFACT
 
-    client(tracking_uri).log_dict(parent_run_id, data, ARTIFACT)
+    c = client(tracking_uri)
+    c.log_dict(parent_run_id, data, ARTIFACT)
+    if TRANSPORT_FAILED_TAG in c.get_run(parent_run_id).data.tags:
+        c.delete_tag(parent_run_id, TRANSPORT_FAILED_TAG)
+
+
+def log_transport_failure(parent_run_id: str, tracking_uri: str, reason: str) -> None:
+    """Why the sweep's transport was not measured (one line), on its parent run for the report."""
+    set_tags(parent_run_id, tracking_uri, **{TRANSPORT_FAILED_TAG: reason})
 
 
 def open_sweep_run(cfg, config_path: str | None, tracking_uri: str, parent_run_id: str | None = None) -> str:

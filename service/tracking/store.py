@@ -14,6 +14,8 @@ from service import uris
 PARENT_TAG = "mlflow.parentRunId"
 RUN_NAME_TAG = "mlflow.runName"
 END_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# On a sweep's parent run where its transport probe failed: the one-line reason (the report says it).
+TRANSPORT_FAILED_TAG = "transport_not_measured"
 # MLflow's per-request limits (mlflow.utils.validation).
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
