@@ -10,9 +10,11 @@ trial), so running the same sweep once per reader was most of their time.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,44 @@ class SmokeSweep:
     # The parent run's artifacts right after the sweep: what the sweep itself attached, before
     # any test rebuilds (and re-attaches) the report.
     attached_by_sweep: frozenset[str]
+    # The Ray actor classes whose processes ran under the sweep ("TrainController", ...), from
+    # their process titles ("ray::RayTrainWorker.run_train_fn"), sampled while it ran.
+    ray_actors: frozenset[str]
+
+
+def _actor_classes_below(pid: int) -> set[str]:
+    """The Ray actor classes (process title ``ray::Class...``) among ``pid``'s descendants now."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    classes = set()
+    for p in found:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                title = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        if title.startswith("ray::"):
+            classes.add(title[5:].split(".")[0].split()[0] if title[5:].strip() else "")
+    return classes
+
+
+def _sample_actors(proc: subprocess.Popen, every_s: float = 0.25) -> set[str]:
+    """Poll ``_actor_classes_below(proc.pid)`` until ``proc`` ends (every actor of a trial lives
+    for seconds at least)."""
+    seen = set()
+    while proc.poll() is None:
+        seen |= _actor_classes_below(proc.pid)
+        time.sleep(every_s)
+    return seen
 
 
 @pytest.fixture(scope="session")
@@ -44,8 +84,15 @@ def smoke_sweep(tmp_path_factory) -> SmokeSweep:
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(SMOKE)], cwd=workdir, env=env,
-                          capture_output=True, text=True, timeout=SMOKE_SWEEP_TIMEOUT_S)
+    with subprocess.Popen([sys.executable, "-m", "service.sweep", str(SMOKE)], cwd=workdir, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as running:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            actors = pool.submit(_sample_actors, running)
+            try:
+                out, err = running.communicate(timeout=SMOKE_SWEEP_TIMEOUT_S)
+            finally:
+                running.kill()
+        proc = subprocess.CompletedProcess(running.args, running.returncode, out, err)
     attached: frozenset[str] = frozenset()
     # (a client on a missing SQLite file would create an empty store: look only if the sweep made one)
     client = MlflowClient(tracking_uri=uri) if (workdir / "mlflow.db").exists() else None
@@ -55,4 +102,4 @@ def smoke_sweep(tmp_path_factory) -> SmokeSweep:
                    if "mlflow.parentRunId" not in r.data.tags]
         if len(parents) == 1:
             attached = frozenset(a.path for a in client.list_artifacts(parents[0].info.run_id))
-    return SmokeSweep(proc, uri, workdir, attached)
+    return SmokeSweep(proc, uri, workdir, attached, frozenset(actors.result()))

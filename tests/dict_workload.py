@@ -31,11 +31,10 @@ class DigitsDicts(Dataset):
 
 
 def _digits():
-    from sklearn.datasets import load_digits
+    from service.workloads.digits import load_digits  # sklearn's data, without importing sklearn
 
-    digits = load_digits()
-    return (torch.tensor(digits.data, dtype=torch.float32) / 16.0,
-            torch.tensor(digits.target, dtype=torch.long))
+    x, y = load_digits()
+    return x / 16.0, y
 
 
 def _model():

@@ -40,6 +40,16 @@ def run_sweep_cli(config: Path, cwd: Path, uri: str, timeout: float = 1400) -> s
 
 
 @pytest.mark.ray
+def test_a_trial_starts_no_ray_actor_it_does_not_use(smoke_sweep):
+    """service/sweep/lean_trainer.py and the preemption watcher's setting: each of these was one
+    more process per trial, importing ray.train, that nothing in a sweep uses."""
+    assert smoke_sweep.proc.returncode == 0, smoke_sweep.proc.stderr[-3000:]
+    actors = smoke_sweep.ray_actors
+    assert {"ImplicitFunc", "TrainController", "RayTrainWorker"} <= actors, actors  # the sampler saw trials
+    assert not actors & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher", "_QueueActor"}, actors
+
+
+@pytest.mark.ray
 def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
     cfg, _ = load_config(SMOKE)
     trials = cfg.trials()

@@ -299,3 +299,22 @@ def test_bad_return_values_fail_build_with_one_line(user_package, spec, fragment
 def test_check_accepts_every_builtin():
     for name in BUILTINS:
         check_workload(name)
+
+
+def test_the_digits_are_scikit_learns_without_importing_it():
+    """service.workloads.digits.load_digits reads scikit-learn's data file as load_digits() does,
+    in a process that never imports sklearn (every rank of every digits trial saves the import)."""
+    import subprocess
+    import tempfile
+
+    code = ("import sys, torch; from service.workloads.digits import load_digits; x, y = load_digits(); "
+            "assert 'sklearn' not in sys.modules; torch.save((x, y), sys.argv[1])")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-c", code, f"{tmp}/d.pt"], check=True, timeout=120)
+        x, y = torch.load(f"{tmp}/d.pt")
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    ref = sklearn_digits()
+    assert torch.equal(x, torch.tensor(ref.data, dtype=torch.float32))
+    assert torch.equal(y, torch.tensor(ref.target, dtype=torch.long))
+    assert x.shape == (1797, 64) and y.dtype == torch.long

@@ -13,11 +13,10 @@ TINY = "tests.tiny_workload:tiny_digits"
 
 
 def tiny_digits(seed: int) -> Workload:
-    from sklearn.datasets import load_digits
+    from service.workloads.digits import load_digits
 
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(digits.target, dtype=torch.long)
+    x, y = load_digits()
+    x = x / 16.0
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     return Workload(model, TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:]),
                     cross_entropy)

@@ -24,11 +24,10 @@ EDGE_PIXEL = 15  # right edge of the second row: ink there in ~3 % of the images
 
 
 def _digits() -> tuple[TensorDataset, TensorDataset]:
-    from sklearn.datasets import load_digits
+    from service.workloads.digits import load_digits  # sklearn's data, without importing sklearn
 
-    d = load_digits()
-    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(d.target, dtype=torch.long)
+    x, y = load_digits()
+    x = x / 16.0
     return TensorDataset(x[:1500], y[:1500]), TensorDataset(x[1500:], y[1500:])
 
 

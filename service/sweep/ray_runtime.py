@@ -30,6 +30,9 @@ TRAIN_ENV: dict[str, tuple[str, str]] = {
     # Train's per-worker chdir into the trial directory (one more remote call per worker at
     # start): the worker uses absolute paths only (tracking URI, checkpoints via Ray).
     "RAY_CHDIR_TO_TRIAL_DIR": ("0", "1"),
+    # Train's preemption watcher: one more actor process per trial (importing ray.train), which
+    # polls for cloud spot-node preemption notices; a sweep's nodes get none.
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": ("0", "1"),
 }
 
 

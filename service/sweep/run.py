@@ -299,17 +299,16 @@ def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id
     times, reporting to Tune."""
     import ray
     import ray.train
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
 
     from service.sweep.cluster import torch_config as cluster_torch_config
+    from service.sweep.lean_trainer import LeanTorchTrainer
     from service.sweep.progress import Publisher
 
     use_gpu = run_cfg.resources.use_gpu
     resources = {"CPU": run_cfg.resources.cpus_per_worker}
     if use_gpu:
         resources["GPU"] = 1
-    return TorchTrainer(
+    return LeanTorchTrainer(
         sweep.train_loop,
         train_loop_config={
             "trial": trial.to_dict(),
@@ -326,8 +325,8 @@ def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id
         torch_config=cluster_torch_config("nccl" if use_gpu else "gloo", ray.nodes()),
         run_config=ray.train.RunConfig(
             name=trial.run_name, storage_path=sweep.trials_storage,
-            failure_config=ray.train.FailureConfig(max_failures=run_cfg.checkpoint.max_failures),
-            callbacks=[TuneReportCallback()]),
+            # no TuneReportCallback: Tune reads only _run_trial's own report (service/sweep/lean_trainer.py)
+            failure_config=ray.train.FailureConfig(max_failures=run_cfg.checkpoint.max_failures)),
     )
 
 

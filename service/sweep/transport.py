@@ -45,11 +45,11 @@ def _probe_loop(config: dict) -> None:
 def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float]:
     import ray
     import ray.train
-    from ray.train.torch import TorchTrainer
 
     from service.sweep.cluster import torch_config
+    from service.sweep.lean_trainer import LeanTorchTrainer
 
-    trainer = TorchTrainer(
+    trainer = LeanTorchTrainer(
         # across hosts gloo must not bind to a loopback hostname, as the trials' (service/sweep/cluster.py)
         _probe_loop, torch_config=torch_config("gloo", ray.nodes()),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),

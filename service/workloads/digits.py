@@ -12,13 +12,29 @@ DIGITS_EVAL_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 1234  # the split is the same for every seed: eval numbers stay comparable
 
 
+def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1797 8x8 digits as (pixels float32 (1797, 64), labels int64), the values
+    ``sklearn.datasets.load_digits()`` gives, read from the data file that ships inside
+    scikit-learn without importing it: the import costs every rank of every trial 1.5 CPU-s
+    (docs/performance.md, "The first hour")."""
+    import gzip
+    import importlib.util
+    import os
+
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")  # finds the package; runs none of it
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the digits workloads need scikit-learn (pip install scikit-learn): its data file")
+    path = os.path.join(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rt") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return torch.tensor(data[:, :-1], dtype=torch.float32), torch.tensor(data[:, -1].astype(int), dtype=torch.long)
+
+
 def _digits_tensors() -> tuple[TensorDataset, TensorDataset]:
     """scikit-learn's 1797 8x8 digits, standardized, split train/eval (a fixed split)."""
-    from sklearn.datasets import load_digits  # the data file ships inside scikit-learn
-
-    digits = load_digits()
-    x = torch.tensor(digits.data, dtype=torch.float32)
-    y = torch.tensor(digits.target, dtype=torch.long)
+    x, y = load_digits()
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(DIGITS_SPLIT_SEED))
     n_eval = int(len(y) * DIGITS_EVAL_FRACTION)
     eval_idx, train_idx = order[:n_eval], order[n_eval:]
