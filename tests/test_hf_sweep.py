@@ -25,6 +25,7 @@ def test_a_short_hf_gpt2_preset_sweep_trains_and_records_every_trial(tmp_path):
     raw = yaml.safe_load((ROOT / "tune_configs" / "hf_gpt2.yaml").read_text())
     raw["workload"].update(steps=8, eval_every=4, warmup_steps=2, lr_warmup_steps=2)
     raw["search"]["hooks"] = ["allreduce", {"name": "quantized_allreduce", "chunk_size": 512}]
+    raw.setdefault("tracking", {})["transport_probe"] = False  # (the smoke sweep probes it)
     config = tmp_path / "hf_short.yaml"
     config.write_text(yaml.safe_dump(raw))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

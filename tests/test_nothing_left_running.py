@@ -33,6 +33,8 @@ search:
 resources:
   cpus_per_worker: 1
   max_concurrent_trials: 1
+tracking:
+  transport_probe: false
 """
 
 

@@ -48,6 +48,7 @@ report:
   target_tolerance: 0.02
 tracking:
   paired_timing_every: 4
+  transport_probe: false
 """
 
 

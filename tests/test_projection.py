@@ -366,7 +366,7 @@ def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_s
     path.write_text(CONFIG)
     cfg, _ = load_config(str(path))
     parent = tracking.start_parent_run(cfg, str(path), tracking_uri=uri)
-    reason = "RuntimeError: the W=2 probe reported no samples"
+    reason = "its probe failed (RuntimeError: the W=2 probe reported no samples)"
     tracking.log_transport_failure(parent, uri, reason)
     reader = open_store(uri)
     sweep = load_sweep(reader, parent)
@@ -374,7 +374,7 @@ def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_s
     assert scale.transport is None and scale.transport_failure == reason
     scale.cells = projection.project([basis()], [8], [10.0], LATENCY_MS, NO_BANDS)  # something projected
     for text in (scale.markdown(), render_html(sweep, [], [], {}, "final_loss", scale)):
-        assert f"not measured for this sweep: its probe failed ({reason})" in text
+        assert f"not measured for this sweep: {reason};" in text
         assert "a sweep from before it was measured" not in text
     tracking.log_transport(parent, uri, TRANSPORT.to_json())
     assert reader.transport_failure(parent) is None and reader.transport(parent) == TRANSPORT

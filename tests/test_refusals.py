@@ -82,7 +82,7 @@ workload: {{name: "tests.dict_workload:refusal_by_seed", steps: 4, global_batch_
            eval_every: 4, warmup_steps: 1, find_unused_parameters: false}}
 search: {{hooks: [allreduce], world_size: [2], seed: {seeds}}}
 resources: {{cpus_per_worker: 0.5, max_concurrent_trials: 2}}
-tracking: {{flush_seconds: 1.0}}
+tracking: {{flush_seconds: 1.0, transport_probe: false}}
 """
 W = "workload 'tests.dict_workload:refusal_by_seed': "
 # seed -> the refusal docs/workloads.md documents for it (tests.dict_workload.REFUSALS[seed])
@@ -151,7 +151,7 @@ workload: {name: "tests.user_models:tiny_moe", steps: 6, global_batch_size: 32, 
            warmup_steps: 1}
 search: {hooks: [allreduce, {name: powersgd, start_iter: 2}], bucket_cap_mb: [25, 0.002], world_size: [2]}
 resources: {cpus_per_worker: 0.5, max_concurrent_trials: 2}
-tracking: {flush_seconds: 1.0}
+tracking: {flush_seconds: 1.0, transport_probe: false}
 """
 
 

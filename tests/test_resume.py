@@ -42,6 +42,7 @@ checkpoint:
   every: 50
 tracking:
   flush_seconds: 1.0
+  transport_probe: false
 """
 
 
@@ -130,6 +131,9 @@ def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(t
     runs = all_runs(client, "resume_test")
     (parent,) = parents(runs)  # the same parent, continued: no second sweep run
     assert parent.info.status == "FINISHED"
+    # tracking.transport_probe: false: no probe ran, and the parent run says why for the report
+    assert "transport measured" not in out + proc.stdout
+    assert parent.data.tags["transport_not_measured"] == "tracking.transport_probe is false"
     trial_runs = children(runs)
     assert sorted(r.info.run_name for r in trial_runs) == ["allreduce-w1-s0", "allreduce-w2-s0"]
     assert before <= {r.info.run_id for r in trial_runs}, "interrupted trials continue their own runs"

@@ -161,6 +161,7 @@ checkpoint:
   max_failures: {max_failures}
 tracking:
   flush_seconds: 1.0
+  transport_probe: false
 """
 
 

@@ -87,6 +87,10 @@ class TrackingConfig(BaseModel):
     flush_seconds: float = Field(DEFAULT_FLUSH_SECONDS, gt=0, le=3600, description="how often rank 0 flushes metrics to MLflow")
     fidelity_every: int = Field(0, ge=0, le=MAX_STEPS, description="measure gradient fidelity (grad_rel_error, grad_cosine) on every bucket of every N-th optimizer step; 0 = off")
     paired_timing_every: int = Field(5, ge=0, le=MAX_STEPS, description="time the baseline hook beside the trial's own every N-th measured step (step_ratio_vs_baseline; service/train/paired_timing.py); 0 = off")
+    transport_probe: bool = Field(True, description="before the trials, time each collective kind once per world size "
+                                  "above 1 (transport.json: what every projected cell's collectives cost; a Ray Train "
+                                  "start-up and ~5 s of probing per world size); false: the report scales each "
+                                  "trial's recorded communication instead, and says so")
     timeline_steps: int = Field(5, ge=0, le=MAX_STEPS, description="record DDP's step as a timeline (each bucket's ready, encode, collective, decode) on this many steps after the warm-up, spread over the trial, plus the rank's compute at half its micro-batch: the step model's input (step_timeline.json; service/train/step_sampling.py); 0 = off")
 
 

@@ -14,13 +14,15 @@ HEADER = ("collective", "probed W", "fixed per collective", "per MB sent", "wors
           "cores")
 NOT_MEASURED = ("Transport: not measured for this sweep (no world size above 1, GPUs, or a sweep from before it "
                 "was measured): each trial's recorded communication is scaled instead.")
-PROBE_FAILED = ("Transport: not measured for this sweep: its probe failed ({reason}); each trial's recorded "
-                "communication is scaled instead.")
+# {reason}: why, as the sweep recorded it ("its probe failed (...)", "tracking.transport_probe is false")
+NOT_MEASURED_BECAUSE = ("Transport: not measured for this sweep: {reason}; each trial's recorded communication is "
+                        "scaled instead.")
 
 
 def not_measured(failure: Optional[str]) -> str:
-    """Why the sweep has no transport: its probe's recorded failure, else the usual reasons."""
-    return PROBE_FAILED.format(reason=failure) if failure else NOT_MEASURED
+    """Why the sweep has no transport: the reason it recorded (a failed probe, the probe turned
+    off), else the usual reasons."""
+    return NOT_MEASURED_BECAUSE.format(reason=failure) if failure else NOT_MEASURED
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,9 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
     sizes = sorted({t.world_size for t in trials if t.world_size > 1})
     if not sizes or cfg.resources.use_gpu:
         return None
+    if not cfg.tracking.transport_probe:  # the report says so, in place of the transport table
+        tracking.log_transport_failure(parent_run_id, tracking_uri, "tracking.transport_probe is false")
+        return None
     reader = tracking.SweepReader(tracking_uri)
     kept = reader.transport(parent_run_id)
     if kept is not None:
@@ -99,7 +102,7 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
         reason = one_line(exc)
-        tracking.log_transport_failure(parent_run_id, tracking_uri, reason)  # the report says why
+        tracking.log_transport_failure(parent_run_id, tracking_uri, f"its probe failed ({reason})")  # the report says why
         print(f"transport not measured ({reason}); the report scales each trial's "
               "recorded communication instead", file=out, flush=True)
         return None
