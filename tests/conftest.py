@@ -35,13 +35,17 @@ class SmokeSweep:
     # The parent run's artifacts right after the sweep: what the sweep itself attached, before
     # any test rebuilds (and re-attaches) the report.
     attached_by_sweep: frozenset[str]
-    # The Ray actor classes whose processes ran under the sweep ("TrainController", ...), from
-    # their process titles ("ray::RayTrainWorker.run_train_fn"), sampled while it ran.
-    ray_actors: frozenset[str]
+    # The Ray actor processes that ran under the sweep, as (class, pid): ("TrainController", 4242),
+    # from their process titles ("ray::RayTrainWorker.run_train_fn"), sampled while it ran.
+    ray_processes: frozenset[tuple[str, int]]
+
+    @property
+    def ray_actors(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.ray_processes)
 
 
-def _actor_classes_below(pid: int) -> set[str]:
-    """The Ray actor classes (process title ``ray::Class...``) among ``pid``'s descendants now."""
+def _actor_processes_below(pid: int) -> set[tuple[str, int]]:
+    """(Ray actor class, pid) of ``pid``'s descendants titled ``ray::Class...`` now."""
     parents = {}
     for entry in os.listdir("/proc"):
         try:
@@ -60,17 +64,17 @@ def _actor_classes_below(pid: int) -> set[str]:
                 title = f.read().split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
-        if title.startswith("ray::"):
-            classes.add(title[5:].split(".")[0].split()[0] if title[5:].strip() else "")
+        if title.startswith("ray::") and title[5:].strip():
+            classes.add((title[5:].split(".")[0].split()[0], p))
     return classes
 
 
-def _sample_actors(proc: subprocess.Popen, every_s: float = 0.25) -> set[str]:
-    """Poll ``_actor_classes_below(proc.pid)`` until ``proc`` ends (every actor of a trial lives
+def _sample_actors(proc: subprocess.Popen, every_s: float = 0.25) -> set[tuple[str, int]]:
+    """Poll ``_actor_processes_below(proc.pid)`` until ``proc`` ends (every actor of a trial lives
     for seconds at least)."""
     seen = set()
     while proc.poll() is None:
-        seen |= _actor_classes_below(proc.pid)
+        seen |= _actor_processes_below(proc.pid)
         time.sleep(every_s)
     return seen
 

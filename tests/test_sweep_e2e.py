@@ -47,6 +47,9 @@ def test_a_trial_starts_no_ray_actor_it_does_not_use(smoke_sweep):
     actors = smoke_sweep.ray_actors
     assert {"ImplicitFunc", "TrainController", "RayTrainWorker"} <= actors, actors  # the sampler saw trials
     assert not actors & {"DatasetManager", "PlacementGroupCleaner", "PreemptionWatcher", "_QueueActor"}, actors
+    # Tune reuses one trial process for the sweep's 4 trials (reuse_actors): they import once
+    tune_trials = [pid for name, pid in smoke_sweep.ray_processes if name == "ImplicitFunc"]
+    assert len(tune_trials) == 1, smoke_sweep.ray_processes
 
 
 @pytest.mark.ray

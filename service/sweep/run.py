@@ -227,6 +227,10 @@ def _make_tuner(sweep: SweepContext, pending: list[TrialSpec], tune_name: str, s
         param_space=grid if search is None else {},
         tune_config=tune.TuneConfig(max_concurrent_trials=cfg.resources.max_concurrent_trials,
                                     trial_dirname_creator=trial_dirname, search_alg=search,
+                                    # one Tune trial process for every trial (they all ask for the same
+                                    # sliver of a CPU): a fresh one imported Tune, torch and the service
+                                    # again, ~3.7 s between every two trials (docs/performance.md)
+                                    reuse_actors=True,
                                     num_samples=1 if search is None else max(1, len(pending))),
         run_config=tune.RunConfig(name=tune_name, storage_path=storage, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=0)),
