@@ -91,6 +91,14 @@ def dicts_with_loss_fn(seed: int) -> dict:
     return wl | {"loss_fn": F.cross_entropy}
 
 
+def with_eval_fn(seed: int) -> dict:
+    """dict_digits with its own eval_fn (the whole eval set at once: run on rank 0 alone)."""
+    def eval_fn(model, eval_set):
+        return {"eval_loss": float(digits_loss(model, {"pixels": eval_set.x, "label": eval_set.y}))}
+
+    return dict_digits(seed) | {"eval_fn": eval_fn}
+
+
 def bad_eval_fn(seed: int) -> dict:
     return dict_digits(seed) | {"eval_fn": lambda model, eval_set: 0.5}
 

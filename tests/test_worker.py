@@ -217,3 +217,32 @@ def test_without_stop_on_nan_the_trial_runs_to_the_end(single_rank_group):
     result = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
     assert result.status == "nan" and result.steps_done == 6
     assert result.summary["first_nan_step"] == 3
+
+
+def _eval_on_ranks(rank: int, world_size: int, workload: str) -> dict:
+    from service.train.loop import run_eval
+    from service.workloads import build_workload
+
+    wl = build_workload(workload, 0)
+    return run_eval(wl.model, wl, TrainingContext(rank=rank, world_size=world_size, device=torch.device("cpu")))
+
+
+@pytest.mark.parametrize("workload", ["char_lm", "tests.dict_workload:dict_digits"])
+def test_every_rank_evaluates_its_share_and_gets_the_whole_sets_metrics(workload):
+    """run_eval at W = 3 (each rank a contiguous third of the eval set, one float64 all-reduce)
+    gives every rank the metrics one process gets from the whole set (to float32's rounding of
+    the per-batch means), for a loss_fn workload and a batch_loss one."""
+    from service.workloads import build_workload, evaluate_workload
+
+    wl = build_workload(workload, 0)
+    whole = evaluate_workload(wl, wl.model)
+    ranks = run_distributed(_eval_on_ranks, 3, args=(workload,))
+    assert ranks[0] == ranks[1] == ranks[2]
+    assert ranks[0].keys() == whole.keys()
+    for key, value in whole.items():
+        assert ranks[0][key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_a_workloads_own_eval_fn_runs_on_rank_0_alone():
+    ranks = run_distributed(_eval_on_ranks, 2, args=("tests.dict_workload:with_eval_fn",))
+    assert ranks[1] == {} and set(ranks[0]) >= {"eval_loss"}, ranks

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from service.step_model.trial import TrialTimeline
@@ -49,7 +50,7 @@ from service.train.metrics import trial_summary
 from service.train.nan import NanMonitor, NanReport
 from service.train.setup import TrialParts, set_up
 from service.train.training_options import Precision, clip_gradients, lr_at, set_lr
-from service.workloads import Workload, evaluate_workload, to_device
+from service.workloads import Workload, eval_share, evaluate_workload, metrics_from_sums, to_device
 
 
 @dataclass
@@ -113,8 +114,8 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
             reporter.log(check)
             if stops(check, cfg):
                 break
-        if ctx.rank == 0 and evaluating:
-            eval_metrics = evaluate(t, step, device)  # rank 0: the bare module's eval metrics, logged
+        if evaluating:  # every rank evaluates its share of the eval set; one all-reduce (an eval_fn: rank 0)
+            eval_metrics = evaluate(t, step, ctx)  # the bare module's eval metrics, logged by rank 0
         if checkpointing:  # a barrier across the ranks (under Ray: ray.train.report with the checkpoint)
             with t.clock.time("checkpoint"):
                 reporter.flush()  # to MLflow: nothing past a checkpoint may be missing from it after a crash
@@ -128,8 +129,8 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
-    elif ctx.rank == 0 and not eval_metrics:
-        eval_metrics = run_eval(t.model.module, t.wl, ctx.device, t.precision)
+    elif not eval_metrics:  # every rank, as in the loop: the default evals end in an all-reduce
+        eval_metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
     report = t.monitor.report
     summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, ctx.start.restarts)
@@ -167,10 +168,10 @@ def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> 
             t.pairing.window(step, lambda ddp: forward_backward(ddp, t.optimizer, t.wl, batches, device, t.precision))
 
 
-def evaluate(t: TrialParts, step: int, device) -> dict[str, float]:
-    """Rank 0's eval of the bare module at ``step`` (no collective), timed and logged."""
+def evaluate(t: TrialParts, step: int, ctx: TrainingContext) -> dict[str, float]:
+    """The bare module's eval at ``step`` (``run_eval``: across the ranks), timed; rank 0 logs it."""
     with t.clock.time("eval"):
-        metrics = run_eval(t.model.module, t.wl, device, t.precision)
+        metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
         t.reporter.eval(step, metrics)
     return metrics
 
@@ -211,10 +212,19 @@ def forward_backward(model: DDP, optimizer, wl: Workload, micro_batches, device,
     return total
 
 
-def run_eval(module: torch.nn.Module, wl: Workload, device,
+def run_eval(module: torch.nn.Module, wl: Workload, ctx: TrainingContext,
              precision: Optional[Precision] = None) -> dict[str, float]:
     """The workload's eval metrics of the bare module (no DDP collectives): eval_loss and
-    eval_accuracy (loss_fn form), eval_loss (batch_loss form), or its eval_fn's metrics."""
+    eval_accuracy (loss_fn form) or eval_loss (batch_loss form), each rank evaluating its share
+    of the eval set and one all-reduce of the sums on the trial's group (every rank gets them:
+    rank 0 alone left the other ranks idle, W - 1 cores of the eval's time); a workload's
+    eval_fn sees the whole set at once, on rank 0 only (the others get {})."""
     dtype = precision.input_dtype if precision else None
     with (precision.autocast() if precision else nullcontext()):
-        return evaluate_workload(wl, module, device=device, float_dtype=dtype)
+        sums = eval_share(wl, module, ctx.rank, ctx.world_size, device=ctx.device, float_dtype=dtype)
+        if sums is None:
+            return evaluate_workload(wl, module, device=ctx.device, float_dtype=dtype) if ctx.rank == 0 else {}
+    total = torch.tensor(sums, dtype=torch.float64, device=ctx.device)
+    if ctx.world_size > 1:
+        dist.all_reduce(total, group=ctx.process_group)  # float64: the sums add up exactly enough
+    return metrics_from_sums(wl, total.tolist())

@@ -43,12 +43,12 @@ from service.workloads.batches import (DictTensorDataset, batch_size_of, collate
                                        to_device)
 from service.workloads.contract import (DEFAULT_GLOBAL_BATCH, DEFAULT_LR, BatchLoss, EvalFn, LossFn, Workload,
                                         WorkloadInfo, cross_entropy)
-from service.workloads.evaluation import evaluate, evaluate_batch_loss, evaluate_workload
+from service.workloads.evaluation import eval_share, evaluate, evaluate_batch_loss, evaluate_workload, metrics_from_sums
 from service.workloads.registry import (BUILTIN_WORKLOADS, OPTIONAL_WORKLOADS, WORKLOAD_KEYS, build_workload,
                                         check_workload, training_defaults, workload_names)
 
 __all__ = ["BUILTIN_WORKLOADS", "DEFAULT_GLOBAL_BATCH", "DEFAULT_LR", "OPTIONAL_WORKLOADS", "WORKLOAD_KEYS",
            "BatchLoss", "DictTensorDataset", "EvalFn", "LossFn", "Workload", "WorkloadInfo", "batch_size_of",
            "build_workload", "check_workload", "collate_batch", "cross_entropy", "evaluate",
-           "evaluate_batch_loss", "evaluate_workload", "fetch_batch", "to_device", "training_defaults",
+           "eval_share", "evaluate_batch_loss", "evaluate_workload", "metrics_from_sums", "fetch_batch", "to_device", "training_defaults",
            "workload_names"]
