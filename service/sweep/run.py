@@ -317,7 +317,7 @@ def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id
         train_loop_config={
             "trial": trial.to_dict(),
             "run_config": run_cfg.model_dump(),
-            "tracking_uri": sweep.tracking_uri,
+            "trial_runs": sweep.trial_runs,  # rank 0 writes the run through it (service/train/ray_entry.py)
             "run_id": run_id,
             "progress": Publisher(sweep.board, trial.key),
             "network": {"hosts": [vars(h) for h in net.hosts]} if net else None,

@@ -45,6 +45,35 @@ class TrialRuns:
         return self._tracking.start_child_run(self._parent_run_id, trial, run_cfg,
                                               tracking_uri=self._tracking_uri)
 
+    # ----- rank 0's writes during the trial (service/train/ray_entry.py's RunWriter): the ranks
+    # never import mlflow nor open the store, ~2 s on the path of every trial's start
+
+    def begin_attempt(self, run_id: str, kernel_backend: str, step_keys: tuple[str, ...]
+                      ) -> tuple[int, frozenset[int], dict[str, int]]:
+        """A trial attempt starts: (its number, the faults that already fired, and after a restart
+        the last step each of ``step_keys`` was logged at), read from the run's tags and history;
+        the attempt and ``kernel_backend`` (which quantization kernels ran) tagged on the run."""
+        attempt, fired = self._tracking.restart_state(run_id, self._tracking_uri)
+        self._tracking.record_attempt(run_id, self._tracking_uri, attempt, kernel_backend=kernel_backend)
+        done = self._tracking.last_logged_steps(run_id, step_keys, self._tracking_uri) if attempt > 1 else {}
+        return attempt, fired, done
+
+    def log_points(self, run_id: str, points: list[tuple[str, float, int, int]]) -> None:
+        """Step metrics, (key, value, timestamp ms, step) each, written at once."""
+        with self._tracking.MetricLogger(run_id, self._tracking_uri) as logger:
+            logger.log_points(points)
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        self._tracking.set_tags(run_id, self._tracking_uri, **tags)
+
+    def log_dict(self, run_id: str, dictionary: dict, artifact_file: str) -> None:
+        with self._tracking.MetricLogger(run_id, self._tracking_uri) as logger:
+            logger.log_dict(dictionary, artifact_file)
+
+    def fault_fired(self, run_id: str, index: int, fault: Any) -> None:
+        """Configured fault ``index`` fired, recorded before it takes effect (a restart skips it)."""
+        self._tracking.record_fault_fired(run_id, self._tracking_uri, index, fault)
+
     def log_metrics(self, run_id: str, metrics: dict[str, float]) -> None:
         """Summary metrics the trial's process measured itself (e.g. its emulated link's)."""
         with self._tracking.MetricLogger(run_id, self._tracking_uri) as logger:

@@ -46,6 +46,16 @@ class MetricLogger:
         if time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
 
+    def log_points(self, points: list[tuple[str, float, int, int]]) -> None:
+        """Points stamped elsewhere, (key, value, timestamp ms, step) each (rank 0's, sent to the
+        sweep's TrialRuns actor), buffered as ``log`` buffers them (``skip_through`` applies);
+        flush if it is time."""
+        for key, value, timestamp_ms, step in points:
+            if step > self.skip_through.get(key, -1):
+                self._buffer.append(Metric(key, float(value), int(timestamp_ms), int(step)))
+        if time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
     def log_summary(self, step: int = 0, **metrics: float) -> None:
         """Log summary metrics (one value each) and flush."""
         now_ms = int(time.time() * 1000)

@@ -33,7 +33,7 @@ class TrainingContext:
     """One rank of one trial (an initialised process group; no Ray needed).
 
     * ``device``: a ``torch.device`` or its name ("cpu", "cuda:0"), kept as a ``torch.device``;
-    * ``logger`` (rank 0): a ``tracking.MetricLogger`` or None; ``progress(step, loss)``: called
+    * ``logger`` (rank 0): a ``tracking.MetricLogger`` (ray_entry.py's ``RunWriter`` under Ray) or None; ``progress(step, loss)``: called
       on rank 0 at most every ~2 s;
     * ``start``: the resume point (:class:`Start`);
     * ``checkpoint_fn(step, state)``: called on every rank every ``checkpoint.every`` steps with

@@ -1,16 +1,19 @@
 """The Ray Train entry point of a trial: ``train_loop_per_worker``, the function given to
 ``TorchTrainer`` (pickled by Ray by its module path, ``service.train.ray_entry``).
 
-It reads rank and world size from Ray, resumes from Ray's checkpoint after a crash, opens the
-trial's MLflow run for rank 0, and reports to Ray at checkpoints only (``ray.train.report`` is
-a barrier across the ranks, never per step: its cost is in docs/performance.md, section 1). The
-trial's summary goes to its MLflow run, where the sweep reads how it ended; nothing reads it
-from Ray. The loop itself is plain PyTorch (service/train/loop.py).
+It reads rank and world size from Ray, resumes from Ray's checkpoint after a crash, writes the
+trial's MLflow run from rank 0 through the sweep's TrialRuns actor (``RunWriter``: no rank
+imports MLflow or opens the store), and reports to Ray at checkpoints only
+(``ray.train.report`` is a barrier across the ranks, never per step: its cost is in
+docs/performance.md, section 1). The trial's summary goes to its MLflow run, where the sweep
+reads how it ended; nothing reads it from Ray. The loop itself is plain PyTorch
+(service/train/loop.py).
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from typing import Any, Callable
 
 import torch
@@ -26,8 +29,9 @@ def train_loop_per_worker(config: dict) -> None:
     """The function given to ``TorchTrainer`` (Ray Train V2).
 
     config: ``trial`` (TrialSpec.to_dict()), ``run_config`` (the config the trial trains with,
-    ``SweepConfig.run_config(trial).model_dump()``, built once by the Tune trial), ``tracking_uri``,
-    ``run_id`` (the trial's child run), ``progress`` (callable or None), ``network``.
+    ``SweepConfig.run_config(trial).model_dump()``, built once by the Tune trial), ``trial_runs``
+    (the sweep's TrialRuns actor, service/sweep/trial_runs.py), ``run_id`` (the trial's child
+    run), ``progress`` (callable or None), ``network``.
     """
     import ray.train
     import ray.train.torch
@@ -36,16 +40,18 @@ def train_loop_per_worker(config: dict) -> None:
 
     trial = TrialSpec.from_dict(config["trial"])
     cfg = SweepConfig.model_validate(config["run_config"])
-    uri, run_id = config["tracking_uri"], config["run_id"]
+    runs, run_id = config["trial_runs"], config["run_id"]
     ctx = ray.train.get_context()
     rank, world_size = ctx.get_world_rank(), ctx.get_world_size()
     device = ray.train.torch.get_device() if cfg.resources.use_gpu else torch.device("cpu")
     torch.set_num_threads(max(1, int(cfg.resources.cpus_per_worker)))
 
     # Restarts and faults that already fired live in the MLflow run's tags: they survive a
-    # crash before the first checkpoint. Rank 0 reads them and broadcasts them, so the other
-    # ranks never import mlflow or open the store (seconds of CPU per rank per trial).
-    attempt, fired = _broadcast_from_rank0(lambda: _restart_state(run_id, uri), rank, device)
+    # crash before the first checkpoint. Rank 0 asks the sweep's TrialRuns actor, which reads
+    # them (and tags this attempt, with which quantization kernels ran: hooks/_native.py or the
+    # torch fallback, whose speeds differ several-fold), and broadcasts the answer.
+    attempt, fired, done = _broadcast_from_rank0(
+        lambda: ray.get(runs.begin_attempt.remote(run_id, hooks.kernel_backend(), STEP_METRICS)), rank, device)
     checkpoint = None
     ray_checkpoint = ray.train.get_checkpoint()
     if ray_checkpoint is not None:
@@ -55,20 +61,12 @@ def train_loop_per_worker(config: dict) -> None:
 
     logger = None
     if rank == 0:
-        from service import tracking
-
-        # which quantization kernels ran (hooks/_native.py, or the torch fallback): their speeds
-        # differ several-fold (docs/hooks.md), so a trial's times mean nothing without it
-        tracking.record_attempt(run_id, uri, attempt, kernel_backend=hooks.kernel_backend())
-        done = tracking.last_logged_steps(run_id, STEP_METRICS, uri) if attempt > 1 else {}
-        logger = tracking.MetricLogger(run_id, uri, cfg.tracking.flush_seconds, skip_through=done)
+        logger = RunWriter(runs, run_id, cfg.tracking.flush_seconds, skip_through=done)
         if attempt > 1:
             logger.log(checkpoint.trainer.step if checkpoint else 0, restarts=attempt - 1)
 
-    def on_fault(index: int, fault) -> None:
-        from service import tracking  # any rank: faults fire where they are configured
-
-        tracking.record_fault_fired(run_id, uri, index, fault)
+    def on_fault(index: int, fault) -> None:  # any rank: faults fire where they are configured
+        ray.get(runs.fault_fired.remote(run_id, index, fault))
 
     def checkpoint_fn(step: int, state: RankCheckpoint) -> None:
         with tempfile.TemporaryDirectory() as directory:
@@ -96,11 +94,53 @@ def _network_group(config: dict, rank: int):
     return netem.process_group_on_host(network["hosts"][rank])
 
 
-def _restart_state(run_id: str, uri: str) -> tuple[int, frozenset[int]]:
-    """(this attempt's number, indices of faults that already fired), from the run's tags."""
-    from service import tracking
+class RunWriter:
+    """Rank 0's writes to the trial's MLflow run, through the sweep's TrialRuns actor: step
+    metrics batched here (``skip_through`` {key: step}: points a crashed attempt already logged
+    are dropped) and sent every ``flush_seconds`` without waiting; ``flush`` (before a
+    checkpoint) and ``close`` wait until the actor wrote everything sent. The interface of
+    ``service.tracking.MetricLogger``, which runs without Ray (tests, benches)."""
 
-    return tracking.restart_state(run_id, uri)
+    def __init__(self, runs, run_id: str, flush_seconds: float, skip_through: dict[str, int] | None = None):
+        self.runs, self.run_id, self.flush_seconds = runs, run_id, float(flush_seconds)
+        self.skip_through = dict(skip_through or {})
+        self._buffer: list[tuple[str, float, int, int]] = []
+        self._sent: list = []  # the actor's replies not yet waited for
+        self._last_flush = time.monotonic()
+
+    def log(self, step: int, **metrics: float) -> None:
+        now_ms = int(time.time() * 1000)
+        self._buffer += [(k, float(v), now_ms, int(step)) for k, v in metrics.items()
+                         if step > self.skip_through.get(k, -1)]
+        if time.monotonic() - self._last_flush >= self.flush_seconds:
+            self._send()
+
+    def log_summary(self, step: int = 0, **metrics: float) -> None:
+        now_ms = int(time.time() * 1000)
+        self._buffer += [(k, float(v), now_ms, int(step)) for k, v in metrics.items()]
+        self.flush()
+
+    def set_tags(self, **tags) -> None:
+        self._sent.append(self.runs.set_tags.remote(self.run_id, tags))
+
+    def log_dict(self, dictionary: dict, artifact_file: str) -> None:
+        self._sent.append(self.runs.log_dict.remote(self.run_id, dictionary, artifact_file))
+
+    def _send(self) -> None:
+        if self._buffer:  # one actor call; the actor serves a caller's calls in order
+            self._sent.append(self.runs.log_points.remote(self.run_id, self._buffer))
+            self._buffer = []
+        self._last_flush = time.monotonic()
+
+    def flush(self) -> None:
+        self._send()
+        import ray
+
+        sent, self._sent = self._sent, []
+        ray.get(sent)  # an actor's error (a store refusing a write) surfaces here
+
+    def close(self) -> None:
+        self.flush()
 
 
 def _broadcast_from_rank0(read: Callable[[], Any], rank: int, device) -> Any:
