@@ -29,8 +29,8 @@ def _run(tree: Path, script: list[str], key: str, out: Path) -> float:
     cmd = [sys.executable, str(tree / "bench" / script[0]), *script[1:], "--out", str(out)]
     subprocess.run(cmd, cwd=tree, check=True, stdout=subprocess.DEVNULL)
     value = json.loads(out.read_text())
-    for part in key.split("."):
-        value = value[part]
+    for part in key.split("."):  # a list's items by their index: summary.0.feedback
+        value = value[int(part)] if isinstance(value, list) else value[part]
     return float(value)
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s OTHER --key KEY [--repeat N] -- SCRIPT [ARGS]",
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("other", type=Path, help="the other checkout's root")
-    parser.add_argument("--key", required=True, help="dotted path to a number in the script's JSON")
+    parser.add_argument("--key", required=True, help="dotted path to a number in the script's JSON (a list's item by its index)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--out", help="JSON path (default bench/results/trees.json)")
     argv = sys.argv[1:]

@@ -107,3 +107,35 @@ def smoke_sweep(tmp_path_factory) -> SmokeSweep:
         if len(parents) == 1:
             attached = frozenset(a.path for a in client.list_artifacts(parents[0].info.run_id))
     return SmokeSweep(proc, uri, workdir, attached, frozenset(actors.result()))
+
+
+# ----------------------------------------------------------------------------- the suite's own time
+# `make test` ends with the files that took longest (setup, call and teardown of every test,
+# added up per file): where the suite's minutes go, in every CI log. Under pytest-xdist the
+# controller receives every worker's reports, so the table covers the whole run.
+SLOWEST_FILES_SHOWN = 15
+_seconds_by_file: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _seconds_by_file[path] = _seconds_by_file.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _seconds_by_file or hasattr(terminalreporter.config, "workerinput"):  # an xdist worker: none
+        return
+    slowest = sorted(_seconds_by_file.items(), key=lambda kv: -kv[1])[:SLOWEST_FILES_SHOWN]
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} test files (s, all their tests' phases)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    terminalreporter.write_line(f"{sum(_seconds_by_file.values()):8.1f}  all {len(_seconds_by_file)} files "
+                                "(the workers' time added up: wall x workers, roughly)")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``slow``: what the inner loop skips (``-m "not slow"``): every test that starts Ray, a
+    cluster or Docker, and those marked slow by hand (benches that run sweeps)."""
+    for item in items:
+        if any(item.get_closest_marker(m) for m in ("ray", "cluster", "docker")):
+            item.add_marker(pytest.mark.slow)

@@ -83,6 +83,7 @@ def test_paired_order_quick_reports_each_arms_ratio_by_window_order(tmp_path):
 
 @pytest.mark.ray
 @pytest.mark.timeout(1300)
+@pytest.mark.ray
 def test_overhead_quick_measures_bare_service_and_ray_floor(tmp_path):
     data = run_bench("overhead.py", tmp_path / "overhead.json", timeout=1200)
     assert data["bench"] == "overhead"
@@ -128,6 +129,7 @@ def test_concurrency_quick_runs_both_sweeps_and_reports_distortion(tmp_path):
     assert set(data["throughput_ratio_per_config"]) == set(runs["1"]["samples_per_s"])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulated hosts need root (CI runs as root)")
 def test_projection_quick_prices_the_basis_at_every_cell_and_writes_the_band(tmp_path):
     band_out = tmp_path / "band.json"
@@ -194,12 +196,14 @@ def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_
     assert (topk.low_pct, topk.high_pct, topk.where()) == (5.0, 5.0, "beyond the checked W = 2")
 
 
+@pytest.mark.slow
 def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path):
     """bench/trees.py with this checkout as both arms: each repeat runs both, the first arm
-    alternates, and the ratio is read from the script's own JSON."""
+    alternates, and the ratio is read from the script's own JSON (through a list, by index).
+    The bench it alternates is the quickest one's --quick (four runs of it)."""
     out = tmp_path / "trees.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "trees.py"), str(ROOT), "--repeat", "2",
-                           "--key", "summary.on.step_ms_median", "--out", str(out), "--", "instrumentation.py", "--quick"],
+                           "--key", "summary.0.allreduce", "--out", str(out), "--", "error_feedback.py", "--quick"],
                           cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr
