@@ -1,18 +1,16 @@
 """CPU hogs that run exactly while a sweep's baseline trials run: another job sharing the
-machine with some of a sweep's trials and not others (issue 23). Used by bench/verdicts.py and
-the load tests (tests/test_paired_under_load.py, tests/test_like_with_like.py).
+machine with some of a sweep's trials and not others. Used by bench/verdicts.py and the load
+tests (tests/test_paired_under_load.py, tests/test_adaptive_sweep.py).
 
-Three kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
+Two kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
 docs/performance.md's tables with; how much they slow a trial depends on everything else that
 runs (under the test suite's second worker, 4 of them slowed a trial 1.15-1.2x where alone they
-slowed it 3.6x). ``throttle(share)``: the trial's own ranks (this process's descendants titled
-``ray::RayTrainWorker``) stopped ``share`` of every millisecond, as a CPU quota on a noisy node would;
-it slows them by the same factor whatever else runs, and nothing else: what
-test_paired_under_load uses beside the suite's other worker. ``core_share(share)``: one realtime
-spinner per core, busy ``share`` of every 4 ms, which leaves every other process ``1 - share`` of
-the machine: what test_like_with_like uses, whose tiny workload's 1 ms steps and 50 ms times to
-target a throttle cannot slow evenly (its times to target then moved more by chance than by the
-throttle); it slows the suite's other worker too, for the one trial it runs beside.
+slowed it 3.6x), and they slow everything else too. ``throttle(share)``: the trial's own ranks
+(this process's descendants titled ``ray::RayTrainWorker``) stopped ``share`` of every
+millisecond, as a CPU quota on a noisy node would; it slows them by the same factor whatever
+else runs, and nothing else: what the load tests use, whose steps (tens of ms) are far longer
+than the throttle's period, so every step loses the same share. (A realtime core share that
+slowed the whole machine is gone: a test may slow only the processes it started.)
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ from mlflow.tracking import MlflowClient
 
 LIFETIME_S = 1800.0  # a hog orphaned by a killed test stops by itself
 THROTTLE_PERIOD_S = 0.001  # far shorter than a step, so every step loses the same share
-SHARE_PERIOD_S = 0.004
 RANK_TITLE = b"ray::RayTrainWorker"
 
 
@@ -100,20 +97,6 @@ def _throttle(root: int, share: float) -> None:
     _signal(ranks, signal.SIGCONT)
 
 
-def _take_share(cpu: int, share: float) -> None:
-    """Busy ``share`` of every period on ``cpu``, at realtime priority where allowed (without it
-    the share is a lower bound)."""
-    os.sched_setaffinity(0, {cpu})
-    _realtime()
-    busy, idle = SHARE_PERIOD_S * share, SHARE_PERIOD_S * (1 - share)
-    deadline = time.monotonic() + LIFETIME_S
-    while time.monotonic() < deadline:
-        start = time.perf_counter()
-        while time.perf_counter() - start < busy:
-            pass
-        time.sleep(idle)
-
-
 def _fork(target, *args) -> multiprocessing.Process:
     return multiprocessing.get_context("fork").Process(target=target, args=args, daemon=True)
 
@@ -121,11 +104,6 @@ def _fork(target, *args) -> multiprocessing.Process:
 def busy(count: int) -> Callable[[], list[multiprocessing.Process]]:
     """``count`` plain spinners."""
     return lambda: [_fork(_spin) for _ in range(count)]
-
-
-def core_share(share: float) -> Callable[[], list[multiprocessing.Process]]:
-    """One realtime spinner per core this process may run on, busy ``share`` of every 4 ms."""
-    return lambda: [_fork(_take_share, cpu, share) for cpu in sorted(os.sched_getaffinity(0))]
 
 
 def throttle(share: float) -> Callable[[], list[multiprocessing.Process]]:
