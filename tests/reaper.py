@@ -1,12 +1,14 @@
 """Run commands one after another as a child subreaper, then list what they left running.
 
-    python tests/reaper.py OUT.json -- CMD1 ... [--- CMD2 ... [--sigint-after-trial] ...]
+    python tests/reaper.py OUT.json -- CMD1 ... [--- CMD2 ... ]
 
 PR_SET_CHILD_SUBREAPER makes every process orphaned below this one (a Ray worker whose raylet
 is gone) this process's child instead of init's, so nothing a sweep leaves behind can hide:
 after the commands end (and a few seconds' grace), every live descendant is a leftover. They are
-written to OUT.json with their command lines, then killed. A command whose first word is
-``SIGINT@N`` gets SIGINT N seconds after it starts, to its whole process group (a user's Ctrl-C)."""
+written to OUT.json with their command lines, then killed. Each command runs in its own process
+group, as a shell's foreground job: SIGINT or SIGTERM sent to the reaper goes to that whole group
+(a user's Ctrl-C). The reaper exits with the last command's status (128 + N for signal N), so a
+test runs ``reaped(OUT, cmd)`` where it would run ``cmd``."""
 
 from __future__ import annotations
 
@@ -52,22 +54,37 @@ def _reap() -> None:
             return
 
 
+def reaped(out, command: list[str]) -> list[str]:
+    """``command`` run under this reaper, which writes what it left running to ``out``."""
+    return [sys.executable, __file__, str(out), "--", *command]
+
+
+def left_running(out) -> dict[str, str]:
+    """What the reaped command left running (pid -> command line): {} when it left nothing."""
+    with open(out) as f:
+        return json.load(f)["left"]
+
+
 def main() -> int:
     out, commands = sys.argv[1], " ".join(sys.argv[3:]).split(" --- ")
     if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise SystemExit("prctl(PR_SET_CHILD_SUBREAPER) failed")
-    codes = []
-    for command in commands:
-        words = command.split()
-        sigint_after = float(words.pop(0).split("@")[1]) if words[0].startswith("SIGINT@") else None
-        # its own process group, as a shell runs a foreground job: Ctrl-C reaches the whole group
-        proc = subprocess.Popen(words, start_new_session=True)
-        if sigint_after is not None:
+    codes, running = [], []
+
+    def forward(sig, _frame):  # to the running command's whole group, as a terminal's Ctrl-C
+        for proc in running:
             try:
-                proc.wait(timeout=sigint_after)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGINT)
-        codes.append(proc.wait(timeout=900))
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    for command in commands:
+        proc = subprocess.Popen(command.split(), start_new_session=True)
+        running[:] = [proc]
+        codes.append(proc.wait(timeout=1800))
+        running.clear()
         _reap()
     deadline = time.monotonic() + 10
     while _descendants() and time.monotonic() < deadline:
@@ -81,7 +98,7 @@ def main() -> int:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return 0
+    return codes[-1] if codes[-1] >= 0 else 128 - codes[-1]
 
 
 if __name__ == "__main__":

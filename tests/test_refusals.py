@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.reaper import left_running
+
 import service
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +115,7 @@ def refusals_sweep(tmp_path_factory):
     config.write_text(REFUSALS_CONFIG.format(seeds=sorted(DOCUMENTED)))
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return run_sweep_cli(config, tmp, uri), uri
+    return run_sweep_cli(config, tmp, uri, reaper_out=tmp / "left.json"), uri, tmp / "left.json"
 
 
 @pytest.mark.ray
@@ -123,9 +125,10 @@ def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(ref
 
     from tests.test_sweep_e2e import child_runs_by_name
 
-    proc, uri = refusals_sweep
+    proc, uri, left = refusals_sweep
     out = proc.stdout
     assert proc.returncode == 1, f"{out}\n{proc.stderr}"  # every trial failed, the sweep did not
+    assert left_running(left) == {}  # its Ray instance stopped whole, though every trial failed
     assert "Traceback" not in out + proc.stderr and "WorkerHealthCheckFailedError" not in out
     runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "refusals")
     for seed, line in DOCUMENTED.items():
@@ -165,7 +168,7 @@ def moe_sweep(tmp_path_factory):
     (tmp / "moe.yaml").write_text(MOE_CONFIG)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return run_sweep_cli(tmp / "moe.yaml", tmp, uri), uri
+    return run_sweep_cli(tmp / "moe.yaml", tmp, uri, reaper_out=tmp / "left.json"), uri, tmp / "left.json"
 
 
 @pytest.mark.ray
@@ -175,9 +178,17 @@ def test_a_model_with_parameters_unused_in_training_sweeps_with_find_unused_para
 
     from tests.test_sweep_e2e import child_runs_by_name
 
-    proc, uri = moe_sweep
+    proc, uri, left = moe_sweep
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "moe")
+    # nothing of its Ray instance left running: a model with unused parameters once left a
+    # ray::TrainController behind
+    assert left_running(left) == {}
+    client = MlflowClient(tracking_uri=uri)
+    runs = child_runs_by_name(client, "moe")
+    # tracking.transport_probe: false: no probe ran, and the parent run says why (for the report)
+    parent = client.get_run(next(iter(runs.values())).data.tags["mlflow.parentRunId"])
+    assert "transport measured" not in proc.stdout
+    assert parent.data.tags["transport_not_measured"] == "tracking.transport_probe is false"
     assert set(runs) == {"allreduce-w2-s0", "allreduce-b0.002-w2-s0", "powersgd-start_iter2-w2-s0",
                          "powersgd-start_iter2-b0.002-w2-s0"}
     for name, run in runs.items():

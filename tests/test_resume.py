@@ -4,7 +4,15 @@ behind is closed KILLED (none RUNNING), and `--resume` finishes only the unfinis
 under the same parent run, continuing the interrupted trial's run: no duplicate runs, and
 one loss point per step.
 
-Slow by nature (Ray start-up, ~30 s of Ray Train start-up/tear-down per trial).
+The SIGINT sweep is recorded by the code from before the folders moved (07d42ab, service/ as
+loose modules, from a `git worktree` of that commit) and resumed by this checkout: the trial
+keys, identity tags, run params and checkpoints a sweep leaves in MLflow and on disk are what
+--resume reads back, and moving modules must not change them. (A clone without that commit, a
+shallow one, records it with this checkout.) Every sweep runs under tests/reaper.py, a child
+subreaper: whatever a sweep's Ray instance leaves running (a Train controller reparented when
+its raylet went) is found as the reaper's descendant afterwards rather than hiding under init.
+
+Slow by nature (Ray start-up, Ray Train per trial).
 """
 
 from __future__ import annotations
@@ -19,8 +27,13 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.reaper import left_running, reaped
+
 # Three sweeps in one test: allow a slow, shared machine.
 pytestmark = pytest.mark.timeout(3600)
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE_THE_MOVE = "07d42ab"  # the last commit with the loose service/ modules
 
 STEPS = 200
 CONFIG = f"""
@@ -42,7 +55,6 @@ checkpoint:
   every: 50
 tracking:
   flush_seconds: 1.0
-  transport_probe: false
 """
 
 
@@ -50,10 +62,33 @@ def sweep_cmd(config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "service.sweep", str(config), *extra]
 
 
-def sweep_env(uri: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
+def sweep_env(uri: str, code: Path | None = None) -> dict:
+    """A local Ray (no RAY_ADDRESS); with ``code``, every process imports `hooks` and `service` from it."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
     return env
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.fixture
+def recording_code(tmp_path):
+    """(checkout, commit): this repository at BEFORE_THE_MOVE as a detached worktree (removed
+    afterwards), or this checkout where the history lacks it."""
+    if _git("cat-file", "-e", f"{BEFORE_THE_MOVE}^{{commit}}").returncode != 0:
+        yield ROOT, None
+        return
+    tree = tmp_path / "before-the-move"
+    added = _git("worktree", "add", "--detach", str(tree), BEFORE_THE_MOVE)
+    assert added.returncode == 0, added.stderr
+    try:
+        yield tree, _git("rev-parse", f"{BEFORE_THE_MOVE}^{{commit}}").stdout.strip()
+    finally:
+        _git("worktree", "remove", "--force", str(tree))
 
 
 def all_runs(client: MlflowClient, experiment: str) -> list:
@@ -87,13 +122,14 @@ def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, 
     pytest.fail("no trial started training in time")
 
 
-def interrupt(tmp_path: Path, sig: signal.Signals):
+def interrupt(tmp_path: Path, sig: signal.Signals, code: Path | None = None):
+    """The sweep started (under the reaper), ``sig`` once a trial is mid-training."""
     config = tmp_path / "resume.yaml"
     config.write_text(CONFIG)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    proc = subprocess.Popen(sweep_cmd(config), cwd=tmp_path, env=sweep_env(uri),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(reaped(tmp_path / "left-interrupted.json", sweep_cmd(config)), cwd=tmp_path,
+                            env=sweep_env(uri, code), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         victim = wait_for_a_trial_mid_training(proc, client)
         proc.send_signal(sig)
@@ -101,6 +137,7 @@ def interrupt(tmp_path: Path, sig: signal.Signals):
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert left_running(tmp_path / "left-interrupted.json") == {}
     return config, uri, client, victim, proc.returncode, out, err
 
 
@@ -115,25 +152,31 @@ def assert_left_closed(client: MlflowClient, victim) -> None:
 
 
 @pytest.mark.ray
-def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(tmp_path):
-    config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGINT)
+def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(tmp_path, recording_code):
+    code, old_commit = recording_code
+    config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGINT, code)
     assert rc == 130, f"{out}\n{err}"
     assert "Traceback" not in out + err
     assert f"{config} --resume" in out
     assert_left_closed(client, victim)
+    if old_commit is not None:
+        (parent,) = parents(all_runs(client, "resume_test"))
+        assert parent.data.tags.get("git_commit") == old_commit, "the sweep was recorded by the code before the move"
     before = {r.info.run_id for r in children(all_runs(client, "resume_test"))}
 
-    proc = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
-                          capture_output=True, text=True, timeout=2400)
+    def resume(name: str) -> subprocess.CompletedProcess:  # this checkout, under the reaper
+        done = subprocess.run(reaped(tmp_path / name, sweep_cmd(config, "--resume")), cwd=tmp_path,
+                              env=sweep_env(uri, ROOT), capture_output=True, text=True, timeout=2400)
+        assert left_running(tmp_path / name) == {}
+        return done
+
+    proc = resume("left-resumed.json")
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     assert "Resuming sweep" in proc.stdout
 
     runs = all_runs(client, "resume_test")
     (parent,) = parents(runs)  # the same parent, continued: no second sweep run
     assert parent.info.status == "FINISHED"
-    # tracking.transport_probe: false: no probe ran, and the parent run says why for the report
-    assert "transport measured" not in out + proc.stdout
-    assert parent.data.tags["transport_not_measured"] == "tracking.transport_probe is false"
     trial_runs = children(runs)
     assert sorted(r.info.run_name for r in trial_runs) == ["allreduce-w1-s0", "allreduce-w2-s0"]
     assert before <= {r.info.run_id for r in trial_runs}, "interrupted trials continue their own runs"
@@ -145,8 +188,7 @@ def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(t
     assert client.get_run(victim.info.run_id).info.status == "FINISHED"
 
     # Nothing is left to do: a second --resume runs no trial and creates no run.
-    again = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
-                           capture_output=True, text=True, timeout=600)
+    again = resume("left-again.json")
     assert again.returncode == 0, f"{again.stdout}\n{again.stderr}"
     assert "0 to run" in again.stdout
     assert len(all_runs(client, "resume_test")) == len(runs)

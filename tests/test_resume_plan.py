@@ -43,6 +43,11 @@ def uri(tmp_path):
 def test_fingerprint_ignores_speed_settings_but_not_what_trials_compute():
     base = make_cfg()
     assert make_cfg(cpus_per_worker=0.5, max_concurrent_trials=2).fingerprint() == base.fingerprint()
+    # what a sweep records beside its trials (not what they compute): a sweep recorded before
+    # tracking.transport_probe existed resumes with it at either value
+    quiet = base.model_copy(update={"tracking": base.tracking.model_copy(
+        update={"transport_probe": False, "timeline_steps": 0, "paired_timing_every": 0})})
+    assert quiet.fingerprint() == base.fingerprint()
     assert make_cfg(steps=21).fingerprint() != base.fingerprint()
 
 

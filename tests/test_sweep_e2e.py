@@ -32,10 +32,16 @@ TRIAL_PARAMS = ("hook", "world_size", "seed", "workload", "global_batch_size", "
                 "optimizer", "grad_accumulation", "backend")
 
 
-def run_sweep_cli(config: Path, cwd: Path, uri: str, timeout: float = 1400) -> subprocess.CompletedProcess:
+def run_sweep_cli(config: Path, cwd: Path, uri: str, timeout: float = 1400,
+                  reaper_out: Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m service.sweep CONFIG` on a local Ray; with ``reaper_out``, under tests/reaper.py
+    (what the sweep left running is then ``tests.reaper.left_running(reaper_out)``)."""
+    from tests.reaper import reaped
+
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=cwd, env=env,
+    command = [sys.executable, "-m", "service.sweep", str(config)]
+    return subprocess.run(command if reaper_out is None else reaped(reaper_out, command), cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -377,7 +377,7 @@ class SweepConfig(BaseModel):
         decisive = self.model_dump(mode="json", exclude={"resources": {"cpus_per_worker", "max_concurrent_trials"},
                                                          "search": {"plan"},
                                                          "tracking": {"flush_seconds", "paired_timing_every",
-                                                                      "timeline_steps"},
+                                                                      "timeline_steps", "transport_probe"},
                                                          "storage_path": True,
                                                          "report": True})
         for section, key in _ADDED_WITH_DEFAULTS:  # at their defaults: a sweep started before they existed resumes
