@@ -140,6 +140,8 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
     summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)
+    if t.compile_s is not None:  # a compiled trial's compilation, before its first step (train/compiled.py)
+        summary["compile_s"] = t.compile_s
     status = "nan" if report else "ok"
     t.reporter.finish(summary, status, report, timeline)  # rank 0: summary, tags, timeline into MLflow, flushed
     return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses, timeline)
@@ -216,5 +218,6 @@ def run_eval(module: torch.nn.Module, wl: Workload, device,
     """The workload's eval metrics of the bare module (no DDP collectives): eval_loss and
     eval_accuracy (loss_fn form), eval_loss (batch_loss form), or its eval_fn's metrics."""
     dtype = precision.input_dtype if precision else None
-    with (precision.autocast() if precision else nullcontext()):
+    # eager even in a compiled trial (train/compiled.py): an eval is no step, and its batch would compile again
+    with torch.compiler.set_stance("force_eager"), (precision.autocast() if precision else nullcontext()):
         return evaluate_workload(wl, module, device=device, float_dtype=dtype)
