@@ -45,7 +45,9 @@ def read(store: Path, experiment: str | None) -> dict:
 
 
 def totals(data: dict) -> dict[str, float]:
-    out = {p: sum(r[p] or 0.0 for r in data["trials"]) for p in PHASES}
+    """Each phase some trial recorded (compile: only compiled trials have one), summed; what no trial accounts for."""
+    out = {p: sum(r[p] or 0.0 for r in data["trials"]) for p in PHASES
+           if any(r[p] is not None for r in data["trials"])}
     out["outside trials"] = data["wall_s"] - sum(out.values())
     return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-WINDOWS = ("compile", "paired", "timeline", "eval", "checkpoint")
+WINDOWS = ("paired", "timeline", "eval", "checkpoint")  # every trial's; "compile" only a compiled trial's
 
 
 class PhaseClock:
@@ -33,7 +33,7 @@ class PhaseClock:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - t0
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
     def summary(self) -> dict[str, float]:
         """phase_*_s metrics; phase_ended_at: unix seconds at the end of the trial's own work."""
