@@ -49,8 +49,7 @@ class Projected:
 # Why a compiled trial is not projected (service/train/setup.py samples no timeline for it).
 COMPILED_NOTE = ("Compiled trials (search.compile, workload.compile) record no step timeline, so they are not "
                  "projected: its compute windows time the bare module, eager, which is not the compiled model's "
-                 "compute (compiling the bare module for them would cost two more compilations per trial, one per "
-                 "batch size).")
+                 "compute (compiled, the bare module would need compilations of its own, at two batch sizes).")
 EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sweep from before it was "
           "recorded): there is nothing to project from.")
 
