@@ -15,10 +15,9 @@ process). Per run:
 - step ms: the median after the warm-up steps, and steps 1 and 2 (what compilation left behind);
 - per bucket, how much of its communication the backward still hides: on every step past the
   warm-up the hook's state stamps each bucket (hooks/step_sampling.py's StepRecorder): its
-  communication runs from its first collective's launch (or the previous bucket's completion,
-  collectives queue on the group) to its completion, and the fraction of it before the backward's
-  end (the last hook call's return: the step model's definition, service/step_model/stamps.py) is
-  hidden; medians over steps.
+  communication runs from its first collective's launch to its completion, and the fraction of
+  it before the backward's end (the last hook call's return: the step model's definition,
+  service/step_model/stamps.py) is hidden; medians over steps.
 
 Prints the table docs/performance.md quotes and writes bench/results/compile.json with the load
 average before and after.
@@ -67,26 +66,21 @@ def _stamping(recorders: list):
     return build
 
 
+def _launched(call) -> float:
+    return call.launched if call.launched is not None else call.returned
+
+
 def hidden_fractions(calls) -> list[float]:
-    """Per bucket of one step's stamped calls: the fraction of its communication before the
-    backward's end (the module doc)."""
+    """Per bucket of one step's stamped calls: the fraction of its communication (its first
+    collective's launch to its completion, queueing behind the bucket before included) that
+    ends before the backward does (the last hook call's return)."""
     end = max(c.returned for c in calls)
-    out, link_free = [], float("-inf")
-    for c in calls:
-        start = max(c.launched if c.launched is not None else c.returned, link_free)
-        comm = c.completed - start
-        out.append(min(max(end - start, 0.0), comm) / comm if comm > 0 else 1.0)
-        link_free = c.completed
-    return out
+    return [min(max(end - _launched(c), 0.0), c.completed - _launched(c)) / (c.completed - _launched(c))
+            if c.completed > _launched(c) else 1.0 for c in calls]
 
 
 def _comm_ms(calls) -> list[float]:
-    link_free, out = float("-inf"), []
-    for c in calls:
-        start = max(c.launched if c.launched is not None else c.returned, link_free)
-        out.append(1000.0 * max(c.completed - start, 0.0))
-        link_free = c.completed
-    return out
+    return [1000.0 * max(c.completed - _launched(c), 0.0) for c in calls]
 
 
 def _one_run(rank: int, workload: str, hook: str, arm: str, steps: int, warmup: int) -> dict:
