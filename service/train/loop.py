@@ -43,6 +43,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from service.step_model.trial import TrialTimeline
 from service.train.checkpoint import capture
+from service.train.compiled import is_compiled
 from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
@@ -218,6 +219,8 @@ def run_eval(module: torch.nn.Module, wl: Workload, device,
     """The workload's eval metrics of the bare module (no DDP collectives): eval_loss and
     eval_accuracy (loss_fn form), eval_loss (batch_loss form), or its eval_fn's metrics."""
     dtype = precision.input_dtype if precision else None
-    # eager even in a compiled trial (train/compiled.py): an eval is no step, and its batch would compile again
-    with torch.compiler.set_stance("force_eager"), (precision.autocast() if precision else nullcontext()):
+    # eager even in a compiled trial (train/compiled.py): an eval is no step, and its batch would compile
+    # again; only then (set_stance imports dynamo: 1.6 s of an eager trial's first eval)
+    eager = torch.compiler.set_stance("force_eager") if is_compiled(module) else nullcontext()
+    with eager, (precision.autocast() if precision else nullcontext()):
         return evaluate_workload(wl, module, device=device, float_dtype=dtype)
