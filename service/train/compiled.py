@@ -29,6 +29,7 @@ own DDP and the side one run them from step 1. The seconds this takes are the tr
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -56,6 +57,9 @@ def compile_module(module: torch.nn.Module, mode: str) -> None:
     def call(*args, **kwargs):
         return module._call_impl(*args, **kwargs)
 
+    # a rank compiles with the threads it trains with (cpus_per_worker), unless the user says otherwise:
+    # inductor's own default is a pool of compile processes, one per core of the machine, in every rank
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(torch.get_num_threads()))
     module._compiled_call_impl = torch.compile(call, mode=mode)
 
 
