@@ -5,7 +5,7 @@
 DIR holds the sweep's SQLite store (DIR/mlflow.db; e.g. a fresh clone after `make sweep`). Each
 trial's run carries the phases its rank 0 and the sweep recorded (service/train/phases.py):
 start-up (the trainer's creation until the first step: Ray Train's worker group, process group,
-workload and DDP), the training steps, the paired-timing and step-timeline windows, evals,
+workload and DDP), a compiled trial's compilation, the training steps, the paired-timing and step-timeline windows, evals,
 checkpoints, the end of the trial (summary, the timeline's gather) and the tear-down (until
 TorchTrainer.fit returned). The sweep's own wall time is its parent run's start to end; what no
 trial accounts for (Ray's start, Tune between trials, each trial process's start, the report) is
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import load_average, table, write_json  # noqa: E402
 
-PHASES = ("startup", "train", "paired", "timeline", "eval", "checkpoint", "finish", "teardown")
+PHASES = ("startup", "compile", "train", "paired", "timeline", "eval", "checkpoint", "finish", "teardown")
 
 
 def read(store: Path, experiment: str | None) -> dict:
@@ -45,7 +45,9 @@ def read(store: Path, experiment: str | None) -> dict:
 
 
 def totals(data: dict) -> dict[str, float]:
-    out = {p: sum(r[p] or 0.0 for r in data["trials"]) for p in PHASES}
+    """Each phase some trial recorded (compile: only compiled trials have one), summed; what no trial accounts for."""
+    out = {p: sum(r[p] or 0.0 for r in data["trials"]) for p in PHASES
+           if any(r[p] is not None for r in data["trials"])}
     out["outside trials"] = data["wall_s"] - sum(out.values())
     return out
 

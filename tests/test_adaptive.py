@@ -64,7 +64,7 @@ def test_undecided_configurations_get_seeds_until_decided_or_max_and_the_baselin
     assert _seeds(everything, "signsgd") == list(range(MAX))
     topk = _seeds(everything, "topk")
     assert 2 < len(topk) < MAX
-    verdicts = _by_hook(rounds.verdicts(outcomes)[(2, None)])
+    verdicts = _by_hook(rounds.verdicts(outcomes)[(2, None, False)])
     assert verdicts == {"allreduce": "baseline", "bf16_compress": "matches", "quantization_pertensor": "worse",
                         "topk": "matches", "signsgd": "undecided"}
     assert len(everything) == len({t.key for t in everything})   # no trial twice
@@ -82,7 +82,7 @@ def test_nan_and_failed_are_decided_and_a_broken_baseline_stops_its_group():
     plan, outcomes = _run(rounds, outcome)
     everything = [t for r in plan for t in r]
     assert _seeds(everything, "signsgd") == [0, 1] and _seeds(everything, "topk") == [0, 1]
-    verdicts = _by_hook(rounds.verdicts(outcomes)[(2, None)])
+    verdicts = _by_hook(rounds.verdicts(outcomes)[(2, None, False)])
     assert verdicts["signsgd"] == "nan" and verdicts["topk"] == "failed"
     assert len(plan) == 1  # nothing left undecided after round 1
 
@@ -141,8 +141,8 @@ def test_a_split_network_sweeps_timing_runs_run_in_round_one_and_decide_nothing(
     assert rounds.range_text() == f"{10 + len(timing)} to {25 + len(timing)} trials"
     plan, outcomes = _run(rounds, lambda t: Outcome("ok", 9.0) if t.kind == "timing" else _ok(t))
     assert {t.key for t in timing} <= {t.key for t in plan[0]} and not any(t.kind == "timing" for r in plan[1:] for t in r)
-    assert list(rounds.verdicts(outcomes)) == [(2, None)]  # the quality runs' group only
-    assert _by_hook(rounds.verdicts(outcomes)[(2, None)])["topk"] == "matches"
+    assert list(rounds.verdicts(outcomes)) == [(2, None, False)]  # the quality runs' group only
+    assert _by_hook(rounds.verdicts(outcomes)[(2, None, False)])["topk"] == "matches"
 
 
 def test_left_to_run_replays_the_rounds_over_what_is_done():

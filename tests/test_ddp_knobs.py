@@ -73,7 +73,8 @@ def _cfg(search=None, workload=None, tracking=None) -> SweepConfig:
 
 def test_the_knobs_default_to_ddps_own_and_leave_a_default_trials_identity_as_it_was():
     trial = _cfg().trials()[0]
-    assert trial.knobs() == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False}
+    assert trial.knobs() == {"bucket_cap_mb": 25.0, "gradient_as_bucket_view": False, "static_graph": False,
+                             "compile": False}
     assert trial.run_name == "allreduce-w2-s0" and trial.key == "allreduce[]-w2-s0"
     assert _cfg({"bucket_cap_mb": 25}).trials() == _cfg().trials()  # 25 is the default, spelled out
     cfg = _cfg(workload={"find_unused_parameters": "auto", "broadcast_buffers": True})
@@ -116,7 +117,8 @@ def test_a_knob_every_trial_shares_names_no_configuration_and_keeps_the_baseline
     cfg = _cfg({"hooks": ["allreduce", "fp16_compress"], "bucket_cap_mb": 1, "static_graph": True})
     trials = cfg.trials()
     assert [t.config_label for t in trials] == ["allreduce", "fp16_compress"]
-    assert all(t.knobs() == {"bucket_cap_mb": 1.0, "gradient_as_bucket_view": False, "static_graph": True}
+    assert all(t.knobs() == {"bucket_cap_mb": 1.0, "gradient_as_bucket_view": False, "static_graph": True,
+                             "compile": False}
                for t in trials)
     # the key still spells them: --resume does not take these for the default trials
     assert trials[0].key != _cfg().trials()[0].key and "bucket_cap_mb=1.0" in trials[0].key

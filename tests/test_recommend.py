@@ -271,5 +271,5 @@ def test_the_speed_table_and_summary_csv_compare_on_the_seeds_both_ran():
     fast = candidate("fp16_compress", [5, 5], [1.0, 1.0], spread=0.5)
     rec = recommend.recommend(2, "loopback", [base, fast])
     assert render._versus_cells(fast, rec, "speed")[0] == "2.00x"      # not (50/3)/5 = 3.33x
-    row = SimpleNamespace(world_size=2, link="loopback", config="fp16_compress")
+    row = SimpleNamespace(world_size=2, link="loopback", config="fp16_compress", compiled=False)
     assert float(render._speedup(row, [rec])) == pytest.approx(2.0)

@@ -15,7 +15,9 @@ never keeps a second list of either.
 
 The modules, by what they hold:
 
-    schema.py    the workload, the search, SweepConfig and its cross-section checks; SweepConfig.trials()
+    schema.py    the search, SweepConfig and its cross-section checks; SweepConfig.trials()
+    workload.py  the workload section (what every trial trains, and how)
+    compiled.py  torch.compile's modes, and the settings a compiled trial cannot run (refused)
     sections.py  the plainer sections (resources ... network) and the checks sweep axes share
     trial.py     TrialSpec: one trial of the grid, its run name and its key
     limits.py    the upper bounds no sensible sweep reaches
@@ -29,7 +31,8 @@ from service.config.limits import DDP_BUCKET_CAP_MB
 from service.config.loading import PRESETS_DIR, list_presets, load_config, resolve_config_path
 from service.config.schema import (CheckpointConfig, Fault, HookEntry, NetworkConfig, ReportConfig,
                                    ResourcesConfig, SearchConfig, SeedRange, StopConfig, SweepConfig,
-                                   TrackingConfig, WorkloadConfig)
+                                   TrackingConfig)
+from service.config.workload import WorkloadConfig
 from service.config.trial import Scalar, TrialSpec
 
 __all__ = ["DDP_BUCKET_CAP_MB", "MAX_SHOWN_PROBLEMS", "PRESETS_DIR", "CheckpointConfig", "ConfigError", "Fault", "HookEntry",

@@ -1,6 +1,6 @@
-"""The sweep config's schema (pydantic, strict): the workload, the search (hooks, axes, seeds),
-the whole SweepConfig with its cross-section checks, and the trial grid it expands into
-(``SweepConfig.trials``); the plainer sections are in sections.py."""
+"""The sweep config's schema (pydantic, strict): the search (hooks, axes, seeds), the whole
+SweepConfig with its cross-section checks, and the trial grid it expands into
+(``SweepConfig.trials``); the workload section is in workload.py, the plainer ones in sections.py."""
 
 from __future__ import annotations
 
@@ -8,90 +8,20 @@ import hashlib
 import itertools
 import json
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Union
 
 from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator,
                       model_validator)
 
+from service.config.compiled import compile_refusals
 from service.config.errors import FieldProblem, exception_text
-from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_GLOBAL_BATCH,
-                                   MAX_GRAD_ACCUMULATION, MAX_LR, MAX_SEED, MAX_STEPS, MAX_TRIALS, MAX_WORLD_SIZE)
+from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_SEED, MAX_TRIALS,
+                                   MAX_WORLD_SIZE)
 from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, PlanRound, ReportConfig, ResourcesConfig,
                                      StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
 from service.config.trial import KNOBS, Scalar, TrialSpec
+from service.config.workload import WorkloadConfig
 from service.text import did_you_mean, short_value
-
-
-
-
-class WorkloadConfig(BaseModel):
-    model_config = STRICT
-
-    name: str = Field(min_length=1, description="built-in workload or 'package.module:function'")
-    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps per trial")
-    global_batch_size: int = Field(ge=1, le=MAX_GLOBAL_BATCH, description="held fixed across world sizes; "
-                                   "default: the workload's (service.workloads.training_defaults)")
-    grad_accumulation: int = Field(1, ge=1, le=MAX_GRAD_ACCUMULATION, description="micro-batches per step")
-    lr: float = Field(gt=0, le=MAX_LR, description="default: the workload's for the optimizer")
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    eval_every: int = Field(50, ge=1, le=MAX_STEPS, description="steps between evaluations")
-    warmup_steps: int = Field(5, ge=0, le=MAX_STEPS, description="first steps, excluded from throughput")
-    # Training realism (service/train/training_options.py says what each does, and where).
-    precision: Literal["fp32", "bf16_autocast", "bf16"] = Field(
-        "fp32", description="fp32 | bf16_autocast (fp32 weights, bf16 forward) | bf16 (bf16 weights and DDP buckets)")
-    grad_clip_norm: float | None = Field(None, gt=0, le=1e6, description="clip the averaged gradient's L2 norm; null = off")
-    lr_schedule: Literal["constant", "cosine"] = "constant"
-    lr_warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear LR warm-up steps (not warmup_steps)")
-    # DDP's own arguments for the model (the search axes bucket_cap_mb etc. are DDP's too, but
-    # compared; these are the model's needs).
-    find_unused_parameters: Union[Literal["auto"], bool] = Field(
-        "auto", description="auto: on exactly when the start-of-trial probe finds a parameter with no gradient")
-    broadcast_buffers: bool = Field(True, description="DDP broadcasts rank 0's buffers (BatchNorm stats) every forward")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _workload_defaults(cls, raw: Any) -> Any:
-        """A config may leave out global_batch_size and lr: the workload's own fill them in."""
-        if not isinstance(raw, dict) or ("global_batch_size" in raw and "lr" in raw):
-            return raw
-        name, optimizer = raw.get("name"), raw.get("optimizer", "sgd")
-        if not isinstance(name, str) or not isinstance(optimizer, str):
-            return raw  # the field validators name the problem
-        from service.workloads import training_defaults  # imported late: it pulls in torch
-
-        return {**training_defaults(name, optimizer), **raw}
-
-    @field_validator("find_unused_parameters", mode="before")
-    @classmethod
-    def _auto_or_bool(cls, value: Any) -> Any:
-        if value != "auto" and not isinstance(value, bool):
-            raise ValueError(f"{short_value(value)} is not allowed; allowed: auto, true or false")
-        return value
-
-    @field_validator("name")
-    @classmethod
-    def _known_workload(cls, name: str) -> str:
-        from service.workloads import check_workload  # imported late: it pulls in torch
-
-        try:
-            check_workload(name)
-        except Exception as exc:  # a user's module may raise anything while it imports
-            raise ValueError(exception_text(exc)) from None
-        return name
-
-    @model_validator(mode="after")
-    def _some_steps_are_measured(self) -> "WorkloadConfig":
-        if self.warmup_steps >= self.steps:
-            default = "" if "warmup_steps" in self.model_fields_set else " (the default)"
-            raise FieldProblem(
-                "warmup_steps",
-                f"{self.warmup_steps} warm-up steps{default} leave none of the {self.steps} steps to "
-                f"measure throughput on; allowed: 0 to {self.steps - 1}",
-            )
-        if self.lr_warmup_steps > self.steps:
-            raise FieldProblem("lr_warmup_steps", f"{self.lr_warmup_steps} is more than the {self.steps} steps; "
-                                                  f"allowed: 0 to {self.steps}")
-        return self
 
 
 _SCALAR_VALUES = "a parameter is a number, bool or string, or a list of them"
@@ -235,11 +165,15 @@ class SearchConfig(BaseModel):
                                        description="DDP's bucket size cap, MiB (25: DDP's default)")
     gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
+    # whether the trials compile their DDP model; left out: workload.compile's (SweepConfig fills it in)
+    compile: list[bool] = Field(default_factory=lambda: [False], min_length=1,
+                                description="torch.compile the DDP model: [false], [true] or both "
+                                            "(default: as workload.compile says)")
     plan: PlanRound | None = Field(None, description="after the trials, design a per-bucket plan for a cell and "
                                    "train it as one more configuration (a last round); absent: no plan round")
 
     _scalar_allowed = field_validator("world_size", "bucket_cap_mb", "gradient_as_bucket_view",
-                                      "static_graph", mode="before")(scalar_to_list)
+                                      "static_graph", "compile", mode="before")(scalar_to_list)
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -256,7 +190,7 @@ class SearchConfig(BaseModel):
             raise FieldProblem("", f"{short_value(caps)} lists a cap twice; each value runs once")
         return caps
 
-    @field_validator("gradient_as_bucket_view", "static_graph")
+    @field_validator("gradient_as_bucket_view", "static_graph", "compile")
     @classmethod
     def _flags(cls, values: list[bool]) -> list[bool]:
         if len(set(values)) != len(values):
@@ -264,10 +198,10 @@ class SearchConfig(BaseModel):
         return values
 
     def ddp_knobs(self) -> list[dict[str, Any]]:
-        """Every combination of the DDP axes, in the order the config lists them."""
-        return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static}
+        """Every combination of the DDP axes and compile, in the order the config lists them."""
+        return [{"bucket_cap_mb": cap, "gradient_as_bucket_view": view, "static_graph": static, "compile": compiled}
                 for cap in self.bucket_cap_mb for view in self.gradient_as_bucket_view
-                for static in self.static_graph]
+                for static in self.static_graph for compiled in self.compile]
 
     @field_validator("world_size", "seed")
     @classmethod
@@ -310,6 +244,15 @@ class SweepConfig(BaseModel):
     storage_path: str | None = Field(None, min_length=1, description="Ray Tune/Train storage: local dir, shared fs or s3://")
     network: NetworkConfig | None = Field(None, description="emulated hosts on shaped links; absent: the ordinary network")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _compile_axis_from_workload(cls, raw: Any) -> Any:
+        """search.compile left out: every trial compiles exactly when workload.compile is not false."""
+        search, workload = (raw.get("search"), raw.get("workload")) if isinstance(raw, dict) else (None, None)
+        if not isinstance(search, dict) or "compile" in search or not isinstance(workload, dict):
+            return raw
+        return {**raw, "search": {**search, "compile": [workload.get("compile", False) is not False]}}
+
     @field_validator("name")
     @classmethod
     def _printable_name(cls, name: str) -> str:
@@ -341,6 +284,8 @@ class SweepConfig(BaseModel):
                                                        "under no_sync with static_graph (an expect_autograd_hooks_ "
                                                        "assert, pytorch/pytorch#143580); allowed: static_graph "
                                                        "false, or grad_accumulation 1")
+        if True in self.search.compile:
+            compile_refusals(self)
         if self.network is not None and self.resources.use_gpu:
             raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
                                           "NCCL would bypass them: set resources.use_gpu: false or remove network:")
@@ -438,7 +383,8 @@ class SweepConfig(BaseModel):
 # and the report read an older sweep as what it was).
 _ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
                         ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
-                        ("search", "static_graph"): [False]}
+                        ("search", "static_graph"): [False], ("workload", "compile"): False,
+                        ("search", "compile"): [False]}
 
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:

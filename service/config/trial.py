@@ -16,7 +16,10 @@ Scalar = Union[bool, int, float, str]
 # (configuration, world size, seed), every step on loopback, and per link one "timing" run of
 # network.timing_steps steps, which gives that link's step times.
 RunKind = Literal["full", "quality", "timing"]
-KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DDP's knobs, the search axes
+DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DDP's own arguments
+# The search axes besides hooks, world size and seed: DDP's knobs and whether the DDP-wrapped
+# model is compiled (torch.compile; how: workload.compile's mode)
+KNOBS = (*DDP_KNOBS, "compile")
 
 
 class TrialSpec(BaseModel):
@@ -33,6 +36,7 @@ class TrialSpec(BaseModel):
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    compile: bool = False  # torch.compile of the DDP-wrapped model, with workload.compile's mode
     kind: RunKind = "full"
     # The knobs the sweep varies: only these name the configuration (a knob every trial shares is
     # a setting, not a difference: `bucket_cap_mb: 1` alone keeps the baseline's label allreduce).
@@ -58,8 +62,8 @@ class TrialSpec(BaseModel):
 
         Other parameters appear only when they differ from the hook's default (e.g. a swept
         PowerSGD rank: `powersgd-rank4`), so the names in a grid stay distinct; so do
-        DDP's knobs the sweep varies (``named_knobs``), off their defaults (`-b1` for bucket_cap_mb 1,
-        `-view`, `-static`).
+        DDP's knobs and compile where the sweep varies them (``named_knobs``), off their defaults
+        (`-b1` for bucket_cap_mb 1, `-view`, `-static`, `-compiled`).
         """
         parts = [self.hook]
         chunk = hook_facts.chunk_size(self.hook, self.hook_params)
@@ -83,7 +87,7 @@ class TrialSpec(BaseModel):
                 if hook_facts.is_chunk_size(self.hook, k) or k not in defaults or defaults[k] != v}
 
     def knobs(self) -> dict[str, Any]:
-        """DDP's knobs of this trial: bucket_cap_mb, gradient_as_bucket_view, static_graph."""
+        """This trial's knobs: DDP's (bucket_cap_mb, gradient_as_bucket_view, static_graph) and compile."""
         return {k: getattr(self, k) for k in KNOB_DEFAULTS}
 
     def non_default_knobs(self) -> dict[str, Any]:
@@ -92,8 +96,9 @@ class TrialSpec(BaseModel):
     @property
     def key(self) -> str:
         """A stable identifier (every parameter spelled out): how --resume tells trials apart.
-        DDP's knobs are spelled out, all three, when any differs from DDP's defaults (a default
-        trial keeps the key it always had); a split network sweep's runs end in -quality / -timing."""
+        DDP's knobs are spelled out, all three, when any differs from DDP's defaults, and a
+        compiled trial's ends in -compiled (a default trial keeps the key it always had); a split
+        network sweep's runs end in -quality / -timing."""
         link = f"-l{self.link_gbps:g}" if self.link_gbps is not None else ""
         return "-".join([f"{self.config_key}-w{self.world_size}-s{self.seed}{link}"] + self._kind_part())
 
@@ -102,10 +107,9 @@ class TrialSpec(BaseModel):
         """The key's configuration part (``key`` without world size, seed and link): what makes
         two grid entries the same configuration."""
         params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
-        knobs = self.knobs()
-        ddp = ("-ddp[" + ",".join(f"{k}={knobs[k]!r}" for k in sorted(knobs)) + "]"
-               if self.non_default_knobs() else "")
-        return f"{self.hook}[{params}]{ddp}"
+        ddp = ("-ddp[" + ",".join(f"{k}={getattr(self, k)!r}" for k in sorted(DDP_KNOBS)) + "]"
+               if any(k in DDP_KNOBS for k in self.non_default_knobs()) else "")
+        return f"{self.hook}[{params}]{ddp}" + ("-compiled" if self.compile else "")
 
     def describe(self) -> str:
         """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""
@@ -122,9 +126,10 @@ class TrialSpec(BaseModel):
         return cls.model_validate(data)
 
 
-KNOB_DEFAULTS = dict(zip(KNOBS, (DDP_BUCKET_CAP_MB, False, False)))
+KNOB_DEFAULTS = dict(zip(KNOBS, (DDP_BUCKET_CAP_MB, False, False, False)))
 _KNOB_NAMES = {"bucket_cap_mb": lambda cap: f"b{cap:g}", "gradient_as_bucket_view": lambda on: "view",
-               "static_graph": lambda on: "static"}
+               "static_graph": lambda on: "static", "compile": lambda on: COMPILED}
+COMPILED = "compiled"  # a compiled trial's label part where the sweep lists both: allreduce-compiled
 
 
 def _hook_defaults(name: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from service import hook_facts
 from service.report import links, recommend
-from service.report.recommend import BASELINE_HOOK, LOOPBACK
+from service.report.recommend import BASELINE_CONFIGS, BASELINE_HOOK, LOOPBACK
 from service.report.sequential import Rule
 
 if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
@@ -80,6 +80,9 @@ class Trial:
     state = property(lambda self: links.state(self.record.state, self.timing))  # ok | nan | failed | killed | running
     error = property(lambda self: self.record.tags.get("error"))
     nan_source = property(lambda self: self.record.tags.get("nan_source"))
+    # compiled its model (torch.compile): compared with compiled allreduce, its cell's baseline
+    compiled = property(lambda self: bool(self.record.knobs.get("compile", False)))
+    is_baseline = property(lambda self: self.hook == BASELINE_HOOK and self.config in BASELINE_CONFIGS)
 
     @property
     def link(self) -> str:
@@ -175,11 +178,11 @@ def sequential_rule(tags: dict[str, str]) -> Rule:
 
 def _time_to_target(sweep: Sweep) -> None:
     """Each trial's time to the target eval loss: the baseline's final eval loss at the same
-    world size, link and seed, plus the sweep's tolerance (service/report/recommend.py)."""
-    targets = {(t.world_size, t.link, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
-               for t in sweep.trials if t.config == BASELINE_HOOK and t.state == "ok"}
+    world size, link, seed (and compiled or not), plus the sweep's tolerance (service/report/recommend.py)."""
+    targets = {(t.world_size, t.link, t.compiled, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
+               for t in sweep.trials if t.is_baseline and t.state == "ok"}
     for t in sweep.trials:
-        target = targets.get((t.world_size, t.link, t.seed))
+        target = targets.get((t.world_size, t.link, t.compiled, t.seed))
         if target is None or t.state != "ok" or not len(t.eval_loss[0]):
             continue
         t.time_to_target = recommend.time_to_target(*t.eval_loss, *links.timed_steps(t), target)
@@ -287,6 +290,7 @@ class SummaryRow:
     run_ids: list[str]
     stats: dict[str, tuple[float, float, int]]   # metric -> (mean, std, n); incl. loss_gap
     link: str = LOOPBACK
+    compiled: bool = False   # its trials compiled their model: its verdict is against compiled allreduce
 
     @property
     def n_ok(self) -> int:
@@ -309,20 +313,21 @@ class SummaryRow:
 
 def summary_rows(sweep: Sweep) -> list[SummaryRow]:
     """The summary table: one row per (configuration, world size, link), plus `loss_gap` =
-    final loss minus allreduce's at the same world size, link and seed (paired per seed, then
-    averaged) and `time_to_target_s` (over the seeds that reached the target)."""
-    baseline = {(t.world_size, t.link, t.seed): t.metric("final_loss") for t in sweep.trials
-                if t.hook == BASELINE_HOOK and not t.hook_params and t.state == "ok"}
+    final loss minus allreduce's (compiled allreduce's, for compiled trials) at the same world
+    size, link and seed (paired per seed, then averaged) and `time_to_target_s` (over the seeds
+    that reached the target)."""
+    baseline = {(t.world_size, t.link, t.compiled, t.seed): t.metric("final_loss") for t in sweep.trials
+                if t.is_baseline and t.state == "ok"}
     groups: dict[tuple[int, str, str], list[Trial]] = defaultdict(list)
     for t in sweep.trials:
         groups[(t.world_size, t.link, t.config)].append(t)
     rows = []
     for (world_size, link, config), trials in groups.items():
-        ok = [t for t in trials if t.state == "ok"]
+        ok, compiled = [t for t in trials if t.state == "ok"], trials[0].compiled
         stats = {key: _mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
                  if key not in ("nan_detected", "first_nan_step")}
-        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, link, t.seed)]
-                                       for t in ok if (world_size, link, t.seed) in baseline])
+        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, link, compiled, t.seed)]
+                                       for t in ok if (world_size, link, compiled, t.seed) in baseline])
         stats["time_to_target_s"] = _mean_std([t.time_to_target.seconds for t in ok
                                                if t.time_to_target and t.time_to_target.seconds is not None])
         stats["first_nan_step"] = _mean_std([t.metric("first_nan_step") for t in trials
@@ -333,7 +338,7 @@ def summary_rows(sweep: Sweep) -> list[SummaryRow]:
         rows.append(SummaryRow(config=config, hook=trials[0].hook,
                                hook_params=trials[0].hook_params, world_size=world_size,
                                seeds=sorted(t.seed for t in trials), states=dict(states),
-                               run_ids=[t.run_id for t in trials], stats=stats, link=link))
+                               run_ids=[t.run_id for t in trials], stats=stats, link=link, compiled=compiled))
     rows.sort(key=lambda r: (r.world_size, link_order(r.link), _config_order(r.hook, r.hook_params)))
     return rows
 
@@ -407,14 +412,15 @@ def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
 # --------------------------------------------------------------------------------------------
 
 def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:
-    """Per (world size, link): recommend.recommend's answer over the sweep's configurations."""
-    groups: dict[tuple[int, str], dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
+    """Per (world size, link, compiled or not): recommend.recommend's answer over the sweep's
+    configurations; compiled trials are compared with compiled allreduce, eager with eager."""
+    groups: dict[tuple[int, str, bool], dict[str, list[Trial]]] = defaultdict(lambda: defaultdict(list))
     for t in sweep.trials:
-        groups[(t.world_size, t.link)][t.config].append(t)
+        groups[(t.world_size, t.link, t.compiled)][t.config].append(t)
     out = []
-    for (world_size, link) in sorted(groups, key=lambda k: (k[0], link_order(k[1]))):
-        candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link)].items()]
-        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance, sweep.rule))
+    for (world_size, link, compiled) in sorted(groups, key=lambda k: (k[0], link_order(k[1]), k[2])):
+        candidates = [_candidate(config, trials) for config, trials in groups[(world_size, link, compiled)].items()]
+        out.append(recommend.recommend(world_size, link, candidates, sweep.tolerance, sweep.rule, compiled))
     return out
 
 

@@ -27,17 +27,18 @@ class Projected:
     transport_failure: Optional[str] = None                    # else why its probe failed, when it did
     plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
     plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
+    compiled_note: str = ""                                    # COMPILED_NOTE where some trial compiled
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
         if not self.cells:
-            lines += [EMPTY, ""]
+            lines += [EMPTY, ""] + ([self.compiled_note, ""] if self.compiled_note else [])
             return "\n".join(lines)
         header, rows = projection.table(self.cells)
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
-        lines += ["", projection.note(self.latency_ms), ""]
+        lines += ["", projection.note(self.latency_ms), ""] + ([self.compiled_note, ""] if self.compiled_note else [])
         lines += transport_table.markdown(self.transport, self.transport_failure)
         if self.cluster:
             lines += [self.cluster, ""]
@@ -45,6 +46,10 @@ class Projected:
         return "\n".join(lines)
 
 
+# Why a compiled trial is not projected (service/train/setup.py samples no timeline for it).
+COMPILED_NOTE = ("Compiled trials (search.compile, workload.compile) record no step timeline, so they are not "
+                 "projected: its compute windows time the bare module, eager, which is not the compiled model's "
+                 "compute (compiled, the bare module would need compilations of its own, at two batch sizes).")
 EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sweep from before it was "
           "recorded): there is nothing to project from.")
 
@@ -56,7 +61,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     latency_ms, transport = report_cfg.project.latency_ms, reader.transport(sweep.parent_run_id)
     failure = None if transport is not None else reader.transport_failure(sweep.parent_run_id)
     out = Projected(bases, latency_ms=latency_ms, transport=transport, transport_failure=failure,
-                    plan_at=plan_at or (report_cfg.cluster, "report.cluster"))
+                    plan_at=plan_at or (report_cfg.cluster, "report.cluster"),
+                    compiled_note=COMPILED_NOTE if any(t.compiled for t in sweep.trials) else "")
     if not bases:
         return out
     global_batch = max(b.global_batch for b in bases)

@@ -39,9 +39,12 @@ import numpy as np
 import hooks
 from service import hook_facts
 from service.config.limits import DEFAULT_TARGET_TOLERANCE
+from service.config.trial import COMPILED
 from service.report.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
 
 BASELINE_HOOK = hooks.BASELINE
+# plain allreduce's labels, eager and compiled (search.compile): a compiled cell's baseline is the compiled one
+BASELINE_CONFIGS = (BASELINE_HOOK, f"{BASELINE_HOOK}-{COMPILED}")
 DEFAULT_TOLERANCE = DEFAULT_TARGET_TOLERANCE
 LOOPBACK = "loopback"
 
@@ -169,7 +172,8 @@ class Candidate:
 
     @property
     def is_baseline(self) -> bool:
-        return self.hook == BASELINE_HOOK and self.config == BASELINE_HOOK
+        """Plain allreduce (compiled in a compiled cell): what this cell's verdicts are against."""
+        return self.hook == BASELINE_HOOK and self.config in BASELINE_CONFIGS
 
     @property
     def reached_every_seed(self) -> bool:
@@ -280,11 +284,12 @@ class Recommendation:
     avoid: list[tuple[str, str]] = field(default_factory=list)  # (config, why): shown bad
     open: list[tuple[str, str]] = field(default_factory=list)   # (config, why undecided, what decides)
     single_seed: bool = False
+    compiled: bool = False   # the cell's trials compiled their model (torch.compile): compared among themselves
 
     @property
     def key(self) -> str:
-        """The MLflow parent-run tag naming the answer: recommended.w{W}.{link}."""
-        return f"recommended.w{self.world_size}.{tag_safe(self.link)}"
+        """The MLflow parent-run tag naming the answer: recommended.w{W}.{link}[.compiled]."""
+        return f"recommended.w{self.world_size}.{tag_safe(self.link)}" + (f".{COMPILED}" if self.compiled else "")
 
 
 def tag_safe(link: str) -> str:
@@ -292,9 +297,9 @@ def tag_safe(link: str) -> str:
 
 
 def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
-              tolerance: float = DEFAULT_TOLERANCE, rule: Rule = Rule()) -> Recommendation:
-    """Rank the candidates of one (world size, link) as the module doc says; ``rule`` sets the
-    gaps' interval (service/report/sequential.py)."""
+              tolerance: float = DEFAULT_TOLERANCE, rule: Rule = Rule(), compiled: bool = False) -> Recommendation:
+    """Rank the candidates of one (world size, link, compiled or not) as the module doc says;
+    ``rule`` sets the gaps' interval (service/report/sequential.py)."""
     candidates = list(candidates)
     baseline = next((c for c in candidates if c.is_baseline), None)
     for c in candidates if baseline is not None else []:
@@ -310,10 +315,10 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
         if c.verdict in (Verdict.NAN, Verdict.FAILED):
             avoid.append((c.config, c.states))
         elif c.verdict is Verdict.WORSE:
-            avoid.append((c.config, f"final eval loss {c.gap.text()} vs {BASELINE_HOOK}, beyond the "
+            avoid.append((c.config, f"final eval loss {c.gap.text()} vs {baseline.config}, beyond the "
                                     f"{tolerance:.0%} tolerance"))
         elif c.verdict is Verdict.UNDECIDED:
-            open_.append((c.config, _open_reason(c, tolerance)))
+            open_.append((c.config, _open_reason(c, tolerance, baseline)))
         elif c.time_to_target and not c.reached_every_seed:
             never = [s for s, t in sorted(c.time_to_target.items()) if t.seconds is None]
             avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
@@ -322,7 +327,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     ranked = sorted(eligible, key=lambda c: _rank_key(c, baseline))
     single = any(c.gap is not None and c.gap.single_seed for c in candidates)
     rec = Recommendation(world_size, link, None, None, baseline, best_16bit, "", ranked, candidates,
-                         avoid, open_, single)
+                         avoid, open_, single, compiled)
     if not ranked:
         rec.reason = "no configuration finished cleanly at a quality matching the baseline"
         return rec
@@ -348,7 +353,7 @@ def quality_verdict(c: Candidate, tolerance: float) -> Verdict:
     return c.gap.verdict(tolerance) if c.gap is not None else Verdict.UNDECIDED
 
 
-def _open_reason(c: Candidate, tolerance: float) -> str:
+def _open_reason(c: Candidate, tolerance: float, baseline: Candidate | None) -> str:
     """Why a candidate is undecided, and what would decide it."""
     if not c.ok:
         return f"{c.states}: not every trial has finished; rerun with --resume"
@@ -358,7 +363,7 @@ def _open_reason(c: Candidate, tolerance: float) -> str:
     decide = (f"about {needed} seeds at this scatter would decide it" if needed is not None
               else f"more than {MAX_SEEDS_TO_SUGGEST} seeds at this scatter would: its mean is too "
                    f"close to the tolerance for seeds to decide it")
-    return f"final eval loss {c.gap.text()} vs {BASELINE_HOOK} holds +{tolerance:.0%}; {decide}"
+    return f"final eval loss {c.gap.text()} vs {baseline.config} holds +{tolerance:.0%}; {decide}"
 
 
 LOAD_RATIO = 1.5   # trials whose load averages differ more than this ran on a differently busy machine
@@ -373,7 +378,7 @@ def _uneven_load(c: Candidate, base: Candidate | None) -> str:
         return ""
     judged = ("the speed-up is the paired ratio, which that load cancels out of" if c.paired_seconds is not None
               else "their own step times compare the machine's load as much as the hooks")
-    return (f"{c.config}'s and {BASELINE_HOOK}'s trials ran under different load (load average "
+    return (f"{c.config}'s and {base.config}'s trials ran under different load (load average "
             f"{c.load_avg:.1f} vs {base.load_avg:.1f}): {judged}")
 
 
@@ -426,7 +431,7 @@ def _reason(rec: Recommendation, tolerance: float) -> str:
     else:
         parts.append(f"reaches the target eval loss in {_time(c)} {where}")
         if base is not None:
-            parts.append(_speedup_text(c, base, f"faster than {BASELINE_HOOK}"))
+            parts.append(_speedup_text(c, base, f"faster than {base.config}"))
         if rec.best_16bit is not None and rec.best_16bit is not c:
             parts.append(_speedup_text(c, rec.best_16bit, f"vs {rec.best_16bit.config}"))
         if runner is not None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import jinja2
 
 from service import uris
-from service.config.trial import KNOB_DEFAULTS
+from service.config.trial import COMPILED, KNOB_DEFAULTS
 from service.report import plan_section, recommend
 from service.report.data import SummaryRow, Sweep, link_order
 from service.report.recommend import BASELINE_HOOK
@@ -56,21 +56,28 @@ def _by_choice(recs: list[recommend.Recommendation]) -> list[tuple[str | None, l
 def _choice_clause(choice: str | None, group: list[recommend.Recommendation]) -> str:
     if choice is None:
         return f"nothing qualifies at {_places(group)} ({group[0].reason})"
-    if choice == BASELINE_HOOK:
-        return f"keep {BASELINE_HOOK} at {_places(group)}"
+    if group[0].choice.is_baseline:
+        return f"keep {choice} at {_places(group)}"
     ups = [f"{recommend.speedup(r.choice, r.baseline):.2f}x" for r in group
            if r.baseline is not None and math.isfinite(recommend.speedup(r.choice, r.baseline))]
-    faster = f" ({' / '.join(ups)} faster than {BASELINE_HOOK})" if ups else ""
+    against = next((r.baseline.config for r in group if r.baseline is not None), BASELINE_HOOK)
+    faster = f" ({' / '.join(ups)} faster than {against})" if ups else ""
     return f"use {choice} at {_places(group)}{faster}"
 
 
 def _places(recs: list[recommend.Recommendation]) -> str:
-    """'W = 2 and 4 on loopback', 'W = 2 on 1 Gbit/s and W = 4 on loopback' (one world size list per link)."""
+    """'W = 2 and 4 on loopback', 'W = 2 on 1 Gbit/s and W = 4 on loopback, compiled' (one world
+    size list per link, compiled or not)."""
     by_link: dict[str, list[int]] = {}
-    for r in sorted(recs, key=lambda r: (-link_order(r.link), r.world_size)):
-        by_link.setdefault(r.link, []).append(r.world_size)
+    for r in sorted(recs, key=lambda r: (-link_order(r.link), r.compiled, r.world_size)):
+        by_link.setdefault(place(r), []).append(r.world_size)
     parts = [f"W = {_and(sorted(set(ws)))} on {link}" for link, ws in by_link.items()]
     return _and(parts)
+
+
+def place(r: recommend.Recommendation) -> str:
+    """'loopback', '1 Gbit/s', or 'loopback, compiled' for a cell of compiled trials."""
+    return f"{r.link}, {COMPILED}" if r.compiled else r.link
 
 
 def _and(items: list) -> str:
@@ -160,7 +167,8 @@ def _versus_cells(c: recommend.Candidate | None, rec: recommend.Recommendation |
 
 def _candidate_of(row: SummaryRow, recs: list[recommend.Recommendation]
                   ) -> tuple[recommend.Candidate | None, recommend.Recommendation | None]:
-    rec = next((r for r in recs if (r.world_size, r.link) == (row.world_size, row.link)), None)
+    rec = next((r for r in recs if (r.world_size, r.link, r.compiled) == (row.world_size, row.link, row.compiled)),
+               None)
     return (next((c for c in rec.candidates if c.config == row.config), None) if rec else None), rec
 
 
@@ -248,13 +256,14 @@ def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.
 
 
 def shared_knobs_text(sweep: Sweep) -> str:
-    """' Every trial ran with DDP's bucket_cap_mb=1 …' where every trial shares knobs off DDP's
-    defaults: the names leave out a knob no two configurations differ in."""
+    """' Every trial ran with DDP's bucket_cap_mb=1 …' (' Every trial compiled its model …') where
+    every trial shares knobs off their defaults: the names leave out a knob no two configurations differ in."""
     settings = {json.dumps(t.record.knobs, sort_keys=True) for t in sweep.trials}
     if len(settings) != 1:
         return ""
     off = {k: v for k, v in json.loads(settings.pop()).items() if v != KNOB_DEFAULTS.get(k, v)}
-    return f" Every trial ran with DDP's {', '.join(f'{k}={v}' for k, v in off.items())}." if off else ""
+    compiled = " Every trial compiled its DDP model (torch.compile)." if off.pop("compile", False) else ""
+    return (f" Every trial ran with DDP's {', '.join(f'{k}={v}' for k, v in off.items())}." if off else "") + compiled
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,10 +325,10 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t["state"] for t in trials).items()),
         headline=headline(recs, sweep, scale.cluster), recs=recs, rule=rule_text(sweep),
-        baseline=BASELINE_HOOK, summary=summary, images=images_, trials=trials,
+        baseline=BASELINE_HOOK, place=place, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
         projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
-        projection_empty=EMPTY, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
+        projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         transport_missing=transport_table.not_measured(scale.transport_failure),
         plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at)),

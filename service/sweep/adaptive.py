@@ -3,7 +3,7 @@ verdicts so far. Pure planning, no Ray: service/sweep/searcher.py feeds it Tune'
 results.
 
 Round 1 runs every configuration at the first ``min`` seeds. Each later round adds the next
-seed, per (world size, link), to every configuration whose verdict against the baseline is still
+seed, per (world size, link, compiled or not), to every configuration whose verdict against the baseline is still
 ``undecided`` — and to the baseline, so every comparison stays paired — until no verdict is
 undecided or the configurations have ``max`` seeds. The verdicts are the report's own
 (service.report.recommend with the sequential rule of service/report/sequential.py), computed
@@ -33,8 +33,9 @@ class Outcome:
     final_eval_loss: float = math.nan
 
 
-def _group(t: TrialSpec) -> tuple[int, float | None]:
-    return t.world_size, t.link_gbps
+def _group(t: TrialSpec) -> tuple[int, float | None, bool]:
+    """The trial's cell: its world size, link and whether it compiled (compared among themselves)."""
+    return t.world_size, t.link_gbps, t.compile
 
 
 class SeedRounds:
@@ -74,7 +75,7 @@ class SeedRounds:
         return trials
 
     def verdicts(self, outcomes: dict[str, Outcome]) -> dict[tuple, dict[str, Verdict]]:
-        """Per (world size, link): each configuration's verdict from the planned rounds."""
+        """Per (world size, link, compiled): each configuration's verdict from the planned rounds."""
         groups: dict[tuple, dict[str, list[TrialSpec]]] = defaultdict(lambda: defaultdict(list))
         for t in self._planned:
             if t.kind != "timing":  # a few steps' loss says nothing of the quality
@@ -82,7 +83,7 @@ class SeedRounds:
         out = {}
         for group, configs in groups.items():
             candidates = [_candidate(name, trials, outcomes) for name, trials in configs.items()]
-            recommend.recommend(group[0], str(group[1]), candidates, self.tolerance, self.rule)
+            recommend.recommend(group[0], str(group[1]), candidates, self.tolerance, self.rule, compiled=group[2])
             out[group] = {c.config: c.verdict for c in candidates}
         return out
 
@@ -91,10 +92,10 @@ class SeedRounds:
         baseline of a group that has any (a group whose baseline broke cannot pair: it stops)."""
         chosen = []
         for group, verdicts in self.verdicts(outcomes).items():
-            baseline = verdicts.get(recommend.BASELINE_HOOK)
+            baseline = next((name for name, v in verdicts.items() if v is Verdict.BASELINE), None)
             undecided = [name for name, v in verdicts.items() if v is Verdict.UNDECIDED]
-            if undecided and baseline is Verdict.BASELINE:
-                chosen += [(group, name) for name in undecided + [recommend.BASELINE_HOOK]]
+            if undecided and baseline is not None:
+                chosen += [(group, name) for name in undecided + [baseline]]
         return chosen
 
     def range_text(self) -> str:

@@ -13,14 +13,14 @@ from service.tracking.store import StoreError
 TRIAL_KEY_TAG = "trial_key"   # TrialSpec.key: what --resume matches on
 IDENTITY_TAGS = {"config": "trial_config", "hook": "trial_hook", "hook_params": "trial_hook_params",
              "world_size": "trial_world_size", "seed": "trial_seed", "link_gbps": "trial_link_gbps"}
-DDP_TAG = "trial_ddp"  # DDP's knobs as JSON (runs recorded before they were axes have none: DDP's defaults)
+DDP_TAG = "trial_ddp"  # DDP's knobs and compile as JSON (runs recorded before an axis existed lack it: its default)
 KIND_TAG = "trial_kind"  # TrialSpec.kind: full | quality | timing (runs recorded before it have none: full)
 
 
 def identity_tags(trial) -> dict[str, str]:
     """The tags that say which trial (a TrialSpec) a run is: key, configuration label (the run
     name without its world size, seed and link: one label per configuration), hook, hook params
-    as JSON, world size, seed, emulated link ("" on the ordinary network), DDP's knobs as JSON and
+    as JSON, world size, seed, emulated link ("" on the ordinary network), DDP's knobs and compile as JSON and
     what the run is for (TrialSpec.kind: full, or a split network sweep's quality / timing run)."""
     return {TRIAL_KEY_TAG: trial.key,
             IDENTITY_TAGS["config"]: trial.config_label,
@@ -84,8 +84,8 @@ class TrialRecord:
 
     @property
     def knobs(self) -> dict[str, Any]:
-        """DDP's knobs the trial ran with, as the run records them ({} for a run recorded before
-        they were axes: DDP's defaults)."""
+        """DDP's knobs and compile the trial ran with, as the run records them (a knob missing in
+        a run recorded before it was an axis: its default, DDP's own or eager)."""
         return json.loads(self.tags.get(DDP_TAG, "{}"))
 
     @property

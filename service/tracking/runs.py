@@ -78,13 +78,15 @@ def trial_params(trial, run_cfg) -> dict[str, Any]:
         "lr": wl.lr,
         "optimizer": wl.optimizer,
         "grad_accumulation": wl.grad_accumulation,
-        **trial.knobs(),  # DDP's: bucket_cap_mb, gradient_as_bucket_view, static_graph
+        **trial.knobs(),  # DDP's: bucket_cap_mb, gradient_as_bucket_view, static_graph; and compile
         "find_unused_parameters": wl.find_unused_parameters,
         "broadcast_buffers": wl.broadcast_buffers,
         "backend": "nccl" if use_gpu else "gloo",
         "torch_version": _version("torch"),
         "ray_version": _version("ray"),
     })
+    if trial.compile:  # torch.compile's mode (workload.compile)
+        params["compile_mode"] = wl.compile_mode
     if trial.link_gbps is not None:  # an emulated link (config network:)
         params.update(link_gbps=trial.link_gbps, latency_ms=run_cfg.network.latency_ms)
     if trial.kind != "full":  # a split network sweep's quality or timing run (also the tag trial_kind)

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from service.step_model.trial import TrialTimeline
 from service.train.checkpoint import capture
+from service.train.compiled import is_compiled
 from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
@@ -141,6 +142,8 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     if timeline is not None:
         summary.update(timeline.summary(summary["step_time_ms_median"]))
     summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)
+    if t.compile_s is not None:  # a compiled trial's compilation, before its first step (train/compiled.py)
+        summary["compile_s"] = t.compile_s
     status = "nan" if report else "ok"
     t.reporter.finish(summary, status, report, timeline)  # rank 0: summary, tags, timeline into MLflow, flushed
     return TrialResult(status, int(summary["steps_done"]), summary, report, t.reporter.losses, timeline)
@@ -220,7 +223,10 @@ def run_eval(module: torch.nn.Module, wl: Workload, ctx: TrainingContext,
     rank 0 alone left the other ranks idle, W - 1 cores of the eval's time); a workload's
     eval_fn sees the whole set at once, on rank 0 only (the others get {})."""
     dtype = precision.input_dtype if precision else None
-    with (precision.autocast() if precision else nullcontext()):
+    # eager even in a compiled trial (train/compiled.py): an eval is no step, and its batch would compile
+    # again; only then (set_stance imports dynamo: 1.6 s of an eager trial's first eval)
+    eager = torch.compiler.set_stance("force_eager") if is_compiled(module) else nullcontext()
+    with eager, (precision.autocast() if precision else nullcontext()):
         sums = eval_share(wl, module, ctx.rank, ctx.world_size, device=ctx.device, float_dtype=dtype)
         if sums is None:
             return evaluate_workload(wl, module, device=ctx.device, float_dtype=dtype) if ctx.rank == 0 else {}

@@ -1,5 +1,6 @@
-"""Where a trial's wall time goes, on rank 0: start-up until the first step, the training steps,
-the paired-timing and step-timeline windows, evals, checkpoints, and the end of the trial
+"""Where a trial's wall time goes, on rank 0: start-up until the first step, a compiled trial's
+compilation (service/train/compiled.py), the training steps, the paired-timing and step-timeline
+windows, evals, checkpoints, and the end of the trial
 (summary, the timeline's gather). Each window is a ``with clock.time("eval"):`` statement in the
 loop, so the loop shows what it times; the rest of the loop is the training steps (NaN checks
 and metric logging included). The driver adds the tear-down (until TorchTrainer.fit returns)
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-WINDOWS = ("paired", "timeline", "eval", "checkpoint")
+WINDOWS = ("paired", "timeline", "eval", "checkpoint")  # every trial's; "compile" only a compiled trial's
 
 
 class PhaseClock:
@@ -32,7 +33,7 @@ class PhaseClock:
         try:
             yield
         finally:
-            self.seconds[phase] += time.perf_counter() - t0
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
 
     def summary(self) -> dict[str, float]:
         """phase_*_s metrics; phase_ended_at: unix seconds at the end of the trial's own work."""

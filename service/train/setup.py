@@ -4,7 +4,7 @@ the trial's comm hook, optimizer, batches, the restored checkpoint, NaN checks, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -13,6 +13,7 @@ from service.train import preflight
 from service.train.nan import NanMonitor
 from service.train.batches import GlobalBatches
 from service.train.checkpoint import restore
+from service.train.compiled import compile_trial
 from service.train.context import TrainingContext
 from service.train.ddp import ddp_arguments, say_find_unused_is_on
 from service.train.faults import FaultInjector
@@ -47,6 +48,7 @@ class TrialParts:
     load: LoadMeter
     reporter: Reporter
     clock: PhaseClock  # where the trial's wall time goes; started as the loop starts
+    compile_s: Optional[float] = None  # a compiled trial's compilation (train/compiled.py); None: eager
 
 
 def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
@@ -90,13 +92,21 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     side = SideModule(wl.model, copy_module=find_unused and bool(pairing_every or cfg.tracking.timeline_steps))
     pairing = PairedTimer(side, every=pairing_every, warmup_steps=wl_cfg.warmup_steps, device=device,
                           process_group=process_group, ddp_kwargs=ddp_kwargs, skip=fidelity.due)
-    # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective runs
-    steps = timeline_steps(cfg.tracking.timeline_steps, first_step, wl_cfg.steps, wl_cfg.warmup_steps,
-                           skip=lambda s: fidelity.due(s) or pairing.due(s))
+    # DDP's step as a timeline on a few steps (train/step_sampling.py): not where another hook or collective
+    # runs, and none when compiled (its compute windows time the bare module, eager: report/projected.py's
+    # COMPILED_NOTE)
+    steps = timeline_steps(0 if trial.compile else cfg.tracking.timeline_steps, first_step, wl_cfg.steps,
+                           wl_cfg.warmup_steps, skip=lambda s: fidelity.due(s) or pairing.due(s))
     step_sampler = TimelineSampler(hook_state, side, wl, precision, steps, trial=trial, cfg=cfg, ctx=ctx)
-    return TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
-                      faults, meter, accounting, pairing, step_sampler, LoadMeter(),
-                      Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
+    parts = TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
+                       faults, meter, accounting, pairing, step_sampler, LoadMeter(),
+                       Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
+    if trial.compile:  # its own phase, before the first step: no step, window or time to target pays it
+        with parts.clock.time("compile"):  # every rank: a DDP wrapper's construction is a collective
+            parts.compile_s = compile_trial([wl.model] + ([side.module] if side.is_copy else []),
+                                            {**ddp_kwargs, "process_group": process_group}, wl,
+                                            batches.micro_batches(first_step)[0], precision, wl_cfg.compile_mode)
+    return parts
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:
