@@ -343,27 +343,59 @@ def test_sweep_refuses_without_tc_in_one_line(tmp_path):
 # ----------------------------------------------------------------------------- sweeps
 
 
+def _wait_for(proc: subprocess.Popen, log: Path, predicate, timeout: float = 600) -> str:
+    """The sweep's output once ``predicate(output)`` holds (fails if the sweep ends first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if predicate(text):
+            return text
+        assert proc.poll() is None, text
+        time.sleep(0.5)
+    raise AssertionError(f"timed out: {log.read_text()}")
+
+
 @pytest.mark.ray
 @pytest.mark.timeout(900)
-def test_sweep_trial_runs_on_the_shaped_link_and_records_it(tmp_path):
+def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_path):
+    """One sweep of two trials on a 1 Gbit/s link: a killed sweep's leftover hosts are removed
+    at its start; the first trial logs its link (params, measured rate, the bytes tc counted);
+    SIGINT while the second trains ends the sweep (130) and removes that trial's hosts."""
     from mlflow.tracking import MlflowClient
 
     pid, leftover = _start_owner_and_kill(1)  # a killed sweep's hosts: the next start removes them
     assert leftover
+    config = tmp_path / "two.yaml"
+    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 40").replace("seed: [0]", "seed: [0, 1]"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path,
-                          env=_sweep_env(uri), capture_output=True, text=True, timeout=840)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "left by a killed sweep" in proc.stdout
+    log = tmp_path / "out.txt"
+    with open(log, "w") as out_file:
+        proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path,
+                                env=_sweep_env(uri), stdout=out_file, stderr=subprocess.STDOUT, text=True)
+    _OWNERS.add(proc.pid)
+    try:
+        # the second trial trains (a progress line of it) on its two hosts, owned by the driver
+        out = _wait_for(proc, log, lambda text: any("-s1-1gbps: step " in ln for ln in text.splitlines()))
+        mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
+        assert len(mine) == 2, (mine, out)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = log.read_text()
+    assert proc.returncode == 130, out
+    assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
+    assert not [name for name, owner in netem.list_links() if owner == proc.pid]
+    assert "left by a killed sweep" in out
     assert not [n for n in netem.list_namespaces() if f"-{pid}-" in n]
-    assert "network: link 1 Gbit/s" in proc.stdout and "measured" in proc.stdout
+    assert "network: link 1 Gbit/s" in out and "measured" in out
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("network_one")
-    runs = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
-    assert len(runs) == 1
-    run = runs[0]
-    assert run.info.run_name == "allreduce-w2-s0-1gbps"
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags}
+    run = runs["allreduce-w2-s0-1gbps"]
     assert run.data.params["link_gbps"] == "1.0" and run.data.params["latency_ms"] == "0.0"
     m = run.data.metrics
     assert 0.8 <= m["link_measured_gbps"] <= 1.0
@@ -371,6 +403,7 @@ def test_sweep_trial_runs_on_the_shaped_link_and_records_it(tmp_path):
     # the hook's own wire bytes of every step on each of the 2 hosts
     assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"]
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
+    assert runs["allreduce-w2-s1-1gbps"].info.status == "KILLED"
     assert _ours() == ([], [])
 
 
@@ -446,38 +479,6 @@ def test_two_link_sweep_trains_once_and_times_each_link(tmp_path):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "Nothing left to run." in resumed.stdout and "network: link" not in resumed.stdout
     assert _ours() == ([], [])
-
-
-@pytest.mark.ray
-@pytest.mark.timeout(900)
-def test_interrupted_sweep_removes_its_hosts(tmp_path):
-    config = tmp_path / "long.yaml"
-    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 2000")
-                      .replace("eval_every: 8", "eval_every: 2000"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    log = tmp_path / "out.txt"
-    with open(log, "w") as out_file:
-        proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path,
-                                env=_sweep_env(uri), stdout=out_file, stderr=subprocess.STDOUT, text=True)
-    _OWNERS.add(proc.pid)
-    try:
-        deadline = time.monotonic() + 600
-        # training has begun (a progress line) on the trial's two hosts, owned by the driver
-        while time.monotonic() < deadline and " step " not in log.read_text():
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.5)
-        mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
-        assert len(mine) == 2, (mine, log.read_text())
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out = err = log.read_text()
-    assert proc.returncode == 130, out + err
-    assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
-    assert not [name for name, owner in netem.list_links() if owner == proc.pid]
 
 
 def test_interrupt_during_the_link_measurement_leaves_nothing(tmp_path):
