@@ -1,6 +1,6 @@
 """CPU hogs that run exactly while a sweep's baseline trials run: another job sharing the
 machine with some of a sweep's trials and not others. Used by bench/verdicts.py and the load
-tests (tests/test_paired_under_load.py, tests/test_adaptive_sweep.py).
+tests (tests/test_adaptive_sweep.py).
 
 Two kinds. ``busy(count)``: plain spinners at normal priority, what bench/verdicts.py measured
 docs/performance.md's tables with; how much they slow a trial depends on everything else that

@@ -58,6 +58,15 @@ def test_a_tree_that_ignores_the_shutdown_and_sigterm_is_killed_after_the_grace(
     assert local_ray.stop(grace_s=grace) == set()  # stopped once: a second call does nothing
 
 
+def test_proc_of_names_a_live_process_by_pid_and_start_time_and_an_ended_one_by_none():
+    other = subprocess.Popen(["sleep", "60"])
+    (seen,) = [p for p in processes.children() if p.pid == other.pid]
+    assert Proc.of(other.pid) == seen
+    other.kill()
+    other.wait()
+    assert Proc.of(other.pid) is None
+
+
 def test_a_recorded_pid_that_now_names_another_process_is_left_alone():
     other = subprocess.Popen(["sleep", "60"])
     try:

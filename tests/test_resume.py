@@ -1,5 +1,5 @@
 """Interrupted sweeps, for real: `python -m service.sweep` with a local Ray and a temporary
-SQLite MLflow store gets SIGINT (or SIGTERM) in the middle of a trial; every run it leaves
+SQLite MLflow store gets SIGINT, and its --resume SIGTERM, in the middle of a trial; every run it leaves
 behind is closed KILLED (none RUNNING), and `--resume` finishes only the unfinished trials
 under the same parent run, continuing the interrupted trial's run: no duplicate runs, and
 one loss point per step.
@@ -104,8 +104,11 @@ def parents(runs: list) -> list:
     return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
-def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, timeout: float = 900):
-    """The first child run that is RUNNING and already has loss points in MLflow."""
+def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, timeout: float = 900,
+                                  logged: dict[str, int] | None = None):
+    """The first child run that is RUNNING and has loss points in MLflow (more than ``logged``
+    holds for its run id: a resumed run has its earlier points already)."""
+    logged = logged or {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -113,7 +116,8 @@ def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, 
             pytest.fail(f"the sweep ended before it could be interrupted:\n{out}\n{err}")
         try:
             for run in children(all_runs(client, "resume_test")):
-                if run.info.status == "RUNNING" and client.get_metric_history(run.info.run_id, "loss"):
+                points = len(client.get_metric_history(run.info.run_id, "loss"))
+                if run.info.status == "RUNNING" and points > logged.get(run.info.run_id, 0):
                     return run
         except Exception:  # the store is still being created by the sweep
             pass
@@ -122,22 +126,25 @@ def wait_for_a_trial_mid_training(proc: subprocess.Popen, client: MlflowClient, 
     pytest.fail("no trial started training in time")
 
 
-def interrupt(tmp_path: Path, sig: signal.Signals, code: Path | None = None):
-    """The sweep started (under the reaper), ``sig`` once a trial is mid-training."""
+def interrupt(tmp_path: Path, sig: signal.Signals, code: Path | None = None, *extra: str,
+              logged: dict[str, int] | None = None):
+    """The sweep started (under the reaper; ``extra``: its flags), ``sig`` once a trial is mid-training."""
     config = tmp_path / "resume.yaml"
-    config.write_text(CONFIG)
+    if not config.exists():
+        config.write_text(CONFIG)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    proc = subprocess.Popen(reaped(tmp_path / "left-interrupted.json", sweep_cmd(config)), cwd=tmp_path,
+    left = tmp_path / f"left-{sig.name}.json"
+    proc = subprocess.Popen(reaped(left, sweep_cmd(config, *extra)), cwd=tmp_path,
                             env=sweep_env(uri, code), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        victim = wait_for_a_trial_mid_training(proc, client)
+        victim = wait_for_a_trial_mid_training(proc, client, logged=logged)
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert left_running(tmp_path / "left-interrupted.json") == {}
+    assert left_running(left) == {}
     return config, uri, client, victim, proc.returncode, out, err
 
 
@@ -152,7 +159,12 @@ def assert_left_closed(client: MlflowClient, victim) -> None:
 
 
 @pytest.mark.ray
-def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(tmp_path, recording_code):
+def test_sigint_then_sigterm_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(
+        tmp_path, recording_code):
+    """Ctrl-C (SIGINT) stops the sweep as recorded by the code before the folder move; this
+    checkout's --resume is stopped by SIGTERM (as a scheduler stops a job) once a trial trains
+    again; a second --resume finishes; a third finds nothing to do. Every stop closes its runs
+    KILLED and leaves no process behind; every trial ends with each of its steps logged once."""
     code, old_commit = recording_code
     config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGINT, code)
     assert rc == 130, f"{out}\n{err}"
@@ -162,6 +174,13 @@ def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(t
     if old_commit is not None:
         (parent,) = parents(all_runs(client, "resume_test"))
         assert parent.data.tags.get("git_commit") == old_commit, "the sweep was recorded by the code before the move"
+    before = {r.info.run_id for r in children(all_runs(client, "resume_test"))}
+
+    logged = {r: len(client.get_metric_history(r, "loss")) for r in before}
+    _, _, _, victim, rc, out, err = interrupt(tmp_path, signal.SIGTERM, ROOT, "--resume", logged=logged)
+    assert rc == 130, f"{out}\n{err}"
+    assert "Traceback" not in out + err
+    assert_left_closed(client, victim)
     before = {r.info.run_id for r in children(all_runs(client, "resume_test"))}
 
     def resume(name: str) -> subprocess.CompletedProcess:  # this checkout, under the reaper
@@ -192,14 +211,6 @@ def test_sigint_mid_trial_then_resume_finishes_the_rest_without_duplicate_runs(t
     assert again.returncode == 0, f"{again.stdout}\n{again.stderr}"
     assert "0 to run" in again.stdout
     assert len(all_runs(client, "resume_test")) == len(runs)
-
-
-@pytest.mark.ray
-def test_sigterm_mid_trial_ends_the_runs_killed(tmp_path):
-    config, uri, client, victim, rc, out, err = interrupt(tmp_path, signal.SIGTERM)
-    assert rc == 130, f"{out}\n{err}"
-    assert "Traceback" not in out + err
-    assert_left_closed(client, victim)
 
 
 def test_resume_without_an_earlier_sweep_is_one_line(tmp_path):

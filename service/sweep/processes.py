@@ -32,6 +32,12 @@ class Proc:
     pid: int
     start: int
 
+    @classmethod
+    def of(cls, pid: int) -> "Proc | None":
+        """The process that has ``pid`` now (None: no such process, or a zombie)."""
+        stat = _stat(pid)
+        return None if stat is None or stat[0] == "Z" else cls(pid, stat[2])
+
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, parent pid, start time) of ``pid`` from one read of /proc/PID/stat; None: no such pid."""
