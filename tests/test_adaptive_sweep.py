@@ -13,8 +13,8 @@ Two sweeps of the same config, shared by every test here:
   noisy neighbour arriving late would. bf16_compress ran seeds 0 and 1 only: its speed-up against
   allreduce (summary.csv's `speedup_vs_baseline`) must come from those seeds, so the load on
   seed 2 cannot move it. Before, the baseline's mean over all its seeds went into the ratio and
-  credited bf16_compress with the load's damage to allreduce's extra seed; the unpaired speed-up
-  (each configuration's own times to target) still does, and the loaded sweep shows it.
+  credited bf16_compress with the load's damage to allreduce's extra seed (the unpaired figure:
+  the test shows it moves where the paired one does not).
 """
 
 from __future__ import annotations
@@ -222,21 +222,6 @@ def test_the_baselines_extra_seed_under_load_does_not_move_the_speedups(sweep, l
     # like-with-like speed-up moved, and by more than 10 %
     inflation = _all_seeds_inflation(loaded) / _all_seeds_inflation(quiet)
     assert inflation - 1 > max(abs(moved - 1), 0.1), (inflation, moved, spread)
-
-
-@pytest.mark.ray
-def test_the_paired_speedup_holds_under_load_where_the_unpaired_one_moves(loaded):
-    """The paired speed-up (the baseline timed inside bf16_compress's own trials) against the
-    unpaired one of the same loaded sweep (the two configurations' own times to target, each timed
-    in its own trials, allreduce's over all its seeds): the unpaired one credits bf16_compress with
-    the throttle's damage to allreduce's seed 2. (Read within one sweep: the quiet sweep is not
-    quiet under the suite's second worker; in CI on 2026-12-02 it slowed the quiet allreduce too.)"""
-    rows = loaded["rows"]
-    bf16 = rows["bf16_compress"]
-    spread = float(bf16["step_ratio_vs_baseline_iqr_mean"]) / float(bf16["step_ratio_vs_baseline_mean"])
-    unpaired = float(rows["allreduce"]["time_to_target_s_mean"]) / float(bf16["time_to_target_s_mean"])
-    moved = unpaired / float(bf16["speedup_vs_baseline"])
-    assert moved - 1 > max(spread, 0.1), (moved, spread)
 
 
 @pytest.mark.ray
