@@ -129,9 +129,7 @@ def summarise(worlds: dict, rules: dict) -> dict:
                 rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
     found = bands(rows, rules["error_feedback"])
-    overall = found["overall"]
-    band = (overall["low_pct"] or 0.0, overall["high_pct"] or 0.0)
-    scored = scores.score(rows, band)
+    scored = scores.score(rows, rules["error_feedback"])
     return {"rows": rows, "bands": found, "scores": scored, "score_totals": scores.totals(scored),
             "time_to_target": targets(quality, rows) if quality else None}
 
@@ -215,21 +213,21 @@ CELL_KEYS = ("hook", "world_size", "link_gbps", "link_measured_gbps", "latency_m
 
 
 def print_scores(scored: list[dict]) -> None:
-    """The decisions per counted cell (bench/_projection_scores.py), or why there are none."""
+    """The decisions per counted cell (bench/_projection_scores.py: each decided under the pair
+    bands of the other cells), or why there are none."""
     if not scored:
         print("\ndecisions: no counted cell with two hooks to score")
         return
-    print("\ndecisions per counted cell (projected vs measured step; band = the overall band):")
-    print(table(["W", "Gbit/s", "hooks", "projected winner", "measured winner", "regret %", "Kendall tau",
-                 "compress right", "hatched", "call right"],
-                [[c["world_size"], c["link_gbps"], c["hooks"], c["projected_winner"], c["measured_winner"],
-                  round(c["regret_pct"], 1), None if c["kendall_tau"] is None else round(c["kendall_tau"], 2),
-                  c["compress_right"], c["hatched"], c["call_right"]] for c in scored]))
-    for w in sorted({c["world_size"] for c in scored}):
-        t = scores.totals([c for c in scored if c["world_size"] == w])
-        print(f"W={w}: {t['cells']} cells, regret <= 5 % in {100 * t['regret_le_5_pct']:.0f} % (median "
-              f"{t['median_regret_pct']:.1f} %), median tau {t['median_tau'] if t['median_tau'] is None else round(t['median_tau'], 2)}, compress-or-not right "
-              f"{t['compress_right']} where decisive, calls right {t['calls_right']} ({t['hatched']} hatched)")
+    print("\ndecisions per counted cell (projected vs measured step; pair bands from the other cells):")
+    print(table(["W", "Gbit/s", "hooks", "projected winner", "runner-up", "decided", "measured winner", "regret %",
+                 "Kendall tau", "compress right"],
+                [[c["world_size"], c["link_gbps"], c["hooks"], c["projected_winner"], c["runner_up"], c["decided"],
+                  c["measured_winner"], round(c["regret_pct"], 1),
+                  None if c["kendall_tau"] is None else round(c["kendall_tau"], 2), c["compress_right"]]
+                 for c in scored]))
+    t = scores.totals(scored)
+    print("; ".join(f"{name} {'-' if t[name]['value'] is None else round(t[name]['value'], 2)} (target "
+                    f"{t[name]['target']})" for name in scores.TARGETS) + " (bench/projection_pairs.py: their power)")
 
 
 def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:

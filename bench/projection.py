@@ -64,6 +64,7 @@ from service.network import netem
 from pathlib import Path  # noqa: E402
 
 from service.step_model.bands import ERROR_FILE, RAW_FILE  # noqa: E402
+from service.step_model.pairs import PAIR_FILE  # noqa: E402
 
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
@@ -320,6 +321,9 @@ def write_bands(result: dict, args, load: list[float]) -> None:
     print(f"wrote {rows_mod.write_band(band, args.band_out)}")
     cells = Path(args.band_out).with_name(RAW_FILE.name)
     print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
+    import projection_pairs  # the ratio bands beside them, from the cells just written
+
+    projection_pairs.main(["--cells", str(cells), "--out", str(Path(args.band_out).with_name(PAIR_FILE.name))])
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ from hooks.registry import available, spec
 from service.report import decision_map, projection
 from service.report.projection import Basis
 from service.step_model.bands import ErrorBands, MeasuredBand
+from service.step_model.pairs import PairBands
 from service.step_model.price import comm_ms
 from service.step_model.timeline import BucketTiming, StepTimeline, decode_cost
 from service.step_model.trial import ComputePoint, TrialTimeline
@@ -109,7 +110,7 @@ def sweep_bases() -> list[Basis]:
 
 def grid(bases) -> dict:
     bands = ErrorBands(tuple(MeasuredBand(b.hook, None, 2, -5.0, 5.0) for b in bases), "x")
-    return decision_map.winners(bases, list(SIZES), LATENCY_MS, LINKS, bands)
+    return decision_map.winners(bases, list(SIZES), LATENCY_MS, LINKS, bands, pairs=PairBands((), "x"))
 
 
 def test_a_close_call_names_both_candidates_and_wears_no_winners_colour():

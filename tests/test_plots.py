@@ -105,11 +105,41 @@ def test_loss_plot_has_a_panel_of_each_configuration_minus_the_baseline(tmp_path
     steps = np.arange(1, 21)
     base = np.linspace(2, 1, 20)
     curves = {2: [LossCurve(config=h, hook=h, chunk_size=None, world_size=2, run_ids=[h], steps=steps,
-                            mean=base + d, std=np.zeros(20), count=np.ones(20, int), stops=[])
+                            mean=base + d, std=np.zeros(20), count=np.ones(20, int), stops=[], per_seed={0: base + d})
                   for h, d in (("allreduce", 0.0), ("fp16_compress", 0.001), ("quantization_pertensor", 0.01))]}
     plots.plot_loss_curves(curves, tmp_path / "loss.png")
-    delta = next(a for a in figures[0].axes if a.get_title() == "minus allreduce, world size 2")
+    delta = next(a for a in figures[0].axes if a.get_title() == "minus allreduce on the same seeds, world size 2")
     drawn = {mcolors.to_hex(l.get_color()): l.get_ydata() for l in delta.lines if len(l.get_xdata()) > 2}
     assert np.allclose(drawn[mcolors.to_hex(hook_style("fp16_compress")[0])], 0.001)
     assert np.allclose(drawn[mcolors.to_hex(hook_style("quantization_pertensor")[0])], 0.01)
     assert not _overlapping_texts(figures[0])
+
+
+def _curve(config: str, losses_by_seed: dict[int, np.ndarray]) -> LossCurve:
+    stacked = np.array(list(losses_by_seed.values()))
+    n = stacked.shape[1]
+    return LossCurve(config=config, hook=config, chunk_size=None, world_size=2, run_ids=[config],
+                     steps=np.arange(1, n + 1), mean=stacked.mean(axis=0), std=np.zeros(n),
+                     count=np.full(n, len(losses_by_seed)), stops=[], per_seed=losses_by_seed)
+
+
+def test_the_minus_allreduce_panel_compares_the_seeds_both_ran(tmp_path: Path, monkeypatch):
+    """bf16_compress ran seeds 0 and 1 and lies within 0.003 of allreduce at each; allreduce's
+    adaptive third seed sits 0.2 lower. Its mean over all three seeds against bf16_compress's two
+    would draw a gap of ~0.07; seed by seed on the shared seeds the panel draws the 0.003."""
+    from service.report.data import paired_loss_delta
+
+    base = np.linspace(2.0, 1.0, 20)
+    allreduce = _curve("allreduce", {0: base, 1: base + 0.1, 2: base - 0.2})
+    bf16 = _curve("bf16_compress", {0: base + 0.003, 1: base + 0.1 + 0.003})
+    steps, delta, seeds = paired_loss_delta(bf16, allreduce)
+    assert seeds == [0, 1] and list(steps) == list(range(1, 21))
+    assert np.allclose(delta, 0.003)
+    assert np.allclose(bf16.mean - allreduce.mean, 0.003 + 0.05 - 0.1 / 3 + 0.2 / 3)  # what the old panel drew
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    plots.plot_loss_curves({2: [allreduce, bf16]}, tmp_path / "loss.png")
+    ax = next(a for a in figures[0].axes if a.get_title().startswith("minus allreduce on the same seeds"))
+    (line,) = [l for l in ax.lines if len(l.get_xdata()) == 20]
+    assert np.allclose(line.get_ydata(), 0.003)

@@ -25,6 +25,7 @@ from service.config.loading import report_section
 from service.report.projection import Basis
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBand, ErrorBands, MeasuredBand
+from service.step_model.pairs import Configured, MeasuredPair, PairBands
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from service.step_model.transport import KindFit, TransportFit
 from service.step_model.trial import ComputePoint, TrialTimeline
@@ -51,6 +52,7 @@ def basis(config="allreduce", crossings=(100.0, 200.0), matches=True, hook=None,
 
 
 NO_BANDS = ErrorBands((), "unmeasured")
+NO_PAIRS = PairBands((), "unmeasured")  # every pair's ratio band: the two absolute bands composed
 LATENCY_MS = 0.005  # 5 µs per message: the expected figures below are worked out at it
 
 
@@ -142,14 +144,45 @@ def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_ha
     slow = basis("allreduce", crossings=(100.0,))
     fast_but_worse = basis("topk", crossings=(10.0,), matches=False)
     close = basis("fp16_compress", crossings=(95.0,))   # 5 % fewer steps at the same step time
-    cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], LATENCY_MS, bands))
+    cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], LATENCY_MS, bands), NO_PAIRS)
     assert cell.winner.config == "fp16_compress" and cell.runner_up.config == "allreduce"
-    # winner's worst measured = p*0.95/0.9, runner-up's best = p/1.1: 1.056 p >= 0.909 p
+    # no pair band measured: the two absolute bands composed, -18.2 ... +22.2 % (90/110, 110/90);
+    # fp16_compress's time is 0.915 allreduce's (5 % fewer steps, half the wire), not below 0.818
     assert cell.too_close
     far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
-    assert not projection.winner(projection.project([slow, far], [8], [10.0], LATENCY_MS, bands)).too_close
+    assert not projection.winner(projection.project([slow, far], [8], [10.0], LATENCY_MS, bands), NO_PAIRS).too_close
     # no band measured, seeds that agree: the margin is taken as it is
-    assert not projection.winner(projection.project([slow, close], [8], [10.0], LATENCY_MS, NO_BANDS)).too_close
+    assert not projection.winner(projection.project([slow, close], [8], [10.0], LATENCY_MS, NO_BANDS), NO_PAIRS).too_close
+
+
+def test_a_pair_whose_measured_ratio_band_clears_is_decided_and_one_holding_a_tie_is_hatched(tmp_path):
+    """The same two configurations, the same absolute bands (+-10 %: independent, they tie
+    within ~18 %); fp16_compress 5 % fewer steps of 18.27 ms against allreduce's 18.97 (half the
+    wire): 0.915 of allreduce's time. Its ratio band against allreduce measured at -5 ... +5 %
+    clears it (0.915 < 0.95): decided; measured at -10 ... +3 % it holds the tie (0.915 >= 0.90):
+    hatched, naming both. projection.csv says so on every row of the cell."""
+    bands = bands_at(8, allreduce=(-10.0, 10.0), fp16_compress=(-10.0, 10.0))
+    ar, fp16 = basis("allreduce", crossings=(100.0,)), basis("fp16_compress", crossings=(95.0,))
+    cells = projection.project([ar, fp16], [8], [10.0], LATENCY_MS, bands)
+
+    def measured(low: float, high: float) -> PairBands:
+        pair = MeasuredPair(Configured("fp16_compress", None), Configured("allreduce", None), 8, low, high, 2)
+        return PairBands((pair,), "x")
+
+    assert projection.winner(cells, NO_PAIRS).too_close           # the two absolute bands: a tie
+    assert cells[1].time_to_target_s / cells[0].time_to_target_s == pytest.approx(0.915, abs=0.001)
+    clears = projection.winner(cells, measured(-5.0, 5.0))
+    assert clears.winner.config == "fp16_compress" and not clears.too_close
+    assert clears.band.measured and (clears.band.low_pct, clears.band.high_pct) == (-5.0, 5.0)
+    holds = projection.winner(cells, measured(-10.0, 3.0))
+    assert (holds.winner.config, holds.runner_up.config, holds.too_close) == ("fp16_compress", "allreduce", True)
+    # measured the other way round (allreduce over fp16_compress), the band is inverted: the same call
+    flipped = PairBands((MeasuredPair(Configured("allreduce", None), Configured("fp16_compress", None), 8,
+                                      100 * (100 / 105 - 1), 100 * (100 / 95 - 1), 2),), "x")
+    assert not projection.winner(cells, flipped).too_close
+    rows = list(csv.DictReader(projection.write_csv(cells, tmp_path / "p.csv", measured(-10.0, 3.0)).open()))
+    assert len(rows) == 2 and {(r["cell_winner"], r["cell_runner_up"], r["cell_decided"]) for r in rows} == {
+        ("fp16_compress", "allreduce", "false")}
 
 
 def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_above_one():
@@ -206,11 +239,11 @@ def test_seeds_whose_timelines_disagree_make_a_close_call():
     fast, slow = trial_timeline(compute_ms=40.0), trial_timeline(compute_ms=80.0)
     wide = Basis("allreduce", "allreduce", 1, 64, (fast, slow), (100.0, 100.0), True, 1)
     one = Basis("fp16_compress", "fp16_compress", 1, 64, (fast,), (105.0,), True, 1)
-    cell = projection.winner(projection.project([wide, one], [8], [10.0], LATENCY_MS, NO_BANDS))
+    cell = projection.winner(projection.project([wide, one], [8], [10.0], LATENCY_MS, NO_BANDS), NO_PAIRS)
     assert cell.runner_up.step_ms == pytest.approx((18.97 + 36.47) / 2, abs=0.01)
     assert cell.winner.config == "fp16_compress" and cell.too_close
     narrow = Basis("allreduce", "allreduce", 1, 64, (slow, slow), (100.0, 100.0), True, 1)
-    assert not projection.winner(projection.project([narrow, one], [8], [10.0], LATENCY_MS, NO_BANDS)).too_close
+    assert not projection.winner(projection.project([narrow, one], [8], [10.0], LATENCY_MS, NO_BANDS), NO_PAIRS).too_close
 
 
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
@@ -348,6 +381,12 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "No per-bucket plan beats a uniform configuration here: the model has one bucket" in summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline
+    # projection.csv: every row of a cell says that cell's one answer, the map's and the headline's rule
+    rows = list(csv.DictReader((out / projection.CSV).open()))
+    for at in {(r["world_size"], r["link_gbps"]) for r in rows}:
+        answers = {(r["cell_winner"], r["cell_runner_up"], r["cell_decided"]) for r in rows
+                   if (r["world_size"], r["link_gbps"]) == at}
+        assert len(answers) == 1 and next(iter(answers))[2] in ("true", "false"), (at, answers)
     attached = {a.path for a in SweepReader(store["uri"]).client.list_artifacts(store["parent"])}
     assert {decision_map.IMAGE, projection.CSV} <= attached
     assert "projected_throughput.png" not in attached  # the old alpha-beta plot is gone

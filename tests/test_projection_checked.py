@@ -13,6 +13,7 @@ from service.report import projection
 from service.report.projection import Basis, QualityAt
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBands, MeasuredBand, error_feedback_of
+from service.step_model.pairs import PairBands
 from tests.test_projection import trial_timeline
 
 
@@ -78,8 +79,8 @@ def test_a_world_size_the_sweep_ran_keeps_its_own_quality_verdict():
     q = Basis("quantization_pertensor", "quantization_pertensor", 4, 64, (tl,), (50.0,), True, 2,
               (QualityAt(2, (50.0,), False),))
     none = ErrorBands((), "x")
-    at2 = projection.winner(projection.project([ar, q], [2], [10.0], 0.025, none))
-    at8 = projection.winner(projection.project([ar, q], [8], [10.0], 0.025, none))
+    at2 = projection.winner(projection.project([ar, q], [2], [10.0], 0.025, none), PairBands((), "x"))
+    at8 = projection.winner(projection.project([ar, q], [8], [10.0], 0.025, none), PairBands((), "x"))
     assert at2.winner.config == "allreduce" and at2.runner_up is None
     assert at8.winner.config == "quantization_pertensor"
     cells = projection.project([q], [2, 8, 16], [10.0], 0.025, none)

@@ -235,6 +235,22 @@ class LossCurve:
     std: np.ndarray                # sample std over those seeds (0 where only one)
     count: np.ndarray              # how many seeds contribute at that step
     stops: list[tuple[str, int, float, str]]   # (run_id, step, loss there, "nan" | "failed")
+    per_seed: dict[int, np.ndarray] = field(default_factory=dict)   # each seed's loss at ``steps`` (NaN: none)
+
+
+def paired_loss_delta(curve: LossCurve, base: LossCurve) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``curve``'s loss minus ``base``'s, seed by seed on the seeds both ran, averaged at each step
+    both logged: (steps, mean difference, the shared seeds). Two means over different seeds would
+    swing with the seeds' spread (a baseline's adaptive extra seed), not with the hook."""
+    seeds = sorted(set(curve.per_seed) & set(base.per_seed))
+    common, mine, theirs = np.intersect1d(curve.steps, base.steps, return_indices=True)
+    if not seeds or not len(common):
+        return np.array([], dtype=np.int64), np.array([]), seeds
+    diffs = np.array([curve.per_seed[s][mine] - base.per_seed[s][theirs] for s in seeds])
+    finite = np.isfinite(diffs).any(axis=0)
+    with np.errstate(invalid="ignore"):
+        mean = np.nanmean(np.where(np.isfinite(diffs), diffs, np.nan)[:, finite], axis=0)
+    return common[finite], mean, seeds
 
 
 def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
@@ -257,6 +273,12 @@ def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
                 stops.append((t.run_id, stop if stop is not None else int(steps[last]),
                               float(values[last]), t.state))
         ordered = sorted(by_step)
+        at = {s: i for i, s in enumerate(ordered)}
+        per_seed = {t.seed: np.full(len(ordered), np.nan) for t in trials}
+        for t in trials:  # the minus-allreduce panel's pairs (paired_loss_delta): seed by seed
+            steps, values = t.loss
+            finite = np.isfinite(values)
+            per_seed[t.seed][[at[int(s)] for s in steps[finite]]] = values[finite]
         curves[world_size].append(LossCurve(
             config=config, hook=trials[0].hook, chunk_size=trials[0].chunk_size,
             world_size=world_size, run_ids=[t.run_id for t in trials],
@@ -265,7 +287,7 @@ def loss_curve_data(sweep: Sweep) -> dict[int, list[LossCurve]]:
             std=np.array([np.std(by_step[s], ddof=1) if len(by_step[s]) > 1 else 0.0
                           for s in ordered]),
             count=np.array([len(by_step[s]) for s in ordered], dtype=np.int64),
-            stops=stops,
+            stops=stops, per_seed=per_seed,
         ))
     for world_size in curves:
         curves[world_size].sort(key=lambda c: _config_order(c.hook, _params_of(sweep, c)))

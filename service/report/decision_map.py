@@ -3,9 +3,10 @@
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
 each decided cell coloured by the configuration with the shortest projected time to target among
 those whose quality matched the baseline (service/report/projection.py); a cell whose winner's
-margin over the runner-up is inside the model's measured error band and its trials' spread
-(``projection.too_close``) is hatched grey and names both candidates instead: a colour there
-would be the noise's pick, and flip from cell to cell (:func:`paint`). The measured
+margin over the runner-up is inside that pair's measured ratio error and its trials' spread
+(``projection.winner``: service/step_model/pairs.py's rule) is hatched grey and names both
+candidates instead: a colour there would be the noise's pick, and flip from cell to cell
+(:func:`paint`). The measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
 of ``report.cluster`` starred.
 """
@@ -18,6 +19,7 @@ from typing import Optional
 
 from service.report.projection import Basis, CellProjection, CellWinner, default_world_sizes, project, winner
 from service.step_model.bands import ErrorBands
+from service.step_model.pairs import PairBands
 
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
@@ -30,12 +32,13 @@ def map_world_sizes(global_batch: int) -> list[int]:
 
 
 def winners(bases: list[Basis], world_sizes: list[int], latency_ms: float, links_gbps=MAP_LINKS_GBPS,
-            bands: Optional[ErrorBands] = None, transport=None) -> dict[tuple[int, float], CellWinner]:
+            bands: Optional[ErrorBands] = None, transport=None,
+            pairs: Optional[PairBands] = None) -> dict[tuple[int, float], CellWinner]:
     """(W, link) -> the cell's winner, every basis priced there at ``latency_ms`` (and the sweep's ``transport``)."""
     by_cell: dict[tuple[int, float], list[CellProjection]] = {}
     for p in project(bases, world_sizes, links_gbps, latency_ms, bands, transport):
         by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
-    return {cell: winner(ps) for cell, ps in by_cell.items()}
+    return {cell: winner(ps, pairs) for cell, ps in by_cell.items()}
 
 
 def quality_note(bases: list[Basis], latency_ms: float) -> str:
@@ -106,7 +109,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
     handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
     handles += [Patch(facecolor="0.88", edgecolor="grey", hatch="///",
-                      label="too close to call: the two named (error band, seeds' spread)"),
+                      label="too close to call: the two named (their ratio's error band, seeds' spread)"),
                 plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if cluster is not None:

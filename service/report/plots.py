@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import hooks  # noqa: E402
+from service.report.data import paired_loss_delta  # noqa: E402
 from service.report.hook_styles import hook_style  # noqa: E402
 from service.text import byte_unit  # noqa: E402
 
@@ -65,9 +66,9 @@ def _baseline_curve(curves_at_w: list):
 def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
     """curves: {world_size: [LossCurve]} from service.report.loss_curve_data.
 
-    Top row: the loss curves. Bottom row (when allreduce ran): each configuration's mean loss
-    minus allreduce's at the same steps, where curves that lie on top of each other above
-    separate."""
+    Top row: the loss curves. Bottom row (when allreduce ran): each configuration's loss minus
+    allreduce's at the same steps and seeds, averaged over the seeds both ran
+    (data.paired_loss_delta), where curves that lie on top of each other above separate."""
     world_sizes = list(curves) or [None]
     with_delta = any(_baseline_curve(cs) is not None and len(cs) > 1 for cs in curves.values())
     rows = 2 if with_delta else 1
@@ -154,13 +155,13 @@ def _plot_delta(ax, curves_at_w: list, world_size, chunk_style) -> None:
     for c in curves_at_w:
         if c is base:
             continue
-        common, mine, theirs = np.intersect1d(c.steps, base.steps, return_indices=True)
+        common, delta, _ = paired_loss_delta(c, base)
         if not len(common):
             continue
         (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
-        ax.plot(common, c.mean[mine] - base.mean[theirs], color=colour, linestyle=ls, lw=1.3,
+        ax.plot(common, delta, color=colour, linestyle=ls, lw=1.3,
                 marker=marker, markevery=max(1, len(common) // 8), ms=4)
-    ax.set_title(f"minus {BASELINE}, world size {world_size}", fontsize=10)
+    ax.set_title(f"minus {BASELINE} on the same seeds, world size {world_size}", fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
 

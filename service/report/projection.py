@@ -26,6 +26,12 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
   bench/projection.py for its hook with its error-feedback setting, at the checked W nearest the
   cell's (``service/step_model/projection_error.json``: ``bands.error_bands``, the one place the
   report takes it from); a cell above every checked W says so.
+* Which configuration wins a cell, and whether the measurement can tell (:func:`winner`): the
+  rule of service/step_model/pairs.py, on the error of the *ratio* of two configurations'
+  projected steps that bench/projection_pairs.py measured for that pair (two absolute bands taken
+  as independent where the pair was not measured). The same rule everywhere a cell is decided:
+  projection.csv (``cell_winner``, ``cell_runner_up``, ``cell_decided``), the decision map and
+  the cluster's answer.
 
 Cells: ``report.project`` (default: W from 8 in powers of two up to the global batch x 10, 25,
 100 Gbit/s) and ``report.cluster`` (the one the headline answers for). The decision map
@@ -44,6 +50,7 @@ from typing import Callable, Iterable, Optional
 from service.report.recommend import BASELINE_HOOK
 from service.report.sequential import Verdict
 from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
+from service.step_model.pairs import Configured, Contender, PairBands, RatioBand, decide, pair_bands
 from service.step_model.price import CellRefused
 from service.step_model.transport import TransportFit
 from service.step_model.trial import TrialTimeline
@@ -53,7 +60,7 @@ DEFAULT_LINKS_GBPS = (10.0, 25.0, 100.0)
 FIRST_PROJECTED_W = 8
 CSV_COLUMNS = ("config", "hook", "measured_world_size", "timeline_world_size", "world_size", "link_gbps", "projected_step_ms",
                "projected_time_to_target_s", "crossing_step", "error_low_pct", "error_high_pct", "matches_quality",
-               "refused")
+               "refused", "cell_winner", "cell_runner_up", "cell_decided")
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,19 +133,6 @@ class CellProjection:
         """The quality this cell rests on (:meth:`Basis.quality_at`)."""
         return self.basis.quality_at(self.world_size)
 
-    def measured_range(self) -> tuple[float, float]:
-        """The time to target this projection stands for: from its fastest seed's timeline at
-        the error band's high end to its slowest seed's at the low end (without a measured band,
-        the seeds' spread alone). Each basis trial's timeline is one measurement of the step,
-        and they disagree by more than the model's error on a busy machine."""
-        crossing = self.quality.crossing_step
-        if crossing is None or not self.seed_steps_ms:
-            return math.inf, math.inf  # never reached, or refused: nothing it stands for
-        fastest, slowest = (crossing * min(self.seed_steps_ms) / 1000.0, crossing * max(self.seed_steps_ms) / 1000.0)
-        if self.band is None:
-            return fastest, slowest
-        return self.band.measured_range(fastest)[0], self.band.measured_range(slowest)[1]
-
     def row(self) -> dict:
         b, q = self.basis, self.quality
         return {"config": b.config, "hook": b.hook, "measured_world_size": q.world_size,
@@ -194,12 +188,17 @@ def cells(project_cfg, global_batch: int) -> tuple[list[int], list[float]]:
     return sorted(sizes), sorted(links)
 
 
-def write_csv(projections: list[CellProjection], path: Path) -> Path:
-    """projection.csv: one row per (configuration, W, link), :data:`CSV_COLUMNS`."""
+def write_csv(projections: list[CellProjection], path: Path, pairs: Optional[PairBands] = None) -> Path:
+    """projection.csv: one row per (configuration, W, link), :data:`CSV_COLUMNS`; every row of a
+    cell says that cell's answer (:func:`winner`)."""
+    by_cell: dict[tuple[int, float], list[CellProjection]] = {}
+    for p in projections:
+        by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
+    answers = {at: winner(ps, pairs) for at, ps in by_cell.items()}
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        writer.writerows(p.row() for p in projections)
+        writer.writerows({**p.row(), **answers[(p.world_size, p.link_gbps)].row()} for p in projections)
     return Path(path)
 
 
@@ -272,34 +271,49 @@ def _matches(recs: list, config: str, world_size: int) -> bool:
 
 @dataclass(frozen=True)
 class CellWinner:
-    """The answer at one (W, link): the fastest matching configuration and its runner-up."""
+    """The answer at one (W, link): the fastest matching configuration; the runner-up it was
+    weighed against (where it is too close to call: the one whose ratio band holds the tie);
+    ``band``: that pair's ratio band (winner's step over the runner-up's)."""
 
     world_size: int
     link_gbps: float
     winner: Optional[CellProjection]
     runner_up: Optional[CellProjection]
     too_close: bool
+    band: Optional[RatioBand] = None
+
+    def row(self) -> dict:
+        """projection.csv's three cell columns."""
+        return {"cell_winner": self.winner.config if self.winner else "",
+                "cell_runner_up": self.runner_up.config if self.runner_up else "",
+                "cell_decided": str(self.winner is not None and not self.too_close).lower()}
 
 
-def too_close(winner: CellProjection, runner_up: CellProjection) -> bool:
-    """Is the winner's margin inside what the projection cannot tell apart? The winner's worst
-    measured time (:meth:`CellProjection.measured_range`: its slowest seed, the band's low end)
-    reaches the runner-up's best (its fastest seed, the band's high end)."""
-    return winner.measured_range()[1] >= runner_up.measured_range()[0]
+def _contender(p: CellProjection) -> Contender:
+    """``p`` as pairs.decide weighs it: its projected time, its fastest and slowest seed's."""
+    crossing = p.quality.crossing_step
+    return Contender(p.config, p.time_to_target_s, crossing * min(p.seed_steps_ms) / 1000.0,
+                     crossing * max(p.seed_steps_ms) / 1000.0)
 
 
-def winner(at_cell: list[CellProjection]) -> CellWinner:
+def winner(at_cell: list[CellProjection], pairs: Optional[PairBands] = None) -> CellWinner:
     """The configuration with the shortest projected time to target among those whose quality
-    matched at this cell (:attr:`CellProjection.quality`) and reached the target in every seed;
-    its runner-up; whether it is too close to call."""
+    matched at this cell (:attr:`CellProjection.quality`) and reached the target in every seed,
+    decided by service/step_model/pairs.py's rule under ``pairs`` (default: the measured ones)."""
     first = at_cell[0]
-    ranked = sorted((p for p in at_cell if p.quality.matches and p.time_to_target_s is not None),
-                    key=lambda p: p.time_to_target_s)
-    best = ranked[0] if ranked else None
-    runner = ranked[1] if len(ranked) > 1 else None
-    close = best is not None and runner is not None and too_close(best, runner)
-    return CellWinner(first.world_size, first.link_gbps, best, runner, close)
+    ranked = {p.config: p for p in at_cell if p.quality.matches and p.time_to_target_s is not None}
+    pairs = pair_bands() if pairs is None else pairs
 
+    def band_of(a: str, b: str) -> RatioBand:
+        pa, pb = ranked[a], ranked[b]
+        return pairs.for_pair(Configured(pa.basis.hook, pa.basis.error_feedback),
+                              Configured(pb.basis.hook, pb.basis.error_feedback), first.world_size,
+                              absolute=(pa.band, pb.band))
+
+    d = decide([_contender(p) for p in ranked.values()], band_of)
+    best, runner = ranked.get(d.winner), ranked.get(d.runner_up)
+    return CellWinner(first.world_size, first.link_gbps, best, runner,
+                      best is not None and runner is not None and not d.decided, d.band)
 
 
 def cell_text(p: CellProjection) -> str:
@@ -375,7 +389,7 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
 
 
 def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
-                   transport: Optional[TransportFit] = None) -> str:
+                   transport: Optional[TransportFit] = None, pairs: Optional[PairBands] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
     if cluster is None or not bases_:
         return ""
@@ -385,7 +399,7 @@ def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = N
     refused = next((p.refused for p in at if p.refused), "")
     if refused:
         return f"{where}: not priced: {refused}."
-    cell = winner(at)
+    cell = winner(at, pairs)
     if cell.winner is None:
         return f"{where}: no configuration that matched the baseline's quality reached the target."
     w = cell.winner
@@ -394,5 +408,7 @@ def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = N
     if cell.runner_up is not None:
         r = cell.runner_up
         text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
-        text += " (too close to call: inside the error band and the seeds' spread)" if cell.too_close else ""
+        if cell.band is not None:
+            text += (f" ({'too close to call' if cell.too_close else 'decided'}: the pair's ratio error "
+                     f"{cell.band.text()}, {'measured' if cell.band.measured else 'not measured'}, and the seeds' spread)")
     return text + f"; quality from W={w.quality.world_size}."

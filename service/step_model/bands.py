@@ -34,10 +34,23 @@ def error_feedback_of(hook: str, params: dict) -> Optional[bool]:
     return bool(params.get("error_feedback", defaults["error_feedback"]))
 
 
-def _label(hook: str, error_feedback: Optional[bool]) -> str:
+def label(hook: str, error_feedback: Optional[bool]) -> str:
+    """'topk with error feedback off'; the hook alone where it has no such setting."""
     if error_feedback is None:
         return hook
     return f"{hook} with error feedback {'on' if error_feedback else 'off'}"
+
+
+def pct_range(low: float, high: float) -> str:
+    """'-8 to +5 %'; with a decimal where whole numbers would read as one ('-17.9 to -17.8 %')."""
+    digits = 0 if round(low) != round(high) else 1
+    return f"{low:+.{digits}f} to {high:+.{digits}f} %"
+
+
+def nearest_checked(checked: list[int], world_size: int) -> int:
+    """The checked W nearest ``world_size`` in log2 (the world size doubles from cell to cell);
+    of two as near, the larger."""
+    return min(checked, key=lambda w: (abs(math.log2(w) - math.log2(max(world_size, 1))), -w))
 
 
 @dataclass(frozen=True)
@@ -52,7 +65,7 @@ class ErrorBand:
     beyond: bool = False
 
     def text(self) -> str:
-        return f"{self.low_pct:+.0f} to {self.high_pct:+.0f} %"
+        return pct_range(self.low_pct, self.high_pct)
 
     def where(self) -> str:
         """'checked at W = 2', 'beyond the checked W = 8' (empty when the W is not known)."""
@@ -89,10 +102,10 @@ class ErrorBands:
             return None
         mine = [m for m in self.measured if (m.hook, m.error_feedback) == (hook, error_feedback)]
         pool = mine or list(self.measured)
-        source = (f"measured for {_label(hook, error_feedback)}" if mine
-                  else f"widest measured: {_label(hook, error_feedback)} was not measured")
+        source = (f"measured for {label(hook, error_feedback)}" if mine
+                  else f"widest measured: {label(hook, error_feedback)} was not measured")
         checked = sorted({m.world_size for m in pool})
-        nearest = min(checked, key=lambda w: (abs(math.log2(w) - math.log2(max(world_size, 1))), -w))
+        nearest = nearest_checked(checked, world_size)
         at = [m for m in pool if m.world_size == nearest]
         return ErrorBand(min(m.low_pct for m in at), max(m.high_pct for m in at), source, nearest,
                          world_size > checked[-1])

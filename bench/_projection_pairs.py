@@ -1,0 +1,118 @@
+"""The error of the projected *ratio* of two hooks' steps, from bench/projection.py's cells (the
+committed projection_cells.json, or a run's rows): the raw pair cells, their bands per (pair,
+error feedback, W), and the file the report reads (service/step_model/projection_pairs.json;
+service/step_model/pairs.py says what the bands are for and the rule that uses them).
+
+Pure Python over the cell rows (``hook``, ``world_size``, ``link_gbps``, ``projected_ms``,
+``measured_ms``, ``counted``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from service.step_model import pairs
+from service.step_model.bands import error_feedback_of
+
+BASELINE = "allreduce"
+PAIR_COLUMNS = ("a", "a_error_feedback", "b", "b_error_feedback", "world_size", "link_gbps", "projected_ratio",
+                "measured_ratio", "error_pct")
+
+
+def counted_cells(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
+    """(W, link) -> hook -> its counted row: the held-out cells the bands are measured on."""
+    cells: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r.get("counted") and r.get("projected_ms") and r.get("measured_ms"):
+            cells.setdefault((r["world_size"], r["link_gbps"]), {})[r["hook"]] = r
+    return cells
+
+
+def _oriented(a: str, b: str) -> tuple[str, str]:
+    """A pair's order: a hook against the baseline (its ratio to allreduce), else by name."""
+    return (b, a) if a == BASELINE else (a, b)
+
+
+def pair_cells(rows: list[dict], error_feedback: bool) -> list[dict]:
+    """Every pair of hooks at every counted cell: projected and measured ratio of a's step to b's,
+    and the error of the projected one, %."""
+    out, setting = [], {}
+    for (w, link), by_hook in sorted(counted_cells(rows).items(), key=lambda c: (c[0][0], str(c[0][1]))):
+        for h in by_hook:
+            setting.setdefault(h, error_feedback_of(h, {"error_feedback": error_feedback}))
+        for x, y in itertools.combinations(sorted(by_hook), 2):
+            a, b = _oriented(x, y)
+            projected = by_hook[a]["projected_ms"] / by_hook[b]["projected_ms"]
+            measured = by_hook[a]["measured_ms"] / by_hook[b]["measured_ms"]
+            out.append({"a": a, "a_error_feedback": setting[a], "b": b, "b_error_feedback": setting[b],
+                        "world_size": w, "link_gbps": link, "projected_ratio": projected, "measured_ratio": measured,
+                        "error_pct": 100.0 * (projected / measured - 1.0)})
+    return out
+
+
+def _key(c: dict) -> tuple:
+    return c["a"], c["a_error_feedback"], c["b"], c["b_error_feedback"]
+
+
+def link_moves(cells: list[dict]) -> dict[int, float]:
+    """Per W: the median over every pair of how far its error moved between the links it was
+    measured on there (max - min). A W where no pair has two links takes the median over the
+    other W's (a held-out link leaves one); none at all: 0."""
+    by: dict[tuple, list[float]] = {}
+    for c in cells:
+        by.setdefault((_key(c), c["world_size"]), []).append(c["error_pct"])
+    moves: dict[int, list[float]] = {}
+    for (_, w), errors in by.items():
+        if len(errors) > 1:
+            moves.setdefault(w, []).append(max(errors) - min(errors))
+    spread = {w: statistics.median(v) for w, v in moves.items()}
+    pooled = statistics.median(spread.values()) if spread else 0.0
+    return {w: spread.get(w, pooled) for w in sorted({c["world_size"] for c in cells})}
+
+
+def bands(cells: list[dict]) -> list[dict]:
+    """Per (pair, W): the range of its cells' errors, widened on both sides by that W's link move."""
+    moves = link_moves(cells)
+    by: dict[tuple, list[float]] = {}
+    for c in cells:
+        by.setdefault((*_key(c), c["world_size"]), []).append(c["error_pct"])
+    return [{"a": a, "a_error_feedback": aef, "b": b, "b_error_feedback": bef, "world_size": w,
+             "low_pct": round(min(e) - moves[w], 2), "high_pct": round(max(e) + moves[w], 2), "cells": len(e),
+             "widened_by_pct": round(moves[w], 2)}
+            for (a, aef, b, bef, w), e in by.items()]
+
+
+def pair_bands(cells: list[dict]) -> pairs.PairBands:
+    """The bands of ``cells`` as the report reads them (service.step_model.pairs.PairBands)."""
+    return pairs.from_json({"format": pairs.FORMAT, "source": "bench", "derived_from": "cells", "measured": "",
+                            "bands": bands(cells)})
+
+
+def pair_file(saved: dict) -> dict:
+    """projection_pairs.json from a committed projection_cells.json: the bands and the raw pair cells."""
+    cells = pair_cells(saved["cell_rows"], saved["error_feedback"])
+    return {"format": pairs.FORMAT, "source": "bench/projection_pairs.py", "derived_from": "projection_cells.json",
+            "measured": saved["measured"], "workload": saved["workload"], "cells": saved["cells"],
+            "error_feedback": saved["error_feedback"],
+            "rule": "per pair and W: the range of its counted cells' ratio errors, widened on both sides by the "
+                    "median over every pair of how far its error moved between that W's links",
+            "link_move_pct": {str(w): round(m, 2) for w, m in link_moves(cells).items()},
+            "bands": bands(cells), "pair_columns": list(PAIR_COLUMNS),
+            "pair_cells": [[_rounded(c[k]) for k in PAIR_COLUMNS] for c in cells]}
+
+
+def _rounded(x):
+    return round(x, 5) if isinstance(x, float) else x
+
+
+def write(data: dict, path: str) -> Path:
+    """The pair file, its lists one entry a line (a diff of a re-derivation reads line by line)."""
+    head = {k: v for k, v in data.items() if not isinstance(v, list) or k == "pair_columns"}
+    lists = [k for k, v in data.items() if isinstance(v, list) and k != "pair_columns"]
+    text = json.dumps(head, indent=1)[:-2] + "".join(
+        f',\n "{k}": [\n' + ",\n".join(f"  {json.dumps(x)}" for x in data[k]) + "\n ]" for k in lists) + "\n}\n"
+    out = Path(path)
+    out.write_text(text)
+    return out

@@ -1,0 +1,116 @@
+"""The step model's error on the ratio of two hooks' steps, re-derived from the committed held-out
+cells without running a trial, and the decisions it makes scored against measurement.
+
+    .venv/bin/python bench/projection_pairs.py                  # the committed cells; writes projection_pairs.json
+    .venv/bin/python bench/projection_pairs.py --cells X.json --out P.json --draws 200
+
+Reads service/step_model/projection_cells.json (bench/projection.py's counted cells: per hook, W and
+link the projected and measured step), writes service/step_model/projection_pairs.json (the raw
+pair cells and the bands per pair, error feedback and W: bench/_projection_pairs.py), and prints
+
+* per hook against allreduce and W, the ratio error at each held-out link, and its band;
+* per W over every pair: the range and median |error|, and how far a pair's error moves between
+  links (what widens every band);
+* each held-out cell decided by the report's rule under bands from the *other* cells, and the
+  scores against their targets with their power (bench/_projection_scores.py).
+
+Time to target is not scored here: the committed cells' runs trained 20 steps with no quality
+trials (bench/projection.py --quality-steps 0), so no crossing step was measured on a held-out cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from _common import table  # noqa: F401  (puts the repository on sys.path)
+
+import _projection_pairs as pair_mod  # noqa: E402
+import _projection_scores as scores  # noqa: E402
+from service.step_model.bands import RAW_FILE  # noqa: E402
+from service.step_model.pairs import PAIR_FILE  # noqa: E402
+
+NOT_SCORED = ("time to target: not scored. The committed cells' runs trained 20 steps with no quality trials "
+              "(bench/projection.py --quality-steps 0): no crossing step was measured on a held-out cell. A "
+              "projected time to target is the measured crossing step times the projected step, so where the "
+              "crossing step is the cell's own its ratio error is the step's; elsewhere it rests on the quality "
+              "assumed from another W, which no held-out cell checked.")
+
+
+def print_baseline_pairs(cells: list[dict], bands: list[dict]) -> None:
+    """Each hook's step over allreduce's: the error at each held-out link, the band, per W."""
+    rows = []
+    for band in bands:
+        if band["b"] != pair_mod.BASELINE:
+            continue
+        errors = [c["error_pct"] for c in cells
+                  if (c["a"], c["b"], c["world_size"]) == (band["a"], band["b"], band["world_size"])]
+        rows.append([band["a"], band["a_error_feedback"], band["world_size"], " / ".join(f"{e:+.1f}" for e in errors),
+                     f"{band['low_pct']:+.1f} … {band['high_pct']:+.1f}"])
+    rows.sort(key=lambda r: (r[0], r[2]))
+    print(table(["hook / allreduce", "error feedback", "W", "ratio error % per link", "band %"], rows))
+
+
+def print_pooled(cells: list[dict], moves: dict[int, float]) -> None:
+    """Per W over every pair: the errors' range and median |error|, and the link move."""
+    rows = []
+    for w in sorted(moves):
+        errors = [c["error_pct"] for c in cells if c["world_size"] == w]
+        rows.append([w, len(errors), f"{min(errors):+.1f} … {max(errors):+.1f}",
+                     round(statistics.median(abs(e) for e in errors), 1), round(moves[w], 1)])
+    print(table(["W", "pair cells", "ratio error range %", "median |error| %", "link move % (widens bands)"], rows))
+
+
+def print_decisions(scored: list[dict]) -> None:
+    print(table(["W", "Gbit/s", "projected winner", "runner-up", "decided", "band %", "measured winner", "regret %",
+                 "Kendall tau", "compress right", "winner right", "hatched right"],
+                [[c["world_size"], c["link_gbps"], c["projected_winner"], c["runner_up"], c["decided"],
+                  f"{c['band'][0]:+.1f} … {c['band'][1]:+.1f}", c["measured_winner"], round(c["regret_pct"], 1),
+                  None if c["kendall_tau"] is None else round(c["kendall_tau"], 2), c["compress_right"],
+                  c["winner_right"], c["hatched_right"]] for c in scored]))
+
+
+def print_totals(t: dict, power: dict[str, float], draws: int) -> None:
+    def value(v):
+        return "nothing to score" if v is None else f"{v:.2f}"
+
+    print(table(["score", "value", "target", "passed", f"random rankings passing ({draws})"],
+                [[name, value(t[name]["value"]), t[name]["target"], t[name]["passed"], power[name]]
+                 for name in scores.TARGETS]))
+    print(f"{t['cells']} cells, {t['decided']} decided, compress-or-not decisive in {t['decisive']}, "
+          f"median regret {t['median_regret_pct']:.1f} %")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--cells", default=str(RAW_FILE), help="a projection_cells.json (default: the committed one)")
+    parser.add_argument("--out", default=str(PAIR_FILE), help="where to write the pair file ('-': nowhere)")
+    parser.add_argument("--draws", type=int, default=500, help="random rankings for the power")
+    args = parser.parse_args(argv)
+    saved = json.loads(Path(args.cells).read_text())
+    data = pair_mod.pair_file(saved)
+    cells = pair_mod.pair_cells(saved["cell_rows"], saved["error_feedback"])
+    print(f"{len(cells)} pair cells from {args.cells} ({saved['cells']}; measured {saved['measured']})\n")
+    print_baseline_pairs(cells, data["bands"])
+    print()
+    print_pooled(cells, pair_mod.link_moves(cells))
+    print("\ndecisions per held-out cell (bands from the other cells):")
+    scored = scores.score(saved["cell_rows"], saved["error_feedback"])
+    print_decisions(scored)
+    print()
+    print_totals(scores.totals(scored), scores.power(saved["cell_rows"], args.draws), args.draws)
+    calls = scores.pair_calls(saved["cell_rows"], saved["error_feedback"])
+    print(f"\nevery pair at every cell on its own: {calls['decided']} decided, {calls['right']} of them in the measured "
+          f"order; {calls['hatched']} hatched, {calls['inside']} of them measured inside their band")
+    print(f"\n{NOT_SCORED}")
+    if args.out != "-":
+        print(f"wrote {pair_mod.write(data, args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

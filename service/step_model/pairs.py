@@ -1,0 +1,202 @@
+"""The step model's measured error on the *ratio* of two configurations' steps at one cell, and
+the one rule that decides a cell from it.
+
+Two configurations priced at the same cell share much of their projection's error (the same
+compute, the same machine, the same transport): what says which of the two is faster is the
+error of the ratio of their projected steps, which two independent absolute bands
+(service/step_model/bands.py) throw away. bench/projection_pairs.py measures it on the held-out
+cells bench/projection.py committed (``projection_cells.json``): at every counted (W, link) cell,
+for every pair of hooks (each with its error-feedback setting),
+
+    error % = 100 x (projected_a / projected_b) / (measured_a / measured_b) - 100
+
+and keeps, per pair and W, the range of its cells widened by how far one pair's error moved from
+one held-out link to the other at that W (the median over every pair: two links per W are too
+few to say it per pair). ``projection_pairs.json`` beside this module holds those bands and the
+raw pair cells they come from (:func:`pair_bands` reads it).
+
+The rule (:func:`decide`), the same in the decision map, the cluster's answer, the projection
+table and the bench's scores: a cell's winner is *decided* when its projected ratio to every
+other candidate, its slowest seed against the other's fastest, stays below 1 at the low end of
+that pair's band (:meth:`RatioBand.clears`); otherwise the cell is too close to call and names
+the winner and the candidate whose band holds the tie. A pair the bench did not measure (a hook,
+or an error-feedback setting, it never ran) takes the two hooks' absolute bands as independent
+(:func:`compose`: the rule of two absolute bands), and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Iterable, NamedTuple, Optional
+
+from service.step_model.bands import ErrorBand, label, nearest_checked, pct_range
+
+PAIR_FILE = Path(__file__).with_name("projection_pairs.json")
+FORMAT = 1
+
+
+class Configured(NamedTuple):
+    """A hook with its error-feedback setting (None: it has none): what a pair band is kept for."""
+
+    hook: str
+    error_feedback: Optional[bool]
+
+
+@dataclass(frozen=True)
+class RatioBand:
+    """The error of a projected ratio a / b against the measured one, %: (projected / measured - 1)."""
+
+    low_pct: float
+    high_pct: float
+    source: str                   # "measured for a / b" | "unmeasured pair: ... taken as independent"
+    checked_w: Optional[int] = None
+    beyond: bool = False          # the cell has more ranks than any W the pair was checked at
+    measured: bool = True
+
+    def inverse(self) -> "RatioBand":
+        """The band of b / a: an error e of a / b is 1 / (1 + e) - 1 of its inverse (a band
+        reaching -100 %, which says nothing of the ratio, has no upper end once inverted)."""
+        return replace(self, low_pct=100.0 * (_over(100.0, 100.0 + self.high_pct) - 1),
+                       high_pct=100.0 * (_over(100.0, 100.0 + self.low_pct) - 1))
+
+    def clears(self, ratio: float) -> bool:
+        """Is a with ``ratio`` = a's time / b's faster than b whatever the error in this band? The
+        measured ratio is at most ratio / (1 + low): below 1."""
+        floor = 1.0 + self.low_pct / 100.0
+        return floor > 0 and ratio < floor
+
+    def measured_range(self, ratio: float) -> tuple[float, float]:
+        """The measured ratios a projected ``ratio`` stands for under this band: (lowest, highest)."""
+        return _over(ratio, 1.0 + self.high_pct / 100.0), _over(ratio, 1.0 + self.low_pct / 100.0)
+
+    def text(self) -> str:
+        return pct_range(self.low_pct, self.high_pct)
+
+    def where(self) -> str:
+        if self.checked_w is None:
+            return ""
+        return f"checked at W = {self.checked_w}" + (", used beyond it" if self.beyond else "")
+
+
+def _over(x: float, y: float) -> float:
+    return x / y if y > 0 else math.inf
+
+
+def compose(a: Optional[ErrorBand], b: Optional[ErrorBand], why: str = "") -> RatioBand:
+    """The ratio band of two absolute bands taken as independent: a / b's error runs from
+    (1 + low_a) / (1 + high_b) - 1 to (1 + high_a) / (1 + low_b) - 1 (no band: no error)."""
+    la, ha = (a.low_pct, a.high_pct) if a else (0.0, 0.0)
+    lb, hb = (b.low_pct, b.high_pct) if b else (0.0, 0.0)
+    source = f"unmeasured pair{why}: the two hooks' absolute bands taken as independent"
+    at = a or b
+    return RatioBand(100.0 * ((100 + la) / (100 + hb) - 1), 100.0 * ((100 + ha) / (100 + lb) - 1), source,
+                     at and at.checked_w, bool(at and at.beyond), measured=False)
+
+
+@dataclass(frozen=True)
+class MeasuredPair:
+    """One pair band as the bench measured it: the error of a's step over b's, at ``world_size``."""
+
+    a: Configured
+    b: Configured
+    world_size: int
+    low_pct: float
+    high_pct: float
+    cells: int
+
+
+@dataclass(frozen=True)
+class PairBands:
+    measured: tuple[MeasuredPair, ...]
+    provenance: str
+
+    def for_pair(self, a: Configured, b: Configured, world_size: int,
+                 absolute: tuple[Optional[ErrorBand], Optional[ErrorBand]] = (None, None)) -> RatioBand:
+        """The band of a's projected step over b's at the checked W nearest ``world_size``;
+        for a pair the bench did not measure, ``absolute`` (a's and b's bands) composed."""
+        mine = [(m, False) for m in self.measured if (m.a, m.b) == (a, b)]
+        mine += [(m, True) for m in self.measured if (m.a, m.b) == (b, a) and a != b]
+        if not mine:
+            why = "" if not self.measured else f" ({label(*a)} against {label(*b)} was not measured)"
+            return compose(*absolute, why)
+        checked = sorted({m.world_size for m, _ in mine})
+        at = nearest_checked(checked, world_size)
+        m, flipped = next((m, f) for m, f in mine if m.world_size == at)
+        band = RatioBand(m.low_pct, m.high_pct, f"measured for {label(*m.a)} against {label(*m.b)}", at,
+                         world_size > checked[-1])
+        return band.inverse() if flipped else band
+
+
+def from_json(data: dict) -> PairBands:
+    """Pair bands from ``projection_pairs.json``'s form (format 1)."""
+    if data.get("format") != FORMAT:
+        raise ValueError(f"pair bands format {data.get('format')!r}, this reader reads {FORMAT}")
+    measured = tuple(MeasuredPair(Configured(b["a"], b["a_error_feedback"]), Configured(b["b"], b["b_error_feedback"]),
+                                  int(b["world_size"]), float(b["low_pct"]), float(b["high_pct"]), int(b["cells"]))
+                     for b in data["bands"])
+    return PairBands(measured, f"{data['source']} from {data['derived_from']}, {data['measured'][:10]}")
+
+
+@lru_cache(maxsize=4)
+def pair_bands(path: Path = PAIR_FILE) -> PairBands:
+    """The pair bands bench/projection_pairs.py wrote; none when it never ran."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return PairBands((), "the ratio error is unmeasured (run bench/projection_pairs.py)")
+    return from_json(data)
+
+
+# --------------------------------------------------------------------------------------------
+# The rule
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One candidate at a cell: its projected time, and its fastest and slowest seed's."""
+
+    name: str
+    projected: float
+    fastest: float
+    slowest: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A cell's answer: the winner, the runner-up it is weighed against (where it is not decided,
+    the candidate whose band holds the tie), that pair's band, and ``margin``: the runner-up's
+    projected time over the winner's, less 1."""
+
+    winner: Optional[str]
+    runner_up: Optional[str]
+    decided: bool
+    band: Optional[RatioBand] = None
+    margin: float = 0.0
+
+
+def decide(contenders: Iterable[Contender], band_of: Callable[[str, str], RatioBand]) -> Decision:
+    """The module doc's rule: the fastest projected contender is decided when, against every
+    other, its slowest seed over the other's fastest clears that pair's band (``band_of(winner,
+    other)``: the band of the winner's step over the other's)."""
+    ranked = sorted(contenders, key=lambda c: c.projected)
+    if not ranked:
+        return Decision(None, None, False)
+    best = ranked[0]
+    if len(ranked) == 1:
+        return Decision(best.name, None, True)
+    held = []
+    for other in ranked[1:]:
+        band = band_of(best.name, other.name)
+        worst = best.slowest / other.fastest
+        if not band.clears(worst):
+            held.append((worst / max(1.0 + band.low_pct / 100.0, 1e-9), other, band))
+    if held:  # the one nearest to beating it, by how far its band lets the measured ratio go
+        _, other, band = max(held, key=lambda h: h[0])
+        return Decision(best.name, other.name, False, band, other.projected / best.projected - 1.0)
+    second = ranked[1]
+    return Decision(best.name, second.name, True, band_of(best.name, second.name),
+                    second.projected / best.projected - 1.0)
