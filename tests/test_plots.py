@@ -127,7 +127,7 @@ def test_the_minus_allreduce_panel_compares_the_seeds_both_ran(tmp_path: Path, m
     """bf16_compress ran seeds 0 and 1 and lies within 0.003 of allreduce at each; allreduce's
     adaptive third seed sits 0.2 lower. Its mean over all three seeds against bf16_compress's two
     would draw a gap of ~0.07; seed by seed on the shared seeds the panel draws the 0.003."""
-    from service.report.data import paired_loss_delta
+    from service.report.loss_curves import paired_loss_delta
 
     base = np.linspace(2.0, 1.0, 20)
     allreduce = _curve("allreduce", {0: base, 1: base + 0.1, 2: base - 0.2})

@@ -2,6 +2,7 @@
 (``python -m service.report``).
 
     data.py       trial records (service.tracking.SweepReader) -> Sweep, aggregated into typed rows
+    loss_curves.py  the loss curves over seeds, and the minus-allreduce pairs on the seeds both ran
     recommend.py  which configuration to use: time to target, paired quality gaps, the ranking
     render.py     markdown / CSV tables, the headline, report.html from templates/report.html.j2
     build.py      build_report: every file written into a folder and attached to the parent run
@@ -17,8 +18,9 @@ sweep; tests read the data the plots are drawn from).
 
 from service.report.build import PROJECTED_FILES, REPORT_FILES, build_report
 from service.report.cli import main
-from service.report.data import (LossCurve, ReportError, Sweep, Trial, TradeoffPoint, load_sweep,
-                                 loss_curve_data, open_store, recommendations, summary_rows,
+from service.report.loss_curves import LossCurve, loss_curve_data
+from service.report.data import (ReportError, Sweep, Trial, TradeoffPoint, load_sweep,
+                                 open_store, recommendations, summary_rows,
                                  throughput_data, tradeoff_data)
 from service.report.render import headline
 

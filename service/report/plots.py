@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import hooks  # noqa: E402
-from service.report.data import paired_loss_delta  # noqa: E402
+from service.report.loss_curves import paired_loss_delta  # noqa: E402
 from service.report.hook_styles import hook_style  # noqa: E402
 from service.text import byte_unit  # noqa: E402
 
@@ -68,7 +68,7 @@ def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
 
     Top row: the loss curves. Bottom row (when allreduce ran): each configuration's loss minus
     allreduce's at the same steps and seeds, averaged over the seeds both ran
-    (data.paired_loss_delta), where curves that lie on top of each other above separate."""
+    (loss_curves.paired_loss_delta), where curves that lie on top of each other above separate."""
     world_sizes = list(curves) or [None]
     with_delta = any(_baseline_curve(cs) is not None and len(cs) > 1 for cs in curves.values())
     rows = 2 if with_delta else 1
