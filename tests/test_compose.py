@@ -65,6 +65,14 @@ class Stack:
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.split()[0]
 
+    def health(self) -> str:
+        """Each of the stack's containers with its state and its health checks' last outputs: what
+        `up` cannot say when it gives up on an "unhealthy" container."""
+        label = f"label=com.docker.compose.project={self.project}"
+        ids = _docker("container", "ls", "-a", "-q", "--filter", label).stdout.split()
+        fmt = "{{.Name}} {{.State.Status}} {{json .State.Health}}"
+        return "\n".join(_docker("inspect", "--format", fmt, i).stdout.strip()[:2000] for i in ids)
+
     def leftovers(self) -> list[str]:
         label = f"label=com.docker.compose.project={self.project}"
         return [line for kind in ("container", "network", "volume")
@@ -83,7 +91,8 @@ def stack(tmp_path_factory):
         s.times["build (cached steps skipped)"] = time.monotonic() - t0
         t0 = time.monotonic()
         try:
-            s.compose("up", "-d", "--no-build", "--scale", "ray-worker=2", timeout=900)
+            up = s.compose("up", "-d", "--no-build", "--scale", "ray-worker=2", timeout=900, check=False)
+            assert up.returncode == 0, f"up: {up.stdout}{up.stderr}\n{s.health()}"
             s.times["up -d (postgres, mlflow, ray-head healthy; workers, submit started)"] = time.monotonic() - t0
             submit = s.container("submit")
             s.exit_code = int(_docker("wait", submit, timeout=1200).stdout.strip())
