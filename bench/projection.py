@@ -201,7 +201,7 @@ def _probe_loopback() -> list[dict]:
 
     from service.train.transport_probe import probe
 
-    return [asdict(s) for s in probe()]
+    return [asdict(s) for s in probe()[0]]
 
 
 def _quality(rank: int, world_size: int, args) -> dict:

@@ -27,7 +27,7 @@ def _probe(rank: int, world_size: int):
     from service.train.transport_probe import probe
 
     started = time.perf_counter()
-    return probe(), time.perf_counter() - started
+    return probe()[0], time.perf_counter() - started
 
 
 def _trials(rank: int, world_size: int, steps: int, seeds: int):

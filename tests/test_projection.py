@@ -392,6 +392,42 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "projected_throughput.png" not in attached  # the old alpha-beta plot is gone
 
 
+def test_report_cluster_transport_prices_the_cluster_answer_and_the_map_with_that_clusters_hosts(store, built, tmp_path):
+    """report.cluster.transport: a transport.json of the cluster's hosts (python -m service.probe)
+    prices the cluster cell and the map in place of the sweep's own probe, and the headline says
+    which hosts priced it; without one it says this machine's probe stood in."""
+    from service.report.data import load_sweep, open_store, recommendations
+    from service.report.projected import projected
+    from service.step_model.transport import ProbeHosts
+
+    _, page = built
+    headline = (built[0] / "summary.md").read_text().splitlines()[2]
+    assert "Priced with compute from this sweep's trials, a core per rank; transport: the sweep's own probe" in headline
+    assert "this machine's stands in" in headline
+    # a cluster of fast hosts: a twentieth of the sweep's fixed cost, a hundredth of its per-byte cost
+    fast = TransportFit({k: (KindFit(16, 0.025, 2e-7, 0.0),) for k in ("allreduce", "allgather", "all_to_all")},
+                        (), {16: 2.0}, (ProbeHosts(16, 16, 1, 1.0, "Cluster CPU", False),))
+    path = tmp_path / "transport.json"
+    path.write_text(json.dumps(fast.to_json()))
+    with pytest.raises(ConfigError, match="not a transport.json"):
+        report_section(f"report:\n  cluster: {{world_size: 16, link_gbps: 25, transport: {tmp_path / 'none.json'}}}\n")
+    reader = open_store(store["uri"])
+    sweep = load_sweep(reader, store["parent"])
+    recs = recommendations(sweep)
+    own = report_section("report:\n  cluster: {world_size: 16, link_gbps: 25, latency_ms: 0.1}\n")
+    given = report_section(f"report:\n  cluster: {{world_size: 16, link_gbps: 25, latency_ms: 0.1, transport: {path}}}\n")
+    (tmp_path / "own").mkdir(), (tmp_path / "given").mkdir()
+    mine = projected(sweep, recs, reader, own, tmp_path / "own")
+    theirs = projected(sweep, recs, reader, given, tmp_path / "given")
+    assert f"transport: {path}, probed W = 16 across 16 hosts, 1 rank(s) per host of 1 core(s) (Cluster CPU)" in theirs.cluster
+    assert "stands in" not in theirs.cluster and "stands in" in mine.cluster
+    # the cluster cell priced with the cluster's transport: faster than with the sweep's (0.5 ms, 2e-5 ms/B)
+    assert theirs.cluster.split(" Priced with")[0] != mine.cluster.split(" Priced with")[0]
+    assert theirs.plan is not None and mine.plan is not None
+    # the projection table (report.project's cells) stays priced with the sweep's own probe
+    assert [c.step_ms for c in theirs.cells] == [c.step_ms for c in mine.cells]
+
+
 def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_says_why(tmp_path):
     """service/sweep/transport.py records a failed probe's one-line reason on the parent run (a tag,
     through service/tracking/); the report says that reason rather than blaming an old sweep or a

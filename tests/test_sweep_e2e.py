@@ -94,6 +94,11 @@ def test_smoke_sweep_records_every_trial_in_mlflow(smoke_sweep):
     attached = smoke_sweep.attached_by_sweep  # before test_report rebuilds and re-attaches it
     assert {"report.html", "summary.md", "summary.csv", "loss_curves.png", "throughput.png",
             "tradeoff.png", "decision_map.png", "projection.csv", "transport.json"} <= attached, attached
+    # the sweep's probe names where it ran: each world size above 1, this machine, on loopback
+    from service.tracking import SweepReader
+    transport = SweepReader(uri).transport(parent.info.run_id)
+    assert [(h.world_size, h.hosts, h.loopback) for h in transport.hosts] == [
+        (w, 1, True) for w in sorted({t.world_size for t in trials if t.world_size > 1})]
 
     assert len(children) == len(trials)
     by_name = {r.info.run_name: r for r in children}

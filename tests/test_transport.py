@@ -13,7 +13,7 @@ from hooks.wire import wire_bytes
 from service.step_model.price import comm_ms
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from hooks.wire import rounds
-from service.step_model.transport import KindFit, Sample, TransportFit, fit
+from service.step_model.transport import KindFit, ProbeHosts, Sample, TransportFit, fit
 from service.step_model.trial import ComputePoint, TrialTimeline
 
 N = 250_000  # fp32 values: 1e6 bytes
@@ -132,3 +132,37 @@ def test_a_cluster_cell_is_priced_from_the_world_sizes_probed_with_a_core_per_ra
     assert f.ms("allreduce", 1e6, 4) == pytest.approx(machine("allreduce", 1e6, 4) + 9 * 0.02 * 6)
     assert f.own_cores().ms("allreduce", 1e6, 8) == pytest.approx(machine("allreduce", 1e6, 8))
     assert TransportFit.from_json(json.loads(json.dumps(f.to_json()))) == f
+
+
+def test_the_hosts_a_transport_was_probed_on_survive_transport_json_and_an_old_file_still_reads():
+    hosts = (ProbeHosts(2, 2, 1, 0.5, "Some CPU", False), ProbeHosts(4, 1, 4, 2.0, "Some CPU", True))
+    f = fit(samples(), {2: 3.0, 4: 5.0}, hosts)
+    again = TransportFit.from_json(json.loads(json.dumps(f.to_json())))
+    assert again == f and again.hosts == hosts and again.own_cores().hosts == hosts
+    assert again.where() == ("W = 2 across 2 hosts, 1 rank(s) per host of 0.5 core(s) (Some CPU); "
+                             "W = 4 on loopback, 4 rank(s) per host of 2 core(s) (Some CPU)")
+    old = f.to_json()
+    del old["hosts"]  # format 2 as sweeps wrote it before the hosts were recorded
+    assert TransportFit.from_json(old).hosts == () and "not recorded" in TransportFit.from_json(old).where()
+
+
+def test_a_cells_step_follows_its_link_wherever_the_wire_is_slower_than_the_hosts_transport():
+    # One 4 MB allreduce bucket at W = 32. On hosts whose transport costs 0.895 ms per MB sent
+    # (this machine's gloo) the wire hides under it from 10 Gbit/s up: 10, 25 and 100 price the
+    # same. On hosts with a tenth of that CPU work per byte, the wire is the slower up to ~90 Gbit/s:
+    # the step follows the link, and is the transport's only beyond it.
+    b = BucketTiming(ready_ms=20.0, numel=1_000_000, encode_ms=0.0, comm_ms=5.0, decode=LinearCost(0.0))
+    t = StepTimeline(hook="allreduce", world_size=2, batch=32, forward_ms=10.0, buckets=(b,), backward_end_ms=20.0,
+                     optimizer_ms=3.0)
+
+    def host(per_mb_ms: float) -> TransportFit:
+        return TransportFit({"allreduce": (KindFit(2, 0.0, per_mb_ms * 1e-6, 0.0),)}, (), {2: 1.0})
+
+    sent = wire_bytes("allreduce", 4e6, 32)
+    for link in (10.0, 25.0, 100.0):
+        slow = comm_ms(t, b, 32, link, 0.0, host(0.895))
+        fast = comm_ms(t, b, 32, link, 0.0, host(0.0895))
+        wire = 1000 * sent * 8 / (link * 1e9)
+        assert slow == pytest.approx(0.895e-6 * sent)             # the hosts' transport, whatever the link
+        assert fast == pytest.approx(max(wire, 0.0895e-6 * sent))  # the slower of wire and transport
+    assert comm_ms(t, b, 32, 10.0, 0.0, host(0.0895)) > 2 * comm_ms(t, b, 32, 25.0, 0.0, host(0.0895))

@@ -142,6 +142,22 @@ class ClusterCell(BaseModel):
     world_size: int = Field(ge=1, le=MAX_PROJECTED_WORLD_SIZE, description="ranks on that cluster")
     link_gbps: float = Field(gt=0, le=MAX_LINK_GBPS, description="each rank's link there, Gbit/s")
     latency_ms: float = projected_latency()
+    transport: str | None = Field(None, description="a transport.json of that cluster's hosts (python -m "
+                                  "service.probe): the cell, and the decision map, priced with it; default: the "
+                                  "sweep's own probe, where its trials ran")
+
+    @field_validator("transport")
+    @classmethod
+    def _transport(cls, path: str | None) -> str | None:
+        if path is not None:
+            from service.step_model.transport import read_file
+
+            try:
+                read_file(path)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise FieldProblem("", f"{path}: not a transport.json python -m service.probe wrote ({exc}); "
+                                       "allowed: the path of one") from None
+        return path
 
 
 class PlanRound(BaseModel):

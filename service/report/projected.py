@@ -69,14 +69,48 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     sizes, links = projection.cells(report_cfg.project, global_batch)
     out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
-    out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=transport)
+    at_cluster = cluster_transport(report_cfg.cluster, transport)
+    out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=at_cluster)
+    if out.cluster:
+        out.cluster += " " + priced_on(transport, at_cluster, report_cfg.cluster)
     cell = out.plan_at[0]
-    out.plan = plan_section.answer(bases, cell, transport,
+    out.plan = plan_section.answer(bases, cell, at_cluster if cell == report_cfg.cluster else transport,
                                    measured=None if cell is None else plan_section.measured_steps(sweep.trials, cell))
-    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=transport)
+    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=at_cluster)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
     cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
     out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=cluster,
-                                  quality_from=decision_map.quality_note(bases, latency_ms))
+                                  quality_from=decision_map.quality_note(bases, latency_ms) + "\n"
+                                  + transport_source(transport, at_cluster, report_cfg.cluster))
     return out
+
+
+def cluster_transport(cluster, sweeps: Optional[TransportFit]) -> Optional[TransportFit]:
+    """What prices the cluster cell and the map: report.cluster.transport's file (that cluster's
+    hosts, ``python -m service.probe``) where given, else the sweep's own probe."""
+    if cluster is not None and cluster.transport:
+        from service.step_model.transport import read_file
+
+        return read_file(cluster.transport)
+    return sweeps
+
+
+def transport_source(sweeps: Optional[TransportFit], at_cluster: Optional[TransportFit], cluster) -> str:
+    """Where the cluster cell's and the map's transport was measured, in one phrase."""
+    if cluster is not None and cluster.transport:
+        return f"transport: {cluster.transport}, probed {at_cluster.where()}"
+    if sweeps is None:
+        return "transport: each trial's own recorded communication, scaled (no probe)"
+    return f"transport: the sweep's own probe, {sweeps.where()}"
+
+
+def priced_on(sweeps: Optional[TransportFit], at_cluster: Optional[TransportFit], cluster) -> str:
+    """The headline's sentence naming the hosts the cluster answer was priced with: compute from
+    the hosts the sweep's trials ran on, transport from where it was probed."""
+    source = transport_source(sweeps, at_cluster, cluster)
+    compute = "this sweep's trials" + (f" ({sweeps.hosts[0].cpu_model}, {sweeps.hosts[0].cores:g} core(s) per host)"
+                                      if sweeps is not None and sweeps.hosts else "")
+    own = "" if cluster is not None and cluster.transport else (
+        "; without a probe of your cluster (report.cluster.transport, python -m service.probe) this machine's stands in")
+    return f"Priced with compute from {compute}, a core per rank; {source}{own}."

@@ -63,13 +63,34 @@ class KindFit:
 
 
 @dataclass(frozen=True)
+class ProbeHosts:
+    """Where one world size was probed: its ranks' hosts, as the ranks saw them. ``cores``: the
+    fewest CPUs a host gave its process (affinity, and a cgroup's CPU quota where one is set);
+    ``loopback``: every rank on one host (the collectives never left it)."""
+
+    world_size: int
+    hosts: int
+    ranks_per_host: int
+    cores: float
+    cpu_model: str
+    loopback: bool
+
+    def describe(self) -> str:
+        where = "on loopback" if self.loopback else f"across {self.hosts} hosts"
+        return (f"W = {self.world_size} {where}, {self.ranks_per_host} rank(s) per host of {self.cores:g} "
+                f"core(s) ({self.cpu_model})")
+
+
+@dataclass(frozen=True)
 class TransportFit:
     """The machine's transport per kind and probed W, with the samples it was fitted from and
-    what they cost."""
+    what they cost, and the hosts each W was probed on (empty: a transport.json from before
+    they were recorded)."""
 
     kinds: dict[str, tuple[KindFit, ...]]   # per kind, one fit per probed W, ascending
     samples: tuple[Sample, ...]
     probe_s: dict[int, float]   # wall seconds the probe took per world size
+    hosts: tuple[ProbeHosts, ...] = ()
 
     def ms(self, kind: str, nbytes: float, world_size: int, count: float = 1.0) -> float:
         """The transport of ``count`` collectives of ``kind`` carrying ``nbytes`` in all at
@@ -84,7 +105,13 @@ class TransportFit:
         probed without sharing cores (their fixed cost is not this machine's time-sharing),
         scaled by the ring to other W; a kind probed only shared keeps what it has."""
         kinds = {k: tuple(f for f in fits if not f.shared) or fits for k, fits in self.kinds.items()}
-        return TransportFit(kinds, self.samples, self.probe_s)
+        return TransportFit(kinds, self.samples, self.probe_s, self.hosts)
+
+    def where(self) -> str:
+        """Which hosts this transport was measured on, in one phrase (for the report)."""
+        if not self.hosts:
+            return "hosts not recorded (a transport.json from before they were)"
+        return "; ".join(h.describe() for h in self.hosts)
 
     @property
     def world_sizes(self) -> list[int]:
@@ -97,17 +124,28 @@ class TransportFit:
 
     def to_json(self) -> dict:
         return {"format": FORMAT, "kinds": {k: [asdict(f) for f in fits] for k, fits in self.kinds.items()},
-                "samples": [asdict(s) for s in self.samples], "probe_s": {str(w): s for w, s in self.probe_s.items()}}
+                "samples": [asdict(s) for s in self.samples], "probe_s": {str(w): s for w, s in self.probe_s.items()},
+                "hosts": [asdict(h) for h in self.hosts]}
 
     @classmethod
     def from_json(cls, data: dict) -> "TransportFit":
         if data.get("format") != FORMAT:
             raise ValueError(f"transport.json format {data.get('format')!r}, this reader reads {FORMAT}")
         return cls({k: tuple(KindFit(**f) for f in fits) for k, fits in data["kinds"].items()},
-                   tuple(Sample(**s) for s in data["samples"]), {int(w): float(s) for w, s in data["probe_s"].items()})
+                   tuple(Sample(**s) for s in data["samples"]), {int(w): float(s) for w, s in data["probe_s"].items()},
+                   tuple(ProbeHosts(**h) for h in data.get("hosts", ())))  # optional: format 2 before hosts
 
 
-def fit(samples: list[Sample], probe_s: dict[int, float]) -> TransportFit:
+def read_file(path: str) -> TransportFit:
+    """A transport.json on disk (``python -m service.probe`` writes one): OSError, ValueError
+    (not JSON, another format), KeyError or TypeError (fields missing or unknown)."""
+    import json
+
+    with open(path) as f:
+        return TransportFit.from_json(json.load(f))
+
+
+def fit(samples: list[Sample], probe_s: dict[int, float], hosts: tuple[ProbeHosts, ...] = ()) -> TransportFit:
     """Per kind and probed W above 1, least squares of ms on (1, bytes sent) through the origin,
     each sample weighted by 1/ms (relative error: a small message's fixed cost counts as much as
     a large one's bytes); a negative coefficient is clipped to 0 and the other refitted alone."""
@@ -117,7 +155,7 @@ def fit(samples: list[Sample], probe_s: dict[int, float]) -> TransportFit:
         if sizes:
             kinds[kind] = tuple(_fit_kind(kind, w, [s for s in samples if s.kind == kind and s.world_size == w])
                                 for w in sizes)
-    return TransportFit(kinds, tuple(samples), dict(probe_s))
+    return TransportFit(kinds, tuple(samples), dict(probe_s), tuple(hosts))
 
 
 def _fit_kind(kind: str, world_size: int, samples: list[Sample]) -> KindFit:

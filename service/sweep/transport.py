@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Optional, TextIO
 
-from service.step_model.transport import Sample, TransportFit, fit
+from service.step_model.transport import ProbeHosts, Sample, TransportFit, fit
 from service.text import one_line
 
 SAMPLES = "transport_samples.json"   # in the probe's checkpoint
@@ -31,18 +31,20 @@ def _probe_loop(config: dict) -> None:
     from service.train.transport_probe import probe
 
     started = time.perf_counter()
-    samples = probe()
+    samples, hosts = probe()
     seconds = time.perf_counter() - started
     if ray.train.get_context().get_world_rank() != 0:
         ray.train.report({"probe_s": seconds})
         return
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/{SAMPLES}", "w") as f:
-            json.dump({"samples": [asdict(s) for s in samples], "probe_s": seconds}, f)
+            json.dump({"samples": [asdict(s) for s in samples], "probe_s": seconds, "hosts": asdict(hosts)}, f)
         ray.train.report({"probe_s": seconds}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float]:
+def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float, ProbeHosts]:
+    """The probe on ``world_size`` Ray Train workers of the Ray instance this process is
+    connected to (a local one, or a cluster's): its samples, wall seconds and hosts."""
     import ray
     import ray.train
 
@@ -61,7 +63,7 @@ def _probe(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[
     with result.checkpoint.as_directory() as path:
         with open(f"{path}/{SAMPLES}") as f:
             data = json.load(f)
-    return [Sample(**s) for s in data["samples"]], float(data["probe_s"])
+    return [Sample(**s) for s in data["samples"]], float(data["probe_s"]), ProbeHosts(**data["hosts"])
 
 
 @contextmanager
@@ -93,12 +95,13 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
     kept = reader.transport(parent_run_id)
     if kept is not None:
         return kept
-    samples, cost = [], {}
+    samples, cost, hosts = [], {}, []
     try:
         for w in sizes:
             started = time.monotonic()  # the trainer's start included: what the sweep pays
             with _sweep_signal_handlers():
-                samples += _probe(w, storage, cfg.resources.cpus_per_worker)[0]
+                measured, _, where = probe_on_ray(w, storage, cfg.resources.cpus_per_worker)
+            samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
         reason = one_line(exc)
@@ -106,7 +109,7 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
         print(f"transport not measured ({reason}); the report scales each trial's "
               "recorded communication instead", file=out, flush=True)
         return None
-    result = fit(samples, cost)
+    result = fit(samples, cost, tuple(hosts))
     tracking.log_transport(parent_run_id, tracking_uri, result.to_json())
     print(f"transport measured at W = {', '.join(map(str, sizes))} in "
           f"{', '.join(f'{s:g} s' for s in cost.values())} (transport.json on the parent run)", file=out, flush=True)

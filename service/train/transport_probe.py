@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hooks.wire import ALLGATHER, ALLREDUCE, KINDS
-from service.step_model.transport import Sample, medians
+from service.step_model.transport import ProbeHosts, Sample, medians
 
 # Payload bytes per rank: a compressed bucket's few KiB (sign, top-k at 1 %) up to a full
 # fp32 bucket (DDP's first bucket is 1 MiB, the rest up to its 25 MiB cap; 8 MiB keeps the
@@ -58,21 +58,81 @@ def _time(run, repeats: int) -> list[float]:
     return slowest.tolist()
 
 
-def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS) -> list[Sample]:
-    """Every kind at every size on the current group: one :class:`Sample` each (every rank returns the same)."""
+def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS,
+          kinds: tuple[str, ...] = KINDS) -> tuple[list[Sample], ProbeHosts]:
+    """Every kind at every size on the current group: one :class:`Sample` each, and the hosts
+    they were measured on (every rank returns the same)."""
     w = dist.get_world_size()
-    shared = _shared_cores()
+    where = probe_hosts()
+    shared = where.ranks_per_host > where.cores
     out = []
     for kind in kinds:
         for nbytes in sizes:
             n = _elements(nbytes, w)
             out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w), repeats), shared))
-    return out
+    return out, where
 
 
-def _shared_cores() -> bool:
-    """Whether some host runs more of the group's ranks than it has cores (every rank learns it:
-    one all_gather_object of the hostnames)."""
-    hosts = [None] * dist.get_world_size()
-    dist.all_gather_object(hosts, (socket.gethostname(), os.cpu_count() or 1))
-    return any(sum(h == name for h, _ in hosts) > cores for name, cores in set(hosts))
+def probe_hosts() -> ProbeHosts:
+    """The group's hosts as its ranks see them (one all_gather_object): how many, the most ranks
+    on one, the fewest cores one gives its process, the CPU model. Ranks on different network
+    namespaces of one machine (emulated hosts) count as hosts of their own: each sends over its
+    own link."""
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, (_host_id(), _cores(), _cpu_model()))
+    per_host: dict[str, int] = {}
+    for host, _, _ in ranks:
+        per_host[host] = per_host.get(host, 0) + 1
+    return ProbeHosts(world_size=len(ranks), hosts=len(per_host), ranks_per_host=max(per_host.values()),
+                      cores=min(c for _, c, _ in ranks), cpu_model=" / ".join(sorted({m for _, _, m in ranks})),
+                      loopback=len(per_host) == 1)
+
+
+def _host_id() -> str:
+    """The hostname and this process's network namespace: emulated hosts share the first."""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return f"{socket.gethostname()} {netns}"
+
+
+def _cores() -> float:
+    """CPUs this process may use: its affinity, capped by its cgroup's CPU quota where set."""
+    cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
+    quota = _cgroup_quota()
+    return min(cores, quota) if quota else cores
+
+
+def _cgroup_quota() -> float | None:
+    """The CPU quota of this process's cgroup in cores (v1 cfs_quota/period, v2 cpu.max); None: none."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") or controllers == "":
+            base = "/sys/fs/cgroup/cpu" if controllers else "/sys/fs/cgroup"
+            try:
+                if controllers:
+                    quota = int(open(f"{base}{path}/cpu.cfs_quota_us").read())
+                    period = int(open(f"{base}{path}/cpu.cfs_period_us").read())
+                else:
+                    limit, period_text = open(f"{base}{path}/cpu.max").read().split()
+                    quota, period = (-1 if limit == "max" else int(limit)), int(period_text)
+            except (OSError, ValueError):
+                continue
+            if quota > 0 and period > 0:
+                return quota / period
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine

@@ -1,0 +1,94 @@
+"""Probe the transport of the cluster you will train on, and write its ``transport.json``.
+
+    python -m service.probe --address HEAD:6379 --world-size 8 [--out transport.json]
+
+What a collective costs besides the wire (a fixed cost per collective, the CPU work per byte a
+rank sends) belongs to the hosts that run it, not to the model or the link. A sweep measures it
+where its trials run (on one machine: loopback); this runs the same probe
+(service/train/transport_probe.py) as one short job on a Ray cluster, on ``--world-size`` Ray
+Train workers, and writes the fit (service/step_model/transport.py) with the hosts it ran on.
+Give it to the report as ``report.cluster.transport: PATH``: the cluster answer, the decision map
+and the per-bucket plan are then priced with that cluster's transport.
+
+Exit status: 0 written; 2 nothing written (bad option, no cluster at the address, the probe failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from service.text import one_line
+
+
+class ProbeError(Exception):
+    """Nothing was written; str() is one line saying why."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m service.probe",
+        description="Time every collective kind the hooks use on a Ray cluster's hosts, at each "
+                    "--world-size, and write transport.json for report.cluster.transport.",
+        epilog="On a cluster spanning several hosts, --storage-path must be a directory every node "
+               "mounts (the probe's rank 0 hands its samples back through it), as for service.submit. "
+               "See docs/cluster.md.")
+    p.add_argument("--address", default=os.environ.get("RAY_ADDRESS"),
+                   help="the cluster's Ray address as ray.init takes it: HEAD:6379, ray://HEAD:10001 or auto "
+                        "(default: $RAY_ADDRESS)")
+    p.add_argument("--world-size", type=int, nargs="+", required=True, metavar="W",
+                   help="ranks to probe with, one Ray Train worker each (2 or more; several: one probe each)")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0,
+                   help="CPUs each worker reserves (default 1: a core per rank, as a cluster cell is priced)")
+    p.add_argument("--storage-path", default=None,
+                   help="Ray Train's storage_path for the probe (default: a temporary directory here)")
+    p.add_argument("--out", default="transport.json", help="where to write the fit (default: ./transport.json)")
+    return p.parse_args(argv)
+
+
+def run(args: argparse.Namespace, out=sys.stdout):
+    """Probe each world size on the cluster; the fit (service.step_model.transport.TransportFit)."""
+    import ray
+
+    from service.step_model.transport import fit
+    from service.sweep.transport import probe_on_ray
+
+    if not args.address:
+        raise ProbeError("no cluster to probe: give --address HEAD:6379 (or set RAY_ADDRESS)")
+    bad = [w for w in args.world_size if w < 2]
+    if bad:
+        raise ProbeError(f"--world-size {bad[0]}: a collective needs 2 or more ranks")
+    try:
+        ray.init(address=args.address, log_to_driver=False)
+    except Exception as exc:  # ray raises ConnectionError, ValueError or a bare Exception
+        raise ProbeError(f"cannot reach a Ray cluster at {args.address} ({one_line(exc)})") from None
+    storage = args.storage_path or tempfile.mkdtemp(prefix="commhooks-probe-")
+    samples, cost, hosts = [], {}, []
+    try:
+        for w in sorted(set(args.world_size)):
+            measured, seconds, where = probe_on_ray(w, storage, args.cpus_per_worker)
+            samples, hosts = samples + measured, hosts + [where]
+            cost[w] = round(seconds, 1)
+            print(f"W = {w}: probed {where.describe()} in {seconds:.1f} s", file=out, flush=True)
+    except Exception as exc:
+        raise ProbeError(f"the probe failed ({one_line(exc)})") from None
+    finally:
+        ray.shutdown()
+    return fit(samples, cost, tuple(hosts))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = run(args)
+    except ProbeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = Path(args.out)
+    path.write_text(json.dumps(result.to_json(), indent=1))
+    print(f"wrote {path} (give it to the report as report.cluster.transport: {path.resolve()})")
+    return 0
