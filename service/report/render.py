@@ -280,8 +280,9 @@ _CAPTIONS = {
                    "and stopped there, + = trial failed there.",
     "throughput": "Samples per second against world size, one line per configuration "
                   "(trials that ended ok; bars = ±std over seeds).",
-    "tradeoff": "{quality} against bytes per step on the wire (per rank). The line joins the Pareto "
-                "front: the configurations worth choosing; everything else is beaten on "
+    "tradeoff": "{quality} against bytes per step on the wire (per rank), each point the mean over the seeds "
+                "every configuration at its world size ran (as the tables' gaps pair them). The line joins the "
+                "Pareto front: the configurations worth choosing; everything else is beaten on "
                 "both axes by one of them.",
     "decision_map": "Projected: the configuration that reaches the target eval loss soonest among those "
                     "whose quality matched allreduce's, per world size (global batch kept) and link speed; "
