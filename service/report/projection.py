@@ -396,18 +396,36 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
             "the widest band measured. docs/results.md says how to read it.")
 
 
+def cluster_cell(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
+                 transport: Optional[TransportFit] = None,
+                 pairs: Optional[PairBands] = None) -> tuple[Optional[CellWinner], str]:
+    """``report.cluster``'s cell as the headline answers it: (its :func:`winner`, ''), or (None,
+    why it was not priced); (None, '') without a cluster. The plan section names this winner."""
+    if cluster is None or not bases_:
+        return None, ""
+    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
+    refused = next((p.refused for p in at if p.refused), "")
+    return (None, refused) if refused else (winner(at, pairs), "")
+
+
 def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
                    transport: Optional[TransportFit] = None, pairs: Optional[PairBands] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
-    if cluster is None or not bases_:
+    return cluster_text(cluster, *cluster_cell(bases_, cluster, bands, transport, pairs))
+
+
+def cluster_text(cluster, cell: Optional[CellWinner], refused: str = "") -> str:
+    """:func:`cluster_cell`'s answer as the headline says it."""
+    if cell is None and not refused:
         return ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
     where = (f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s at "
              f"{1000 * cluster.latency_ms:g} µs per message (report.cluster)")
-    refused = next((p.refused for p in at if p.refused), "")
     if refused:
         return f"{where}: not priced: {refused}."
-    cell = winner(at, pairs)
+    return _cluster_text(where, cell)
+
+
+def _cluster_text(where: str, cell: CellWinner) -> str:
     if cell.winner is None:
         return f"{where}: no configuration that matched the baseline's quality reached the target."
     w = cell.winner
