@@ -193,7 +193,7 @@ def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_
     ar2, ar4 = bands.for_cell("allreduce", None, 2), bands.for_cell("allreduce", None, 4)
     assert (ar2.low_pct, ar2.high_pct, ar4.low_pct, ar4.high_pct) == (-3.0, 2.0, -9.0, -9.0)
     topk = bands.for_cell("topk", True, 4)   # W = 4 not counted for topk: its W = 2 band, beyond it
-    assert (topk.low_pct, topk.high_pct, topk.where()) == (5.0, 5.0, "beyond the checked W = 2")
+    assert (topk.low_pct, topk.high_pct, topk.where()) == (5.0, 5.0, "checked at W = 2, used beyond it")
 
 
 @pytest.mark.slow

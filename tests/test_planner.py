@@ -157,3 +157,32 @@ def test_resume_measures_every_link_the_plan_round_trains_on():
     assert trials_to_measure(cfg, trials, []) == [t for t in trials if t.hook == "allreduce"]  # only the plan round left
     no_plan = cfg.model_copy(update={"search": cfg.search.model_copy(update={"plan": None})})
     assert trials_to_measure(no_plan, trials, pending) == pending
+
+
+def test_the_plan_section_says_in_one_sentence_why_its_pricing_differs_from_the_cluster_answer():
+    # The band (15 % wide) keeps allreduce everywhere: reverting fp16's bucket costs 11 %. The
+    # cluster's answer, priced with each configuration's own compute and by time to target,
+    # named fp16_compress: the section names that answer, says how each is priced, and gives
+    # its uniform figures as time to target too (100 crossing steps x 59 ms, x 54 ms).
+    from service.report import plan_section
+    from service.report.projection import Basis
+    from service.step_model.bands import ErrorBands, MeasuredBand
+    from service.step_model.trial import ComputePoint, TrialTimeline
+
+    def basis(config: str) -> Basis:
+        points = (ComputePoint(8, 10.0, 30.0), ComputePoint(4, 10.0, 30.0))
+        return Basis(config, config, 1, 64, (TrialTimeline(OPTIONS[config], (5,), points),), (100.0,), True, 1)
+
+    class Cluster:
+        world_size, link_gbps, latency_ms = 8, 1.0, 0.0
+
+    wide = ErrorBands((MeasuredBand("allreduce", None, 8, -10.0, 5.0),), "x")
+    a = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=wide)
+    assert a.plan.choices == ("allreduce", "allreduce")
+    text = "\n".join(plan_section.markdown(a, Cluster, "report.cluster", cluster_winner="fp16_compress"))
+    assert "time to target 5.9 s" in text
+    assert ("The cluster's answer above names fp16_compress, this section allreduce: a plan mixes buckets on "
+            "one backward pass, so here every configuration is priced with allreduce's compute") in text
+    agreeing = "\n".join(plan_section.markdown(a, Cluster, "report.cluster", cluster_winner="allreduce"))
+    assert "names fp16_compress" not in agreeing and "priced with allreduce's compute" in agreeing
+    assert "the cluster's answer above, which names allreduce too" in agreeing

@@ -143,3 +143,38 @@ def test_the_minus_allreduce_panel_compares_the_seeds_both_ran(tmp_path: Path, m
     ax = next(a for a in figures[0].axes if a.get_title().startswith("minus allreduce on the same seeds"))
     (line,) = [l for l in ax.lines if len(l.get_xdata()) == 20]
     assert np.allclose(line.get_ydata(), 0.003)
+
+
+def test_the_cluster_star_leaves_its_cells_label_readable(tmp_path: Path, monkeypatch):
+    """A close call names its two candidates in the cell; the star marking report.cluster's cell
+    used to sit on the cell's centre, on top of those names. Drawn, the two must not overlap."""
+    from types import SimpleNamespace
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from service.report import decision_map
+    from service.report.projection import CellWinner
+
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    a, b = SimpleNamespace(config="allreduce"), SimpleNamespace(config="bf16_compress")
+    sizes, links = [2, 4, 8, 16, 32, 64], decision_map.MAP_LINKS_GBPS
+    cells = {(w, g): CellWinner(w, g, a, b, True) for w in sizes for g in links}
+    decision_map.plot(cells, [], tmp_path / "map.png", cluster=(32, 10.0))
+    fig = figures[0]
+    ax = fig.axes[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    x, y = sizes.index(32), list(links).index(10.0)
+    (star,) = [line for line in ax.lines if line.get_marker() == "*"]
+    (sx,), (sy,) = star.get_xdata(), star.get_ydata()
+    cx, cy = ax.transData.transform((sx, sy))
+    half = star.get_markersize() * fig.dpi / 72 / 2
+    label = next(t for t in ax.texts if t.get_window_extent(renderer).contains(*ax.transData.transform((x, y)))
+                 or abs(t.get_position()[0] - x) < 0.01 and abs(t.get_position()[1] - y) < 0.5)
+    box = label.get_bbox_patch().get_window_extent(renderer) if label.get_bbox_patch() else label.get_window_extent(renderer)
+    assert not (cx + half > box.x0 and cx - half < box.x1 and cy + half > box.y0 and cy - half < box.y1), (
+        (cx, cy, half), box)
+    # and the star stays inside its own cell
+    assert x - 0.5 < sx < x + 0.5 and y - 0.5 < sy < y + 0.5

@@ -379,6 +379,10 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     # the per-bucket plan for report.cluster: this tiny model has one bucket, so none beats uniform
     assert "### A per-bucket plan for W=16 on 25 Gbit/s (report.cluster)" in summary
     assert "No per-bucket plan beats a uniform configuration here: the model has one bucket" in summary
+    # and it names the headline's answer, saying in one sentence why its own figures differ
+    named = headline.split("(report.cluster): ")[1].split(",")[0]
+    assert (f"the cluster's answer above, which names {named} too" in summary
+            or f"The cluster's answer above names {named}, this section" in summary), summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in headline
     # projection.csv: every row of a cell says that cell's one answer, the map's and the headline's rule

@@ -38,9 +38,9 @@ def test_the_band_is_the_hooks_with_its_error_feedback_at_the_nearest_checked_wo
     assert (near.checked_w, near.beyond, near.low_pct) == (4, False, -5.0)
     assert near.where() == "checked at W = 4"
     far = bands.for_cell("allreduce", None, 64)
-    assert (far.checked_w, far.beyond) == (8, True) and far.where() == "beyond the checked W = 8"
+    assert (far.checked_w, far.beyond) == (8, True) and far.where() == "checked at W = 8, used beyond it"
     topk_far = bands.for_cell("topk", False, 16)          # topk off was checked up to W = 4 only
-    assert topk_far.where() == "beyond the checked W = 4" and topk_far.low_pct == -12.0
+    assert topk_far.where() == "checked at W = 4, used beyond it" and topk_far.low_pct == -12.0
 
 
 def test_a_hooks_error_feedback_setting_is_its_runs_or_its_default():
@@ -56,9 +56,29 @@ def test_the_table_and_the_cluster_answer_say_beyond_the_checked_world_size(tmp_
     b = Basis("allreduce", "allreduce", 1, 64, (trial_timeline(),), (100.0,), True, 1)
     cells = projection.project([b], [4, 64], [10.0], 0.025, bands)
     _, (row,) = projection.table(cells)
-    assert row[3] == "-5 to +1 % (checked at W = 4); -7 to +4 % (beyond the checked W = 8)"
+    assert row[3] == "-5 to +1 % (checked at W = 4); -7 to +4 % (checked at W = 8, used beyond it at W = 64)"
     answer = projection.cluster_answer([b], SimpleNamespace(world_size=64, link_gbps=10.0, latency_ms=0.025), bands)
-    assert "error band -7 to +4 % (beyond the checked W = 8)" in answer and "at 25 µs per message" in answer
+    assert "error band -7 to +4 % (checked at W = 8, used beyond it)" in answer and "at 25 µs per message" in answer
+
+
+def test_a_configuration_shows_each_band_once_and_a_one_value_band_as_one_value(tmp_path):
+    # allreduce was checked at W = 8 with two cells 0.1 % apart: the table's cells at W = 8, 16
+    # and 32 all take that one band. It reads as one value ('-18 %', not '-17.9 to -17.8 %' nor
+    # '-18 to -18 %'), once, with where it was checked and the cells that use it beyond.
+    rows = [("allreduce", None, 2, -5.0, -2.9), ("allreduce", None, 8, -17.9, -17.8)]
+    path = tmp_path / "projection_error.json"
+    path.write_text(json.dumps({
+        "format": 2, "source": "bench/projection.py", "measured": "2026-12-02T09:00:00Z", "workload": "char_lm",
+        "basis": "loopback, W=2", "cells": "W=2,8", "load_average": [1.0], "overall": {},
+        "bands": [{"hook": h, "error_feedback": ef, "world_size": w, "low_pct": lo, "high_pct": hi,
+                   "median_abs_pct": 1.0, "counted": 2, "excluded": 0} for h, ef, w, lo, hi in rows]}))
+    bands = step_bands.error_bands(path)
+    b = Basis("allreduce", "allreduce", 1, 64, (trial_timeline(),), (100.0,), True, 1)
+    cells = projection.project([b], [8, 16, 32], [10.0, 25.0], 0.025, bands)
+    _, (row,) = projection.table(cells)
+    assert row[3] == "-18 % (checked at W = 8, used beyond it at W = 16, 32)"
+    assert bands.for_cell("allreduce", None, 2).described() == "-5 to -3 % (checked at W = 2)"
+    assert step_bands.pct_range(-0.4, 0.3) == "+0 %" and step_bands.pct_range(-0.6, 0.4) == "-1 to +0 %"
 
 
 def test_the_configs_latency_prices_every_round_of_every_collective():

@@ -524,3 +524,32 @@ def test_report_html_escapes_what_mlflow_holds():
     assert "<script>" not in page and "<b>exp</b>" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "Sweep report: &lt;b&gt;exp&lt;/b&gt;" in page
     assert "No trial has finished yet" in page and "No trial recorded a step timeline" in page
+
+
+def _hand_trial(hook: str, world_size: int, seed: int, accuracy: float, bytes_per_step: float):
+    """A report Trial built by hand (no store): an ok run with its summary metrics."""
+    from service.report.data import Trial
+    from service.tracking.identity import TrialRecord
+
+    metrics = {"final_eval_accuracy": accuracy, "comm_bytes_per_step": bytes_per_step, "final_loss": 1.0}
+    return Trial(TrialRecord(run_id=f"{hook}-{world_size}-{seed}", run_name=f"{hook}-w{world_size}-s{seed}",
+                             key=f"{hook}-w{world_size}-s{seed}", config=hook, hook=hook, hook_params={},
+                             world_size=world_size, seed=seed, link_gbps=None, kind="full", status="FINISHED",
+                             start_time=0, end_time=1, metrics=metrics, params={}, tags={"status": "ok"}))
+
+
+def test_the_tradeoff_plot_sets_each_configuration_against_allreduce_on_the_seeds_both_ran():
+    """Adaptive seeds gave allreduce a third seed (bf16_compress was decided at two); that seed's
+    accuracy is 0.15 lower. Over its own three seeds allreduce would plot at 0.903 and
+    bf16_compress, 0.001 from it at each shared seed, would look 5 points better: on the seeds
+    both ran (as the tables' paired gaps compare) the two points sit 0.001 apart."""
+    trials = [_hand_trial("allreduce", 2, s, a, 4e6) for s, a in ((0, 0.95), (1, 0.96), (2, 0.80))]
+    trials += [_hand_trial("bf16_compress", 2, s, a, 2e6) for s, a in ((0, 0.951), (1, 0.961))]
+    sweep = report.Sweep("e", "p", "p", "FINISHED", "", "", None, None, trials=trials)
+    metric, points = report.tradeoff_data(sweep)
+    assert metric == "final_eval_accuracy"
+    by_config = {p.config: p for p in points[2]}
+    assert by_config["allreduce"].quality == pytest.approx(0.955)
+    assert by_config["bf16_compress"].quality == pytest.approx(0.956)
+    assert by_config["allreduce"].quality_std == pytest.approx(np.std([0.95, 0.96], ddof=1))
+    assert by_config["allreduce"].seeds == (0, 1) and by_config["bf16_compress"].seeds == (0, 1)

@@ -3,6 +3,7 @@
 
     data.py       trial records (service.tracking.SweepReader) -> Sweep, aggregated into typed rows
     loss_curves.py  the loss curves over seeds, and the minus-allreduce pairs on the seeds both ran
+    tradeoff.py   the trade-off's points (quality against bytes) on the seeds every configuration ran
     recommend.py  which configuration to use: time to target, paired quality gaps, the ranking
     render.py     markdown / CSV tables, the headline, report.html from templates/report.html.j2
     build.py      build_report: every file written into a folder and attached to the parent run
@@ -19,9 +20,9 @@ sweep; tests read the data the plots are drawn from).
 from service.report.build import PROJECTED_FILES, REPORT_FILES, build_report
 from service.report.cli import main
 from service.report.loss_curves import LossCurve, loss_curve_data
-from service.report.data import (ReportError, Sweep, Trial, TradeoffPoint, load_sweep,
-                                 open_store, recommendations, summary_rows,
-                                 throughput_data, tradeoff_data)
+from service.report.data import (ReportError, Sweep, Trial, load_sweep, open_store, recommendations,
+                                 summary_rows, throughput_data)
+from service.report.tradeoff import TradeoffPoint, tradeoff_data
 from service.report.render import headline
 
 __all__ = ["PROJECTED_FILES", "REPORT_FILES", "LossCurve", "ReportError", "Sweep", "Trial", "TradeoffPoint", "build_report",

@@ -10,7 +10,8 @@ from pathlib import Path
 from service.report import recommend
 from service.report.loss_curves import loss_curve_data
 from service.report.data import (ReportError, Sweep, load_sweep, open_store,
-                                 recommendations, summary_rows, throughput_data, tradeoff_data)
+                                 recommendations, summary_rows, throughput_data)
+from service.report.tradeoff import tradeoff_data
 from service.report.render import render_html, summary_markdown, write_summary_csv
 from service.text import one_line
 

@@ -209,7 +209,8 @@ def with_link(config: str, link: str) -> str:
     return config if link == LOOPBACK else f"{config} @{link}"
 
 
-def _mean_std(values: list[float]) -> tuple[float, float, int]:
+def mean_std(values: list[float]) -> tuple[float, float, int]:
+    """(mean, sample std, count) of the finite values; (nan, nan, 0) where none is."""
     finite = [v for v in values if v is not None and math.isfinite(v)]
     if not finite:
         return math.nan, math.nan, 0
@@ -269,13 +270,13 @@ def summary_rows(sweep: Sweep) -> list[SummaryRow]:
     rows = []
     for (world_size, link, config), trials in groups.items():
         ok, compiled = [t for t in trials if t.state == "ok"], trials[0].compiled
-        stats = {key: _mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
+        stats = {key: mean_std([t.metric(key) for t in ok]) for key in SUMMARY_METRICS
                  if key not in ("nan_detected", "first_nan_step")}
-        stats["loss_gap"] = _mean_std([t.metric("final_loss") - baseline[(world_size, link, compiled, t.seed)]
+        stats["loss_gap"] = mean_std([t.metric("final_loss") - baseline[(world_size, link, compiled, t.seed)]
                                        for t in ok if (world_size, link, compiled, t.seed) in baseline])
-        stats["time_to_target_s"] = _mean_std([t.time_to_target.seconds for t in ok
+        stats["time_to_target_s"] = mean_std([t.time_to_target.seconds for t in ok
                                                if t.time_to_target and t.time_to_target.seconds is not None])
-        stats["first_nan_step"] = _mean_std([t.metric("first_nan_step") for t in trials
+        stats["first_nan_step"] = mean_std([t.metric("first_nan_step") for t in trials
                                              if t.state == "nan"])
         states: dict[str, int] = defaultdict(int)
         for t in trials:
@@ -313,45 +314,6 @@ def throughput_data(sweep: Sweep) -> list[ThroughputLine]:
     return list(lines.values())
 
 
-@dataclass
-class TradeoffPoint:
-    config: str
-    hook: str
-    world_size: int
-    bytes_per_step: float
-    quality: float                 # eval accuracy (higher is better) or final loss (lower)
-    quality_std: float
-    on_front: bool = False
-    chunk_size: int | None = None
-
-
-def tradeoff_data(sweep: Sweep) -> tuple[str, dict[int, list[TradeoffPoint]]]:
-    """(quality metric name, per world size the points of tradeoff.png with the Pareto front
-    marked). Quality is final eval accuracy, or final loss when no trial logged accuracy.
-    World size 1 is left out when larger ones exist: it sends nothing."""
-    rows = summary_rows(sweep)
-    metric = ("final_eval_accuracy" if any(r.stats["final_eval_accuracy"][2] for r in rows)
-              else "final_loss")
-    points: dict[int, list[TradeoffPoint]] = defaultdict(list)
-    for row in rows:
-        bytes_mean, _, n_bytes = row.stats["comm_bytes_per_step"]
-        quality, quality_std, n_quality = row.stats[metric]
-        if n_bytes and n_quality:
-            points[row.world_size].append(TradeoffPoint(
-                with_link(row.config, row.link), row.hook, row.world_size, bytes_mean, quality, quality_std,
-                chunk_size=row.chunk_size))
-    if any(w > 1 for w in points):
-        points.pop(1, None)
-    better = (lambda a, b: a >= b) if metric == "final_eval_accuracy" else (lambda a, b: a <= b)
-    for group in points.values():
-        for p in group:
-            p.on_front = not any(
-                q is not p and q.bytes_per_step <= p.bytes_per_step and better(q.quality, p.quality)
-                and (q.bytes_per_step < p.bytes_per_step or q.quality != p.quality)
-                for q in group)
-    return metric, dict(sorted(points.items()))
-
-
 # --------------------------------------------------------------------------------------------
 # Which configuration to use (the rule: service/report/recommend.py)
 # --------------------------------------------------------------------------------------------
@@ -384,9 +346,9 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
                   for t in ok if t.time_to_target is not None and t.time_to_target.seconds is not None},
         step_ratio=_finite_by_seed(ok, "step_ratio_vs_baseline"),
         step_ratio_iqr=_finite_by_seed(ok, "step_ratio_vs_baseline_iqr"),
-        load_avg=_mean_std([t.metric("load_avg_1m") for t in ok])[0],
-        samples_per_s=_mean_std([t.metric("samples_per_s") for t in ok])[0],
-        bytes_per_step=_mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
+        load_avg=mean_std([t.metric("load_avg_1m") for t in ok])[0],
+        samples_per_s=mean_std([t.metric("samples_per_s") for t in ok])[0],
+        bytes_per_step=mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
     )
 
 

@@ -8,7 +8,7 @@ margin over the runner-up is inside that pair's measured ratio error and its tri
 candidates instead: a colour there would be the noise's pick, and flip from cell to cell
 (:func:`paint`). The measured
 cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
-of ``report.cluster`` starred.
+of ``report.cluster`` starred (in the top of its cell, above the cell's label).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from service.step_model.pairs import PairBands
 IMAGE = "decision_map.png"
 MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
 FIRST_MAP_W = 2
+# The cluster's star sits in the upper part of its cell and the cell's label (a close call's two
+# names) moves to the lower part: on the centre, the star hid the label. A cell is 1 unit high.
+STAR_DY, LABEL_DY = 0.27, 0.15
 
 
 def map_world_sizes(global_batch: int) -> list[int]:
@@ -91,16 +94,17 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
         face = colour[p.colour_of] if p.colour_of is not None else ("0.88" if p.hatched else "white")
         ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
                                hatch="///" if p.hatched else None, lw=0.5))
-        if p.names:
-            ax.text(x, y, " | ".join(key[c] for c in p.names), ha="center", va="center", fontsize=8,
-                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+        if p.names:  # in the cluster's cell, below its star (:data:`STAR_DY`), which would hide it
+            ax.text(x, y - (LABEL_DY if (w, g) == cluster else 0.0), " | ".join(key[c] for c in p.names),
+                    ha="center", va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
     for w, g in measured:
         if w in sizes:
             y = links.index(g) if g in links else len(links) - 0.5
             ax.plot(sizes.index(w), y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2,
                     clip_on=False)  # loopback: on the top edge, drawn whole
     if cluster is not None and cluster[0] in sizes and cluster[1] in links:
-        ax.plot(sizes.index(cluster[0]), links.index(cluster[1]), marker="*", color="black", ms=16)
+        ax.plot(sizes.index(cluster[0]), links.index(cluster[1]) + STAR_DY, marker="*", color="black", ms=11,
+                mec="white", mew=0.6)
     ax.set_xlim(-0.5, len(sizes) - 0.5)
     ax.set_ylim(-0.5, len(links) - 0.5)
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])

@@ -172,8 +172,10 @@ def hook_entry(a: PlanAnswer) -> str:
     return flow(plan_entry(a))
 
 
-def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster") -> list[str]:
-    """The section's lines for summary.md (nothing without a cell: report.cluster or search.plan's)."""
+def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster",
+             cluster_winner: Optional[str] = None) -> list[str]:
+    """The section's lines for summary.md (nothing without a cell: report.cluster or search.plan's);
+    ``cluster_winner``: the configuration the cluster's answer names at this same cell, if any."""
     if a is None:
         return []
     heading = HEADING.format(w=cell.world_size, gbps=cell.link_gbps, source=source) if cell else "A per-bucket plan"
@@ -185,23 +187,45 @@ def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster")
     lines += [f"| {i} | {4 * n / 1e6:.2f} | {c} |" for i, (n, c) in enumerate(zip(a.numels, p.choices))]
     rule = (f"searched: {p.searched}; a bucket leaves the baseline only where it saves more than "
             f"{a.band_pct:.1f} % of the step, the baseline's error spread at this W")
-    same = (f"; {BASELINE_HOOK} everywhere {p.baseline_step_ms:.3g} ms. Every configuration is priced here with "
-            f"{BASELINE_HOOK}'s compute, so only what the hooks change differs (the cluster's answer above prices "
-            "each with its own seeds' compute)")
+    pricing = pricing_sentence(p.choices[0] if p.is_uniform else p.uniform, cluster_winner)
     if p.is_uniform:
+        same = "" if p.choices[0] == BASELINE_HOOK else f"; {BASELINE_HOOK} everywhere {_priced(a, (BASELINE_HOOK,), p.baseline_step_ms)}"
         return lines + ["", f"No per-bucket plan beats a uniform configuration here: {_why_uniform(a)}; "
-                            f"projected step {p.step_ms:.3g} ms{same if p.choices[0] != BASELINE_HOOK else ''} "
-                            f"({rule}).", ""]
+                            f"projected step {_priced(a, p.choices, p.step_ms)}{same} ({rule}). {pricing}", ""]
     mine, theirs = a.time_to_target_s(p.choices, p.step_ms), a.time_to_target_s((p.uniform,), p.uniform_step_ms)
     ttt = ("" if mine is None or theirs is None else
            f" Time to target {mine:.3g} s against {theirs:.3g} s, assuming the plan crosses at the slowest "
            "crossing step of the configurations it mixes (a trial of it measures its own).")
     lines += ["", f"Projected step {p.step_ms:.3g} ms against {p.uniform_step_ms:.3g} ms for {p.uniform} "
-                  f"everywhere: {p.gain_pct:+.1f} % shorter{same} ({rule}).{ttt}", ""]
+                  f"everywhere: {p.gain_pct:+.1f} % shorter; {BASELINE_HOOK} everywhere {p.baseline_step_ms:.3g} ms "
+                  f"({rule}).{ttt} {pricing}", ""]
     if a.trained is None:
         return lines + ["Designed from the timelines, not yet trained. To prove it by a trial, add to "
                         f"search.hooks: `{hook_entry(a)}` (or set search.plan to train it in a last round).", ""]
     return lines + [_trained_text(a, cell), ""]
+
+
+def _priced(a: PlanAnswer, choices: tuple[str, ...], step_ms: float) -> str:
+    """'59 ms, time to target 5.9 s' (the step alone where a configuration it runs never crossed)."""
+    seconds = a.time_to_target_s(choices, step_ms) if a.crossings else None
+    return f"{step_ms:.3g} ms" + ("" if seconds is None else f", time to target {seconds:.3g} s")
+
+
+def pricing_sentence(pick: str, cluster_winner: Optional[str]) -> str:
+    """The one sentence that says why this section's figures are not the cluster's answer's, and
+    whether the two name the same configuration: a plan mixes buckets on one backward pass, so
+    it prices every configuration with the baseline's compute and by its step; the cluster's
+    answer (the headline's, the projection table's, the map's) prices each with its own trials'
+    compute, what the error bands were measured on, and ranks by time to target."""
+    how = (f"a plan mixes buckets on one backward pass, so here every configuration is priced with "
+           f"{BASELINE_HOOK}'s compute and compared by its step, where the projection prices each with its own "
+           "trials' compute (the backward as its hook slowed it on this machine, what its error band was "
+           "measured on) and ranks by time to target")
+    if cluster_winner is None:
+        return f"Why these figures are not the projection table's: {how}."
+    if cluster_winner == pick:
+        return f"Why these figures are not those of the cluster's answer above, which names {pick} too: {how}."
+    return f"The cluster's answer above names {cluster_winner}, this section {pick}: {how}."
 
 
 def _trained_text(a: PlanAnswer, cell) -> str:

@@ -193,7 +193,8 @@ _FILLS = ["full", "none", "left", "bottom", "right", "top"]  # by chunk size, sa
 
 
 def plot_tradeoff(points: dict, quality_metric: str, path: Path, title: str = "") -> Path:
-    """points: {world_size: [TradeoffPoint]} from service.report.tradeoff_data.
+    """points: {world_size: [TradeoffPoint]} from service.report.tradeoff_data (each point over the
+    seeds every configuration at its world size ran: service/report/tradeoff.py).
 
     Each configuration is named once, in a legend beside the panels (its hook's colour and
     marker, its chunk size's fill), never by labels next to its point: those overlapped into

@@ -28,6 +28,7 @@ class Projected:
     plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
     plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
     compiled_note: str = ""                                    # COMPILED_NOTE where some trial compiled
+    cluster_winner: Optional[str] = None                       # what the cluster's answer names, at plan_at's cell
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -42,7 +43,7 @@ class Projected:
         lines += transport_table.markdown(self.transport, self.transport_failure)
         if self.cluster:
             lines += [self.cluster, ""]
-        lines += plan_section.markdown(self.plan, *self.plan_at)
+        lines += plan_section.markdown(self.plan, *self.plan_at, cluster_winner=self.cluster_winner)
         return "\n".join(lines)
 
 
@@ -70,11 +71,15 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     at_cluster = cluster_transport(report_cfg.cluster, transport)
-    out.cluster = projection.cluster_answer(bases, report_cfg.cluster, transport=at_cluster)
+    answered, refused = projection.cluster_cell(bases, report_cfg.cluster, transport=at_cluster)
+    out.cluster = projection.cluster_text(report_cfg.cluster, answered, refused)
     if out.cluster:
         out.cluster += " " + priced_on(transport, at_cluster, report_cfg.cluster)
     cell = out.plan_at[0]
-    out.plan = plan_section.answer(bases, cell, at_cluster if cell == report_cfg.cluster else transport,
+    at_the_cluster = _same_cell(cell, report_cfg.cluster)
+    if answered is not None and answered.winner is not None and at_the_cluster:
+        out.cluster_winner = answered.winner.config   # the plan section names it beside its own pick
+    out.plan = plan_section.answer(bases, cell, at_cluster if at_the_cluster else transport,
                                    measured=None if cell is None else plan_section.measured_steps(sweep.trials, cell))
     grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=at_cluster)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
@@ -114,3 +119,9 @@ def priced_on(sweeps: Optional[TransportFit], at_cluster: Optional[TransportFit]
     own = "" if cluster is not None and cluster.transport else (
         "; without a probe of your cluster (report.cluster.transport, python -m service.probe) this machine's stands in")
     return f"Priced with compute from {compute}, a core per rank; {source}{own}."
+
+
+def _same_cell(a, b) -> bool:
+    """Two cells (report.cluster's, search.plan's) at the same W, link and latency."""
+    key = lambda c: None if c is None else (c.world_size, c.link_gbps, c.latency_ms)  # noqa: E731
+    return a is not None and key(a) == key(b)

@@ -50,6 +50,7 @@ from typing import Callable, Iterable, Optional
 from service.report.recommend import BASELINE_HOOK
 from service.report.sequential import Verdict
 from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
+from service.step_model.bands import band_text as one_band
 from service.step_model.pairs import Configured, Contender, PairBands, RatioBand, decide, pair_bands
 from service.step_model.price import CellRefused
 from service.step_model.transport import TransportFit
@@ -368,10 +369,17 @@ def _verdict_at(basis: Basis, world_size: int) -> str:
 
 
 def band_text(cells: list[CellProjection]) -> str:
-    """One configuration's error bands over its cells: '-8 to +5 % (beyond the checked W = 2)', each distinct once."""
-    texts = [f"{p.band.text()} ({p.band.where()})" if p.band.where() else p.band.text()
-             for p in cells if p.band is not None]
-    return "; ".join(dict.fromkeys(texts)) or "unmeasured"
+    """One configuration's error band over its cells, each band once with where it was checked and
+    the cells that use it beyond: '-18 % (checked at W = 8, used beyond it at W = 16, 32)'; a
+    second band only where cells nearer another checked W take that one's."""
+    beyond_at: dict[tuple, list[int]] = {}
+    for p in cells:
+        if p.band is not None:
+            at = beyond_at.setdefault((p.band.low_pct, p.band.high_pct, p.band.checked_w), [])
+            if p.band.beyond and p.world_size not in at:
+                at.append(p.world_size)
+    return "; ".join(one_band(lo, hi, w, beyond_at=tuple(sorted(ws)))
+                     for (lo, hi, w), ws in beyond_at.items()) or "unmeasured"
 
 
 def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
@@ -388,27 +396,45 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
             "the widest band measured. docs/results.md says how to read it.")
 
 
+def cluster_cell(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
+                 transport: Optional[TransportFit] = None,
+                 pairs: Optional[PairBands] = None) -> tuple[Optional[CellWinner], str]:
+    """``report.cluster``'s cell as the headline answers it: (its :func:`winner`, ''), or (None,
+    why it was not priced); (None, '') without a cluster. The plan section names this winner."""
+    if cluster is None or not bases_:
+        return None, ""
+    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
+    refused = next((p.refused for p in at if p.refused), "")
+    return (None, refused) if refused else (winner(at, pairs), "")
+
+
 def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
                    transport: Optional[TransportFit] = None, pairs: Optional[PairBands] = None) -> str:
     """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
-    if cluster is None or not bases_:
+    return cluster_text(cluster, *cluster_cell(bases_, cluster, bands, transport, pairs))
+
+
+def cluster_text(cluster, cell: Optional[CellWinner], refused: str = "") -> str:
+    """:func:`cluster_cell`'s answer as the headline says it."""
+    if cell is None and not refused:
         return ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
     where = (f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s at "
              f"{1000 * cluster.latency_ms:g} µs per message (report.cluster)")
-    refused = next((p.refused for p in at if p.refused), "")
     if refused:
         return f"{where}: not priced: {refused}."
-    cell = winner(at, pairs)
+    return _cluster_text(where, cell)
+
+
+def _cluster_text(where: str, cell: CellWinner) -> str:
     if cell.winner is None:
         return f"{where}: no configuration that matched the baseline's quality reached the target."
     w = cell.winner
-    band = "unmeasured" if w.band is None else " ".join(x for x in (w.band.text(), w.band.where() and f"({w.band.where()})") if x)
+    band = "unmeasured" if w.band is None else w.band.described()
     text = f"{where}: {w.config}, {cell_text(w)} to the target, error band {band}"
     if cell.runner_up is not None:
         r = cell.runner_up
         text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
         if cell.band is not None:
             text += (f" ({'too close to call' if cell.too_close else 'decided'}: the pair's ratio error "
-                     f"{cell.band.text()}, {'measured' if cell.band.measured else 'not measured'}, and the seeds' spread)")
+                     f"{cell.band.described()}, {'measured' if cell.band.measured else 'not measured'}, and the seeds' spread)")
     return text + f"; quality from W={w.quality.world_size}."

@@ -280,8 +280,9 @@ _CAPTIONS = {
                    "and stopped there, + = trial failed there.",
     "throughput": "Samples per second against world size, one line per configuration "
                   "(trials that ended ok; bars = ±std over seeds).",
-    "tradeoff": "{quality} against bytes per step on the wire (per rank). The line joins the Pareto "
-                "front: the configurations worth choosing; everything else is beaten on "
+    "tradeoff": "{quality} against bytes per step on the wire (per rank), each point the mean over the seeds "
+                "every configuration at its world size ran (as the tables' gaps pair them). The line joins the "
+                "Pareto front: the configurations worth choosing; everything else is beaten on "
                 "both axes by one of them.",
     "decision_map": "Projected: the configuration that reaches the target eval loss soonest among those "
                     "whose quality matched allreduce's, per world size (global batch kept) and link speed; "
@@ -331,6 +332,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         transport_missing=transport_table.not_measured(scale.transport_failure),
-        plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at)),
+        plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at,
+                                                             cluster_winner=scale.cluster_winner)),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
         generated=f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}")

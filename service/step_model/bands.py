@@ -7,6 +7,7 @@ reads it from).
 A cell at world size W takes the band measured for its hook with its error-feedback setting at
 the checked W nearest to W (in log2: the world size doubles from cell to cell); above the
 largest checked W it says so (``ErrorBand.beyond``): nothing measured says the error stays there.
+Every band the report prints, absolute or of a ratio, is printed by :func:`band_text`.
 """
 
 from __future__ import annotations
@@ -42,9 +43,30 @@ def label(hook: str, error_feedback: Optional[bool]) -> str:
 
 
 def pct_range(low: float, high: float) -> str:
-    """'-8 to +5 %'; with a decimal where whole numbers would read as one ('-17.9 to -17.8 %')."""
-    digits = 0 if round(low) != round(high) else 1
-    return f"{low:+.{digits}f} to {high:+.{digits}f} %"
+    """'-8 to +5 %'; one value where the two round to the same whole percent ('-18 %' for -17.9
+    to -17.8: a band of two cells that agree, and a step is not projected closer than a percent)."""
+    if round(low) == round(high):
+        return f"{round(low):+d} %"
+    return f"{round(low):+d} to {round(high):+d} %"
+
+
+def where_checked(checked_w: Optional[int], beyond: bool = False, beyond_at: tuple[int, ...] = ()) -> str:
+    """Where a band was checked: 'checked at W = 8', 'checked at W = 8, used beyond it' (at W =
+    16, 32: the cells above it that use it, where known); empty when the W is not known."""
+    if checked_w is None:
+        return ""
+    text = f"checked at W = {checked_w}"
+    if beyond_at:
+        return text + f", used beyond it at W = {', '.join(str(w) for w in beyond_at)}"
+    return text + (", used beyond it" if beyond else "")
+
+
+def band_text(low: float, high: float, checked_w: Optional[int] = None, beyond: bool = False,
+              beyond_at: tuple[int, ...] = ()) -> str:
+    """The one way the report prints a band: its range and where it was checked, '-8 to +5 %
+    (checked at W = 2)', '-18 % (checked at W = 8, used beyond it at W = 16, 32)'."""
+    where = where_checked(checked_w, beyond, beyond_at)
+    return f"{pct_range(low, high)} ({where})" if where else pct_range(low, high)
 
 
 def nearest_checked(checked: list[int], world_size: int) -> int:
@@ -68,10 +90,12 @@ class ErrorBand:
         return pct_range(self.low_pct, self.high_pct)
 
     def where(self) -> str:
-        """'checked at W = 2', 'beyond the checked W = 8' (empty when the W is not known)."""
-        if self.checked_w is None:
-            return ""
-        return f"beyond the checked W = {self.checked_w}" if self.beyond else f"checked at W = {self.checked_w}"
+        """'checked at W = 2', 'checked at W = 8, used beyond it' (empty when the W is not known)."""
+        return where_checked(self.checked_w, self.beyond)
+
+    def described(self) -> str:
+        """'-7 to +4 % (checked at W = 8, used beyond it)': :func:`band_text`."""
+        return band_text(self.low_pct, self.high_pct, self.checked_w, self.beyond)
 
     def measured_range(self, projected: float) -> tuple[float, float]:
         """The measured values a projection of ``projected`` stands for: (best, worst)."""

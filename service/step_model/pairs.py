@@ -33,7 +33,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional
 
-from service.step_model.bands import ErrorBand, label, nearest_checked, pct_range
+from service.step_model.bands import ErrorBand, band_text, label, nearest_checked, pct_range, where_checked
 
 PAIR_FILE = Path(__file__).with_name("projection_pairs.json")
 FORMAT = 1
@@ -77,9 +77,10 @@ class RatioBand:
         return pct_range(self.low_pct, self.high_pct)
 
     def where(self) -> str:
-        if self.checked_w is None:
-            return ""
-        return f"checked at W = {self.checked_w}" + (", used beyond it" if self.beyond else "")
+        return where_checked(self.checked_w, self.beyond)
+
+    def described(self) -> str:
+        return band_text(self.low_pct, self.high_pct, self.checked_w, self.beyond)
 
 
 def _over(x: float, y: float) -> float:
