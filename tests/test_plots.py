@@ -178,3 +178,61 @@ def test_the_cluster_star_leaves_its_cells_label_readable(tmp_path: Path, monkey
         (cx, cy, half), box)
     # and the star stays inside its own cell
     assert x - 0.5 < sx < x + 0.5 and y - 0.5 < sy < y + 0.5
+
+
+def test_the_decision_maps_footnote_clears_the_axis_label(tmp_path: Path, monkeypatch):
+    """The footnote (quality, latency, where the transport was probed: two lines) sits under the
+    x axis' label, not on it."""
+    from types import SimpleNamespace
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from service.report import decision_map
+    from service.report.projection import CellWinner
+
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    a = SimpleNamespace(config="allreduce")
+    cells = {(w, g): CellWinner(w, g, a, None, False) for w in (2, 4, 8) for g in decision_map.MAP_LINKS_GBPS}
+    decision_map.plot(cells, [], tmp_path / "map.png",
+                      quality_from="quality: W=2 their own trials' ...\ntransport: the sweep's own probe, W = 2 on loopback")
+    fig = figures[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    label = fig.axes[0].xaxis.label.get_window_extent(renderer)
+    ticks = [t.get_window_extent(renderer) for t in fig.axes[0].get_xticklabels()]
+    (note,) = [t for t in fig.texts if t.get_text().startswith("quality:")]
+    box = note.get_window_extent(renderer)
+    assert box.y1 < min([label.y0] + [t.y0 for t in ticks]), (box, label)
+
+
+def test_a_measured_cells_circle_leaves_its_label_readable(tmp_path: Path, monkeypatch):
+    """The circle marking a cell measured on an emulated link sat on the cell's centre, over a
+    close call's names."""
+    from types import SimpleNamespace
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from service.report import decision_map
+    from service.report.projection import CellWinner
+
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    a, b = SimpleNamespace(config="allreduce"), SimpleNamespace(config="bf16_compress")
+    links = list(decision_map.MAP_LINKS_GBPS)
+    cells = {(w, g): CellWinner(w, g, a, b, True) for w in (2, 4, 8) for g in links}
+    decision_map.plot(cells, [(4, 1.0)], tmp_path / "map.png")
+    fig = figures[0]
+    ax = fig.axes[0]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    x, y = 1, links.index(1.0)
+    (circle,) = [line for line in ax.lines if line.get_marker() == "o"]
+    cx, cy = ax.transData.transform((circle.get_xdata()[0], circle.get_ydata()[0]))
+    half = circle.get_markersize() * fig.dpi / 72 / 2
+    label = next(t for t in ax.texts if abs(t.get_position()[0] - x) < 0.01 and abs(t.get_position()[1] - y) < 0.5)
+    box = label.get_bbox_patch().get_window_extent(renderer)
+    assert not (cx + half > box.x0 and cx - half < box.x1 and cy + half > box.y0 and cy - half < box.y1), ((cx, cy), box)
+    assert x - 0.5 < circle.get_xdata()[0] < x + 0.5  # in its own cell

@@ -27,6 +27,7 @@ FIRST_MAP_W = 2
 # The cluster's star sits in the upper part of its cell and the cell's label (a close call's two
 # names) moves to the lower part: on the centre, the star hid the label. A cell is 1 unit high.
 STAR_DY, LABEL_DY = 0.27, 0.15
+MEASURED_DX = 0.34  # a measured cell's circle, left of the centre: a close call's names sit there
 
 
 def map_world_sizes(global_batch: int) -> list[int]:
@@ -100,8 +101,10 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     for w, g in measured:
         if w in sizes:
             y = links.index(g) if g in links else len(links) - 0.5
-            ax.plot(sizes.index(w), y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2,
-                    clip_on=False)  # loopback: on the top edge, drawn whole
+            # loopback: on the top edge, drawn whole; a link's circle left of the centre, where a
+            # close call's names are
+            x = sizes.index(w) - (MEASURED_DX if g in links else 0.0)
+            ax.plot(x, y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2, clip_on=False)
     if cluster is not None and cluster[0] in sizes and cluster[1] in links:
         ax.plot(sizes.index(cluster[0]), links.index(cluster[1]) + STAR_DY, marker="*", color="black", ms=11,
                 mec="white", mew=0.6)
@@ -121,7 +124,9 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     heading = "fastest to target at matching quality (projected)"
     ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11, pad=14)  # room for the loopback marks
+    # the footnote's lines get room of their own below the axis' label (tight_layout ignores fig.text)
+    lines = quality_from.count("\n") + 1 if quality_from else 0
     if quality_from:
         fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.01 + lines * 12 / 72 / fig.get_figheight(), 1, 1))
     return plots._save(fig, Path(path))
