@@ -122,7 +122,7 @@ def test_joined_moves_this_process_in_and_back():
             assert host_cpu.own_cgroup(h) == cgroup
             quota = f"{cgroup}/cpu.cfs_quota_us" if h.version == 1 else f"{cgroup}/cpu.max"
             with open(quota) as f:
-                assert f.read().split()[0] == "50000"  # half of each 100 ms period
+                assert int(f.read().split()[0]) == host_cpu.PERIOD_US // 2  # half of each period
         assert host_cpu.own_cgroup(h) == home
     assert not os.path.exists(cgroup)
 

@@ -6,9 +6,9 @@ their gloo threads: W = 8 on 2 cores is not a cluster of 8 hosts (docs/performan
 each host ``chs-{owner pid}-{token}-h{i}`` (the name of its network namespace, from
 service/network/names.py) also gets a CPU cgroup of that name:
 
-* cgroup v1's ``cpu`` controller where it is mounted (``cpu.cfs_quota_us`` over a 100 ms
-  ``cpu.cfs_period_us``), else cgroup v2's ``cpu.max`` where the unified hierarchy has the cpu
-  controller;
+* cgroup v1's ``cpu`` controller where it is mounted (``cpu.cfs_quota_us`` over a 10 ms
+  ``cpu.cfs_period_us``: PERIOD_US says why not 100), else cgroup v2's ``cpu.max`` where the
+  unified hierarchy has the cpu controller;
 * made inside the cgroup of the process that creates it (the sweep's trial process, in the
   driver's cgroup), so a container's or a slice's own limit still holds over every host (v2 lets a
   cgroup with processes of its own have none with the cpu controller: there the preflight says so);
@@ -34,8 +34,13 @@ from typing import Callable, Iterator
 
 from service.network.names import host_name, owner_of, pid_alive
 
-PERIOD_US = 100_000  # CFS's default period; a quota is a fraction of it
-MIN_CPUS = 0.01  # 1 ms per period: the kernel's smallest quota
+# The quota's period: 10 ms, not CFS's default 100 ms. A host's quota is spent in bursts at full
+# core speed, then throttled to the period's end; after an idle wait (a collective on the wire)
+# a compute block starts with a whole period's quota in hand, so with 100 ms periods a 150 ms-CPU
+# block ran at 0.21-0.22 cores on hosts of 0.2, and shorter blocks faster still; with 10 ms it
+# runs at 0.195-0.198 (bench/host_cpus.py, docs/performance.md "Hosts that own their CPU").
+PERIOD_US = 10_000
+MIN_CPUS = 0.1  # 1 ms per period: the kernel's smallest quota
 # Cores left outside every host: Ray's own processes (raylet, GCS, the trial's controller and
 # actors) and the links' softirq; measured in docs/performance.md ("Hosts that own their CPU").
 HEADROOM_CORES = 0.4
