@@ -369,7 +369,7 @@ def _wait_for(proc: subprocess.Popen, log: Path, predicate, timeout: float = 600
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_path):
-    """One sweep of two trials on a 1 Gbit/s link, on hosts of 0.5 cores each (network.host_cpus):
+    """One sweep of two trials on a 1 Gbit/s link, on hosts of 0.8 cores each (network.host_cpus):
     a killed sweep's leftover hosts are removed at its start; the first trial logs its link
     (params, measured rate, the bytes tc counted) and its hosts' share; SIGINT while the second
     trains ends the sweep (130) and removes that trial's hosts, their CPU cgroups too."""
@@ -379,7 +379,7 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     assert leftover
     config = tmp_path / "two.yaml"
     config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 40").replace("seed: [0]", "seed: [0, 1]")
-                      .replace("link_gbps: 1\n", "link_gbps: 1\n  host_cpus: 0.5\n"))
+                      .replace("link_gbps: 1\n", "link_gbps: 1\n  host_cpus: 0.8\n"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     log = tmp_path / "out.txt"
     with open(log, "w") as out_file:
@@ -406,7 +406,7 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
     assert not [name for name, owner in netem.list_links() if owner == proc.pid]
     assert not [p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]
-    assert "left by a killed sweep" in out and "each emulated host owns 0.5 cores" in out
+    assert "left by a killed sweep" in out and "each emulated host owns 0.8 cores" in out
     assert not [n for n in netem.list_namespaces() if f"-{pid}-" in n]
     assert "network: link 1 Gbit/s" in out and "measured" in out
 
@@ -420,7 +420,7 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     # every step's gradients left both hosts through their 1 Gbit/s tbf: tc counted at least
     # the hook's own wire bytes of every step on each of the 2 hosts
     assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"]
-    assert m["host_cpus"] == 0.5  # the share its hosts had
+    assert m["host_cpus"] == 0.8  # the share its hosts had
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
     assert runs["allreduce-w2-s1-1gbps"].info.status == "KILLED"
     assert _ours() == ([], [])
