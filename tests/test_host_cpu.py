@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,22 @@ def test_preflight_refuses_a_share_that_does_not_fit_in_one_line():
     assert "\n" not in text and "network.host_cpus" in text and "at most" in text
     assert host_cpu.preflight("auto", 2) == host_cpu.auto_share(2, cores)
     assert not [p for p in host_cpu.list_cgroups() if f"-{os.getpid()}-" in p]  # the probe is gone
+
+
+@real
+def test_a_sweep_whose_hosts_do_not_fit_refuses_in_one_line_before_anything(tmp_path):
+    """host_cpus x the largest W over the machine's cores less the headroom: exit 2, one line,
+    before the links are measured, MLflow or Ray."""
+    cores = host_cpu.machine_cores(host_cpu.hierarchy())
+    config = tmp_path / "c.yaml"
+    sweep = (Path(__file__).parent / "network_sweep.yaml").read_text()
+    config.write_text(sweep.replace("link_gbps: 1\n", f"link_gbps: 1\n  host_cpus: {cores:g}\n"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+    assert lines[0].startswith("error: network.host_cpus") and "at most" in lines[0], lines
+    assert "Traceback" not in proc.stdout + proc.stderr and "network: link" not in proc.stdout
+    assert not (tmp_path / "mlflow.db").exists()

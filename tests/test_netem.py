@@ -121,6 +121,8 @@ def test_two_links_train_quality_once_and_time_each_link(tmp_path):
     ("network:\n  link_gbps: 1\n  latency: 1\n", "network.latency: unknown key (did you mean 'latency_ms'?)"),
     ("network:\n  link_gbps: 1\n  latency_ms: -1\n", "network.latency_ms"),
     ("network:\n  latency_ms: 1\n", "network.link_gbps: missing"),
+    ("network:\n  link_gbps: 1\n  host_cpus: 0.05\n", "network.host_cpus: 0.05 is not allowed; a host has 0.1"),
+    ("network:\n  link_gbps: 1\n  host_cpus: all\n", "network.host_cpus: 'all' is not allowed; cores per host"),
 ])
 def test_bad_network_section_is_one_line(tmp_path, network, expected):
     from service.config import ConfigError
