@@ -79,6 +79,22 @@ def test_the_hierarchy_is_v1_cpu_where_mounted_else_v2(tmp_path):
     assert host_cpu.hierarchy(str(mounts)) is None
 
 
+def test_the_report_names_the_hosts_share_beside_the_link_in_a_tag_safe_label():
+    import re
+    from types import SimpleNamespace
+
+    from service.report.data import Trial, link_order
+    from service.report.recommend import tag_safe
+
+    def link(gbps, metrics):
+        return Trial(record=SimpleNamespace(link_gbps=gbps, metrics=metrics)).link
+
+    assert link(1.0, {"host_cpus": 0.8}) == "1 Gbit/s at 0.8 cores/host"
+    assert link(2.5, {}) == "2.5 Gbit/s" and link(None, {"host_cpus": 0.8}) == "loopback"
+    assert link_order(link(1.0, {"host_cpus": 0.8})) == 1.0
+    assert re.fullmatch(r"[/\w.\- ]+", tag_safe(link(1.0, {"host_cpus": 0.8})))  # MLflow's tag names
+
+
 # ----------------------------------------------------------------------------- for real (root)
 
 real = pytest.mark.skipif(os.geteuid() != 0 or host_cpu.hierarchy() is None,
