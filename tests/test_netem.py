@@ -9,7 +9,8 @@ real gloo groups whose sockets live in the namespaces, real sweeps (local Ray, S
 * leftovers of a SIGKILLed owner are removed (by ``remove_leftovers`` and by the next sweep);
 * without CAP_NET_ADMIN/CAP_SYS_ADMIN (``setpriv`` drops them) or without ``tc``, the sweep
   refuses in one line, exit 2, before MLflow or Ray, leaving nothing behind;
-* one real sweep trial on a 1 Gbit/s link logs its link (params, measured rate, bytes sent);
+* one real sweep trial on a 1 Gbit/s link logs its link (params, measured rate, bytes sent), its
+  ranks inside their hosts' CPU cgroups (network.host_cpus), the hosts' share on its run;
 * an interrupted sweep removes its trials' hosts;
 * the last test: ``ip netns list`` / ``ip link`` / ``iptables -S FORWARD`` show nothing of ours.
 
@@ -31,7 +32,7 @@ import pytest
 
 from service.network import link_measure
 
-from service.network import netem
+from service.network import host_cpu, names, netem
 from service.sweep.processes import Proc
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -120,6 +121,8 @@ def test_two_links_train_quality_once_and_time_each_link(tmp_path):
     ("network:\n  link_gbps: 1\n  latency: 1\n", "network.latency: unknown key (did you mean 'latency_ms'?)"),
     ("network:\n  link_gbps: 1\n  latency_ms: -1\n", "network.latency_ms"),
     ("network:\n  latency_ms: 1\n", "network.link_gbps: missing"),
+    ("network:\n  link_gbps: 1\n  host_cpus: 0.05\n", "network.host_cpus: 0.05 is not allowed; a host has 0.1"),
+    ("network:\n  link_gbps: 1\n  host_cpus: all\n", "network.host_cpus: 'all' is not allowed; cores per host"),
 ])
 def test_bad_network_section_is_one_line(tmp_path, network, expected):
     from service.config import ConfigError
@@ -368,15 +371,17 @@ def _wait_for(proc: subprocess.Popen, log: Path, predicate, timeout: float = 600
 @pytest.mark.ray
 @pytest.mark.timeout(900)
 def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_path):
-    """One sweep of two trials on a 1 Gbit/s link: a killed sweep's leftover hosts are removed
-    at its start; the first trial logs its link (params, measured rate, the bytes tc counted);
-    SIGINT while the second trains ends the sweep (130) and removes that trial's hosts."""
+    """One sweep of two trials on a 1 Gbit/s link, on hosts of 0.8 cores each (network.host_cpus):
+    a killed sweep's leftover hosts are removed at its start; the first trial logs its link
+    (params, measured rate, the bytes tc counted) and its hosts' share; SIGINT while the second
+    trains ends the sweep (130) and removes that trial's hosts, their CPU cgroups too."""
     from mlflow.tracking import MlflowClient
 
     pid, leftover = _start_owner_and_kill(1)  # a killed sweep's hosts: the next start removes them
     assert leftover
     config = tmp_path / "two.yaml"
-    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 40").replace("seed: [0]", "seed: [0, 1]"))
+    config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 40").replace("seed: [0]", "seed: [0, 1]")
+                      .replace("link_gbps: 1\n", "link_gbps: 1\n  host_cpus: 0.8\n"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     log = tmp_path / "out.txt"
     with open(log, "w") as out_file:
@@ -388,6 +393,10 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
         out = _wait_for(proc, log, lambda text: any("-s1-1gbps: step " in ln for ln in text.splitlines()))
         mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
         assert len(mine) == 2, (mine, out)
+        cgroups = [p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]
+        assert sorted(os.path.basename(p) for p in cgroups) == sorted(mine)
+        for cgroup in cgroups:  # each rank's process trains inside its host's share
+            assert len(Path(cgroup, "cgroup.procs").read_text().split()) == 1, cgroup
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
     finally:
@@ -398,7 +407,8 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     assert proc.returncode == 130, out
     assert not [n for n in netem.list_namespaces() if f"-{proc.pid}-" in n]
     assert not [name for name, owner in netem.list_links() if owner == proc.pid]
-    assert "left by a killed sweep" in out
+    assert not [p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]
+    assert "left by a killed sweep" in out and "each emulated host owns 0.8 cores" in out
     assert not [n for n in netem.list_namespaces() if f"-{pid}-" in n]
     assert "network: link 1 Gbit/s" in out and "measured" in out
 
@@ -412,6 +422,7 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     # every step's gradients left both hosts through their 1 Gbit/s tbf: tc counted at least
     # the hook's own wire bytes of every step on each of the 2 hosts
     assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"]
+    assert m["host_cpus"] == 0.8  # the share its hosts had
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
     assert runs["allreduce-w2-s1-1gbps"].info.status == "KILLED"
     assert _ours() == ([], [])
@@ -522,6 +533,7 @@ def test_zz_nothing_of_ours_is_left_on_the_machine():
     assert ns == [] and links == []
     rules = [rule for rule, pid in netem.list_rules() if _mine(pid)]
     assert rules == []  # the FORWARD rules of networks where the firewall sees bridged frames
+    assert not [p for p in host_cpu.list_cgroups() if _mine(names.owner_of(os.path.basename(p)))]
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for owner in _OWNERS - {None}:
         if _mine(owner.pid):  # (a pid now another test's: its hosts are not ours)

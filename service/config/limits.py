@@ -21,6 +21,9 @@ MAX_BUCKET_CAP_MB = 1024.0
 MAX_YAML_NODES = 100_000
 MAX_LINK_GBPS = 400.0
 MAX_LATENCY_MS = 1000.0
+# network.host_cpus: the kernel's smallest CFS quota is 1 ms, per a host's 10 ms period
+# (service/network/host_cpu.py)
+MIN_HOST_CPUS, MAX_HOST_CPUS = 0.1, 1024.0
 # Defaults read beyond the schema: one home each.
 DEFAULT_TARGET_TOLERANCE = 0.01  # report.target_tolerance, and the report's own default
 DEFAULT_FLUSH_SECONDS = 5.0  # tracking.flush_seconds, and MetricLogger's own default

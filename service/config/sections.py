@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from service.config.errors import FieldProblem
 from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_PROJECTED_LATENCY_MS, DEFAULT_TARGET_TOLERANCE,
-                                   MAX_LATENCY_MS, MAX_LINK_GBPS,
+                                   MAX_HOST_CPUS, MAX_LATENCY_MS, MAX_LINK_GBPS, MIN_HOST_CPUS,
                                    MAX_PROJECTED_WORLD_SIZE, MAX_STEPS, MAX_WORLD_SIZE)
 from service.text import short_value
 
@@ -212,8 +212,26 @@ class NetworkConfig(BaseModel):
                               description="with several links: each link's timing run trains this many steps (the "
                                           "quality run, once per configuration, world size and seed, trains them all "
                                           "on loopback); used when it trains fewer steps than a full run per link")
+    # opt-in: without it the ranks share the machine's cores as before; on by default it would
+    # slow every W = 2 network sweep to a share below a core and refuse machines whose cgroups are
+    # read-only (most unprivileged containers), which today run network: sweeps
+    host_cpus: Union[float, Literal["auto"], None] = Field(
+        None, description="cores per emulated host (a CPU cgroup quota on each rank's process): 'auto' = what the "
+                          "machine gives every host of the sweep's largest world size, headroom kept for Ray and the "
+                          "links; unset = the ranks share the machine's cores")
 
     _scalar_allowed = field_validator("link_gbps", mode="before")(scalar_to_list)
+
+    @field_validator("host_cpus", mode="before")
+    @classmethod
+    def _share(cls, cpus):  # before pydantic: one problem, not one per member of the union
+        if cpus is None or cpus == "auto":
+            return cpus
+        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)):
+            raise FieldProblem("", f"{short_value(cpus)} is not allowed; cores per host (a number) or auto")
+        if not MIN_HOST_CPUS <= cpus <= MAX_HOST_CPUS:
+            raise FieldProblem("", f"{cpus:g} is not allowed; a host has {MIN_HOST_CPUS:g} to {MAX_HOST_CPUS:g} cores")
+        return float(cpus)
 
     @field_validator("link_gbps")
     @classmethod

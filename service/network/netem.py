@@ -15,12 +15,14 @@ namespaces; nothing simulated):
 * where the host's firewall sees bridged frames (br_netfilter on: Docker turns it on, and sets
   iptables' FORWARD policy to DROP), an iptables FORWARD rule that accepts the frames between
   the bridge's own ports, commented with the owner, removed with the network.
+* with ``host_cpus``, a CPU cgroup per host, named as its namespace, whose quota is the host's
+  share of the machine's cores (service/network/host_cpu.py; its ranks join it themselves).
 
 Names carry a per-network token and the pid of the process that owns them (in the namespace
-name, as the links' ``ifalias``, as the rule's comment): :func:`remove_leftovers` removes what
-belongs to a process that no longer lives (a sweep killed with SIGKILL), :func:`remove_owned`
-what belongs to a given live process (the sweep driver cleaning up after its trials on an
-interrupt).
+and cgroup names, as the links' ``ifalias``, as the rule's comment: service/network/names.py):
+:func:`remove_leftovers` removes what belongs to a process that no longer lives (a sweep killed
+with SIGKILL), :func:`remove_owned` what belongs to a given live process (the sweep driver
+cleaning up after its trials on an interrupt).
 
 A process joins a host with :func:`entered` (setns(2) on the calling thread only; the thread
 goes back to its own namespace on exit), and :func:`process_group_on_host` creates a gloo
@@ -36,7 +38,6 @@ import contextlib
 import ctypes
 import json
 import os
-import re
 import secrets
 import shlex
 import shutil
@@ -46,7 +47,10 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-PREFIX = "chs"  # commhooks-sweep: every namespace and link of ours starts with it
+from service.network import firewall, host_cpu, names
+from service.network.firewall import BRIDGE_NF, list_rules  # noqa: F401 - netem's interface
+from service.network.names import ALIAS_RE, HOST_RE, PREFIX, pid_alive
+
 IFNAME = "eth0"  # a host's interface, inside its namespace
 SUBNET = "198.18.0"  # 198.18.0.0/15 is reserved for network benchmarks (RFC 2544)
 MAX_HOSTS = 250  # one /24 per network
@@ -57,8 +61,6 @@ MTU = 1500
 
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 CLONE_NEWNET = 0x40000000
-_NS_RE = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]{{6}})-h(\d+)$")
-_ALIAS_RE = re.compile(rf"^{PREFIX} owner=(\d+)$")
 
 
 class NetemError(Exception):
@@ -70,6 +72,7 @@ class Host:
     namespace: str
     ifname: str
     address: str
+    cgroup: str = ""  # its CPU cgroup's directory (service/network/host_cpu.py); "" without network.host_cpus
 
 
 # ----------------------------------------------------------------------------- commands
@@ -81,16 +84,6 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
         err = " ".join((proc.stderr or proc.stdout).split()) or f"exit status {proc.returncode}"
         raise NetemError(f"`{' '.join(args)}` failed: {err}")
     return proc
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, someone else's
-        return True
-    return True
 
 
 def _capabilities() -> int:
@@ -146,15 +139,17 @@ class Network:
     ``with Network(4, link_gbps=1.0) as net: net.hosts[r].namespace ...``: created on entry
     (or by :meth:`create`), removed on exit (or by :meth:`remove`), also when creation fails
     half way. ``owner_pid`` (default: this process) is the process whose death makes the
-    network a leftover for :func:`remove_leftovers`.
+    network a leftover for :func:`remove_leftovers`. ``host_cpus``: each host also gets a CPU
+    cgroup of that many cores, named as its namespace (service/network/host_cpu.py).
     """
 
     def __init__(self, hosts: int, link_gbps: float | None, latency_ms: float = 0.0,
-                 owner_pid: int | None = None):
+                 owner_pid: int | None = None, host_cpus: float | None = None):
         if not 1 <= hosts <= MAX_HOSTS:
             raise NetemError(f"a network has 1 to {MAX_HOSTS} hosts, not {hosts}")
         self.n_hosts, self.link_gbps, self.latency_ms = hosts, link_gbps, float(latency_ms or 0.0)
         self.owner_pid = owner_pid or os.getpid()
+        self.host_cpus = host_cpus
         self.token = ""
         self.hosts: list[Host] = []
         self._created: list[tuple[str, str]] = []  # ("netns" | "link", name), in creation order
@@ -176,14 +171,14 @@ class Network:
             self.token = secrets.token_hex(3)
             if not any(f"-{self.token}-" in ns for ns in existing):
                 break
-        alias = f"{PREFIX} owner={self.owner_pid}"
+        alias = names.alias(self.owner_pid)
         try:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             self._created.append(("link", self.bridge))
             _run("ip", "link", "set", self.bridge, "alias", alias)
             _run("ip", "link", "set", self.bridge, "up")
-            if _firewall_sees_bridges():
-                rule = _accept_rule(self.bridge, alias)
+            if firewall.sees_bridges():
+                rule = firewall.accept_rule(self.bridge, alias)
                 _run("iptables", "-w", "-I", "FORWARD", "1", *rule)
                 self._created.append(("rule", shlex.join(rule)))
             for i in range(self.n_hosts):
@@ -194,7 +189,7 @@ class Network:
         return self
 
     def _add_host(self, i: int, alias: str) -> Host:
-        ns = f"{PREFIX}-{self.owner_pid}-{self.token}-h{i}"
+        ns = names.host_name(self.owner_pid, self.token, i)
         outer = f"{PREFIX}{self.token}v{i}"
         _run("ip", "netns", "add", ns)
         self._created.append(("netns", ns))
@@ -209,7 +204,10 @@ class Network:
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         _run("ip", "-n", ns, "link", "set", IFNAME, "up")
         self._shape(ns)
-        return Host(ns, IFNAME, address)
+        cgroup = host_cpu.create(ns, self.host_cpus) if self.host_cpus else ""
+        if cgroup:
+            self._created.append(("cgroup", cgroup))
+        return Host(ns, IFNAME, address, cgroup)
 
     def reshape(self, link_gbps: float | None, latency_ms: float | None = None) -> None:
         """Change every host's shaping in place (None: unshaped); connections stay up."""
@@ -253,7 +251,7 @@ class Network:
         except OSError as exc:
             raise NetemError(f"network: two emulated hosts cannot reach each other ({a.address} -> {b.address} "
                              f"on bridge {self.bridge}: {exc or 'timed out'} within {timeout_s:g} s): "
-                             f"{_why_blocked()}") from None
+                             f"{firewall.why_blocked()}") from None
         finally:
             client.close()
             server.close()
@@ -273,70 +271,14 @@ class Network:
         for kind, name in sorted(self._created, key=lambda c: c[0] != "netns"):
             if kind == "netns":
                 _run("ip", "netns", "del", name, check=False)
+            elif kind == "cgroup":
+                host_cpu.remove(name)
             elif kind == "rule":
                 _run("iptables", "-w", "-D", "FORWARD", *shlex.split(name), check=False)
             else:
                 _run("ip", "link", "del", name, check=False)  # already gone with its namespace: fine
         self._created.clear()
         self.hosts = []
-
-
-# ----------------------------------------------------------------------------- the host's firewall
-
-BRIDGE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
-
-
-def _bridge_netfilter_on() -> bool:
-    """Do frames crossing a bridge go through the host's firewall (br_netfilter on, as Docker
-    sets it)? Then a FORWARD chain that drops by default (Docker's policy) drops the frames
-    between our hosts too. The bridge's own ``nf_call_iptables 0`` does not help: the kernel
-    hands a frame to iptables when the bridge's option *or* this sysctl is on."""
-    try:
-        with open(BRIDGE_NF) as f:
-            return f.read().strip() == "1"
-    except OSError:  # br_netfilter not loaded: bridged frames never meet the firewall
-        return False
-
-
-def _firewall_sees_bridges() -> bool:
-    """Bridged frames meet iptables, where a rule of ours can let them pass."""
-    return _bridge_netfilter_on() and shutil.which("iptables") is not None
-
-
-def _accept_rule(bridge: str, alias: str) -> list[str]:
-    """iptables arguments (after the chain) that let frames between the bridge's ports pass."""
-    return ["-i", bridge, "-o", bridge, "-m", "comment", "--comment", alias, "-j", "ACCEPT"]
-
-
-def list_rules() -> list[tuple[list[str], int]]:
-    """Our ACCEPT rules in iptables' FORWARD chain: (rule arguments, owner pid)."""
-    if shutil.which("iptables") is None:
-        return []
-    proc = _run("iptables", "-w", "-S", "FORWARD", check=False)
-    out = []
-    for line in proc.stdout.splitlines():
-        args = shlex.split(line)
-        if args[:2] != ["-A", "FORWARD"] or "--comment" not in args:
-            continue
-        match = _ALIAS_RE.match(args[args.index("--comment") + 1])
-        if match:
-            out.append((args[2:], int(match.group(1))))
-    return out
-
-
-def _why_blocked() -> str:
-    """The likeliest reason frames between two hosts of one bridge do not arrive, one clause."""
-    if not _bridge_netfilter_on():
-        return "the bridge does not forward between its ports (look for filtering in `nft list ruleset`)"
-    if shutil.which("iptables") is None:
-        return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1) and "
-                "there is no iptables to let them pass: allow frames on bridges chs* (`nft list ruleset`)")
-    policy = _run("iptables", "-w", "-S", "FORWARD", check=False).stdout.splitlines()[:1]
-    drop = policy == ["-P FORWARD DROP"]
-    return ("bridged frames go through the host's firewall (net.bridge.bridge-nf-call-iptables = 1"
-            + (", iptables FORWARD policy DROP: Docker sets both" if drop else "") + ") and it drops them "
-            "despite this network's ACCEPT rule (`iptables -S FORWARD`, `nft list ruleset` show what "
-            "does): let frames on bridges chs* pass")
 
 
 # ----------------------------------------------------------------------------- leftovers
@@ -348,7 +290,7 @@ def list_namespaces() -> list[str]:
         return []
     proc = _run("ip", "netns", "list", check=False)
     names = [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-    return [n for n in names if _NS_RE.match(n)]
+    return [n for n in names if HOST_RE.match(n)]
 
 
 def list_links() -> list[tuple[str, int]]:
@@ -358,7 +300,7 @@ def list_links() -> list[tuple[str, int]]:
     proc = _run("ip", "-j", "link", "show", check=False)
     out = []
     for link in json.loads(proc.stdout or "[]"):
-        match = _ALIAS_RE.match(link.get("ifalias", "") or "")
+        match = ALIAS_RE.match(link.get("ifalias", "") or "")
         if match and link.get("ifname", "").startswith(PREFIX):
             out.append((link["ifname"], int(match.group(1))))
     return out
@@ -367,7 +309,7 @@ def list_links() -> list[tuple[str, int]]:
 def _remove_where(owned) -> list[str]:
     removed = []
     for ns in list_namespaces():
-        if owned(int(_NS_RE.match(ns).group(1))):
+        if owned(int(HOST_RE.match(ns).group(1))):
             _run("ip", "netns", "del", ns, check=False)
             removed.append(ns)
     for name, pid in list_links():
@@ -378,16 +320,16 @@ def _remove_where(owned) -> list[str]:
         if owned(pid):
             _run("iptables", "-w", "-D", "FORWARD", *rule, check=False)
             removed.append(f"iptables FORWARD {shlex.join(rule)}")
-    return removed
+    return removed + host_cpu.remove_where(owned)
 
 
 def remove_leftovers() -> list[str]:
-    """Remove the namespaces, links and rules of owners no longer alive; returns their names."""
-    return _remove_where(lambda pid: not _pid_alive(pid))
+    """Remove the namespaces, links, rules and CPU cgroups of owners no longer alive; returns their names."""
+    return _remove_where(lambda pid: not pid_alive(pid))
 
 
 def remove_owned(pid: int | None = None) -> list[str]:
-    """Remove every namespace, link and rule owned by ``pid`` (default: this process)."""
+    """Remove every namespace, link, rule and CPU cgroup owned by ``pid`` (default: this process)."""
     pid = pid or os.getpid()
     return _remove_where(lambda owner: owner == pid)
 

@@ -86,9 +86,14 @@ class Trial:
 
     @property
     def link(self) -> str:
-        """"1 Gbit/s" for a trial on an emulated link, "loopback" for one on this host's loopback."""
-        gbps = (self.timing or self).record.link_gbps
-        return LOOPBACK if gbps is None else f"{gbps:g} Gbit/s"
+        """"1 Gbit/s" for a trial on an emulated link ("1 Gbit/s at 0.2 cores/host" on hosts with
+        their own CPU share, network.host_cpus: a trial's speed is its hosts' as much as its
+        link's), "loopback" for one on this host's loopback. (No comma: it is in tag names.)"""
+        record = (self.timing or self).record
+        if record.link_gbps is None:
+            return LOOPBACK
+        cpus = record.metrics.get("host_cpus")
+        return f"{record.link_gbps:g} Gbit/s" + (f" at {cpus:g} cores/host" if cpus else "")
 
     @property
     def chunk_size(self) -> int | None:

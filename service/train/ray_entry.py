@@ -12,6 +12,7 @@ reads how it ended; nothing reads it from Ray. The loop itself is plain PyTorch
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from typing import Any, Callable
@@ -75,11 +76,12 @@ def train_loop_per_worker(config: dict) -> None:
                              checkpoint=ray.train.Checkpoint.from_directory(directory),
                              checkpoint_dir_name=f"step_{step:08d}")
 
-    ctx = TrainingContext(rank=rank, world_size=world_size, device=device, logger=logger,
-                          progress=config.get("progress"), start=start,
-                          checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
-                          on_fault=on_fault, process_group=_network_group(config, rank))
-    run_training(trial, cfg, ctx)
+    with _on_host_cpu(config, rank):
+        ctx = TrainingContext(rank=rank, world_size=world_size, device=device, logger=logger,
+                              progress=config.get("progress"), start=start,
+                              checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
+                              on_fault=on_fault, process_group=_network_group(config, rank))
+        run_training(trial, cfg, ctx)
 
 
 def _network_group(config: dict, rank: int):
@@ -92,6 +94,19 @@ def _network_group(config: dict, rank: int):
     from service.network import netem
 
     return netem.process_group_on_host(network["hosts"][rank])
+
+
+def _on_host_cpu(config: dict, rank: int):
+    """With network.host_cpus, this rank's whole process (its gloo threads too) inside its host's
+    CPU cgroup while it trains (service/network/host_cpu.py), and back where it was after: Ray
+    Train V2 kills its workers when the trial ends, but a process must not outlive its host's
+    share in a cgroup the sweep removes."""
+    hosts = (config.get("network") or {}).get("hosts")
+    if not hosts or not hosts[rank].get("cgroup"):
+        return contextlib.nullcontext()
+    from service.network import host_cpu
+
+    return host_cpu.joined(hosts[rank]["cgroup"])
 
 
 class RunWriter:

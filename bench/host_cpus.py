@@ -1,0 +1,195 @@
+"""Do emulated hosts own their CPU? (network.host_cpus, service/network/host_cpu.py)
+
+    python bench/host_cpus.py                  # q = 0.2 cores per host, W = 2, 4, 8; 2 rounds
+    python bench/host_cpus.py --quick          # W = 2, 1 round, few steps (smoke test)
+
+No Ray: W forked processes, each on its own emulated host (a network namespace and a shaped
+link, service/network/netem.py), train mlp_digits' model on a fixed batch: each step a timed
+forward/backward, then a gloo allreduce of the flattened gradient (34 MB) over the links; then
+``--link-rounds`` allreduces of 8 MB, timed, for what the links carry. Two arms per W, alternated
+(the order reversed every round):
+
+- hosts:  every process inside its host's CPU cgroup of ``--q`` cores (what network.host_cpus makes);
+- shared: the same processes without cgroups, time-sharing the machine's cores (the sweep before).
+
+Printed per arm: one rank's compute per sample (the forward/backward's wall time over the samples,
+all steps after the warm-up, the median rank), the ranks' CPU (cores, each), what the 8 MB allreduce
+carried as a fraction of the link (ring: 2 (W-1)/W of the buffer leaves every host), the links'
+softirq (cores, from /proc/stat) and everything the machine did outside the ranks (cores: Ray is
+not running, so that is this bench's parent, the kernel and whatever else shares the machine);
+then the load average. Last, an idle local Ray for ``--ray-s`` seconds: what Ray's own processes take
+before any trial (the floor of the headroom; bench/_common.TreeCpu). Results go to
+bench/results/host_cpus.json.
+
+The claim measured (issue 39): at share q, one rank's compute per sample is the same at W = 2, 4
+and 8 within 5 %, and the link is carried at W = 8. docs/performance.md, "Hosts that own their CPU".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port, load_average, machine, TreeCpu, write_json  # noqa: E402
+
+LINK_MB = 8  # the link phase's buffer
+
+
+def _rank(rank: int, world: int, port: int, host: dict, args, queue) -> None:
+    """One emulated host's rank: joins its cgroup (if any), trains, allreduces; puts its figures."""
+    import contextlib
+
+    import torch
+    import torch.distributed as dist
+
+    from service.network import host_cpu, netem
+    from service.workloads import build_workload
+
+    torch.set_num_threads(1)
+    with host_cpu.joined(host["cgroup"]) if host["cgroup"] else contextlib.nullcontext():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        group = netem.process_group_on_host(host)
+        wl = build_workload("mlp_digits", 0)
+        x, y = (torch.stack([wl.train_set[i][k] for i in range(args.batch)]) for k in (0, 1))
+        params = list(wl.model.parameters())
+        compute = comm = compute_cpu = cpu0 = 0.0
+        for step in range(args.warmup + args.steps):
+            if step == args.warmup:
+                dist.barrier(group)
+                compute = comm = compute_cpu = 0.0
+                cpu0, wall0 = host_cpu.usage_s(os.getpid()), time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            for _ in range(args.batches_per_step):  # one block, long beside the quota's period
+                wl.model.zero_grad(set_to_none=True)
+                wl.loss_fn(wl.model(x), y).backward()
+            t1, compute_cpu = time.perf_counter(), compute_cpu + time.thread_time() - c0
+            dist.all_reduce(torch.cat([p.grad.reshape(-1) for p in params]), group=group)
+            compute, comm = compute + t1 - t0, comm + time.perf_counter() - t1
+        cpu = (host_cpu.usage_s(os.getpid()) - cpu0) / (time.perf_counter() - wall0)
+        buf = torch.ones(LINK_MB * 250_000)
+        dist.barrier(group)
+        t0 = time.perf_counter()
+        for _ in range(args.link_rounds):
+            dist.all_reduce(buf, group=group)
+        link_s = (time.perf_counter() - t0) / args.link_rounds
+        dist.destroy_process_group()
+    samples = args.steps * args.batches_per_step * args.batch
+    queue.put({"rank": rank, "compute_ms_per_sample": 1000 * compute / samples,
+               "compute_cpu_ms_per_sample": 1000 * compute_cpu / samples,
+               "comm_ms_per_step": 1000 * comm / args.steps, "cpu_cores": cpu, "link_s": link_s})
+
+
+def _stat() -> tuple[int, int, int]:
+    """(busy, softirq, total) jiffies over all CPUs, from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, fields[6], sum(fields)
+
+
+def run_arm(world: int, cgroups: bool, args) -> dict:
+    """One arm: ``world`` hosts, with or without their CPU cgroups; the figures of its ranks."""
+    import multiprocessing as mp
+
+    from service.network import netem
+
+    ctx = mp.get_context("fork")  # the parent's imports are the ranks' (no torch import per rank)
+    with netem.Network(world, link_gbps=args.link_gbps, host_cpus=args.q if cgroups else None) as net:
+        queue, port = ctx.Queue(), free_port()
+        procs = [ctx.Process(target=_rank, args=(r, world, port, vars(h), args, queue)) for r, h in enumerate(net.hosts)]
+        before, wall0 = _stat(), time.monotonic()
+        for p in procs:
+            p.start()
+        results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
+        after, wall = _stat(), time.monotonic() - wall0
+        for p in procs:
+            p.join()
+    ticks = os.sysconf("SC_CLK_TCK")
+    ranks_cores = sum(r["cpu_cores"] for r in results)
+    wire_s = 2 * (world - 1) / world * LINK_MB * 8e6 / (args.link_gbps * 1e9)
+    return {"world_size": world, "arm": "hosts" if cgroups else "shared",
+            "compute_ms_per_sample": statistics.median(r["compute_ms_per_sample"] for r in results),
+            "compute_cpu_ms_per_sample": statistics.median(r["compute_cpu_ms_per_sample"] for r in results),
+            "compute_spread": max(r["compute_ms_per_sample"] for r in results) / min(r["compute_ms_per_sample"] for r in results),
+            "comm_ms_per_step": statistics.median(r["comm_ms_per_step"] for r in results),
+            "rank_cpu_cores": statistics.median(r["cpu_cores"] for r in results),
+            "link_carried": wire_s / max(r["link_s"] for r in results),
+            "softirq_cores": (after[1] - before[1]) / ticks / wall,
+            "outside_cores": (after[0] - before[0]) / ticks / wall - ranks_cores, "wall_s": wall,
+            "load_average": load_average()}
+
+
+def idle_ray(seconds: float) -> float:
+    """Cores an idle local Ray (started as ray.init starts it) uses over ``seconds``."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        time.sleep(3)  # past its start-up
+        meter = TreeCpu()
+        meter.start()
+        time.sleep(seconds)
+        return meter.stop() / seconds
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--q", type=float, default=0.2, help="cores per host (the hosts arm)")
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batches-per-step", type=int, default=4,
+                        help="forward/backwards per step, timed as one block: a block of one batch (~46 ms of CPU, "
+                             "~230 ms at 0.2 cores) is timed mostly by where in the quota's 100 ms period it starts")
+    parser.add_argument("--period-us", type=int, default=None,
+                        help="the hosts' CFS period (default: service/network/host_cpu.py's PERIOD_US)")
+    parser.add_argument("--link-gbps", type=float, default=1.0)
+    parser.add_argument("--link-rounds", type=int, default=3)
+    parser.add_argument("--ray-s", type=float, default=8.0)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", help="the JSON's path (default bench/results/host_cpus.json)")
+    args = parser.parse_args()
+    if args.quick:
+        args.world_sizes, args.rounds, args.steps, args.link_rounds, args.ray_s = [2], 1, 2, 1, 0
+        args.batches_per_step = 1
+    if args.period_us:
+        from service.network import host_cpu
+
+        host_cpu.PERIOD_US = args.period_us  # the forked ranks' hosts are made in this process
+    import torch  # noqa: F401 - imported once here; the forked ranks share it
+
+    from service.network import host_cpu
+
+    print(f"hosts of {args.q:g} cores (CFS period {host_cpu.PERIOD_US} us), {args.link_gbps:g} Gbit/s links; "
+          f"load average {load_average()}", flush=True)
+    arms = [(w, c) for w in args.world_sizes for c in (True, False)]
+    rows = []
+    for round_ in range(args.rounds):
+        for world, cgroups in arms if round_ % 2 == 0 else arms[::-1]:
+            row = run_arm(world, cgroups, args)
+            rows.append(row)
+            print(f"W={world} {row['arm']:6s} compute {row['compute_ms_per_sample']:.3f} ms/sample "
+                  f"({row['compute_cpu_ms_per_sample']:.3f} of CPU) "
+                  f"(ranks x{row['compute_spread']:.2f}), comm {row['comm_ms_per_step']:.0f} ms/step, "
+                  f"rank CPU {row['rank_cpu_cores']:.2f} cores, link carried {100 * row['link_carried']:.0f} %, "
+                  f"softirq {row['softirq_cores']:.3f} cores, outside the ranks {row['outside_cores']:.2f} cores, "
+                  f"load {row['load_average']}", flush=True)
+    ray_cores = idle_ray(args.ray_s) if args.ray_s else None
+    if ray_cores is not None:
+        print(f"idle local Ray: {ray_cores:.3f} cores over {args.ray_s:g} s; load average {load_average()}")
+    path = write_json("host_cpus", {"machine": machine(), "args": vars(args), "rows": rows, "idle_ray_cores": ray_cores},
+                      args.out)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
