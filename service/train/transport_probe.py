@@ -98,34 +98,11 @@ def _host_id() -> str:
 
 
 def _cores() -> float:
-    """CPUs this process may use: its affinity, capped by its cgroup's CPU quota where set."""
-    cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-    quota = _cgroup_quota()
-    return min(cores, quota) if quota else cores
+    """CPUs this process may use: its affinity, capped by its cgroup's CPU quota where set (an
+    emulated host's share, a container's limit)."""
+    from service.network import host_cpu
 
-
-def _cgroup_quota() -> float | None:
-    """The CPU quota of this process's cgroup in cores (v1 cfs_quota/period, v2 cpu.max); None: none."""
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") or controllers == "":
-            base = "/sys/fs/cgroup/cpu" if controllers else "/sys/fs/cgroup"
-            try:
-                if controllers:
-                    quota = int(open(f"{base}{path}/cpu.cfs_quota_us").read())
-                    period = int(open(f"{base}{path}/cpu.cfs_period_us").read())
-                else:
-                    limit, period_text = open(f"{base}{path}/cpu.max").read().split()
-                    quota, period = (-1 if limit == "max" else int(limit)), int(period_text)
-            except (OSError, ValueError):
-                continue
-            if quota > 0 and period > 0:
-                return quota / period
-    return None
+    return host_cpu.machine_cores(host_cpu.hierarchy())
 
 
 def _cpu_model() -> str:
