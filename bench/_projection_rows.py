@@ -67,6 +67,16 @@ def quiet(runs: list[dict], limit: float) -> list[dict]:
     return [r for r in runs if r.get("other_cores", 0.0) <= limit]
 
 
+def quiet_limit(rules: dict, w: int) -> float:
+    """The most cores other processes may keep busy for a W trial to count: ``rules["quiet"]``; on
+    the emulated cluster what its W hosts leave free of the machine (cores - W x Q): a host's
+    share is a ceiling, so others hurt a trial only once they take from it (W = 8 x 0.2 on 2
+    cores: 0.4; W = 2: 1.6)."""
+    if not rules.get("host_cpus"):
+        return rules["quiet"]
+    return max(rules["machine_cores"] - w * rules["host_cpus"], 0.0)
+
+
 def _world(worlds: dict, w: int) -> dict:
     return worlds.get(w, worlds.get(str(w)))
 
@@ -100,7 +110,7 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
     measured and projected (medians), error, counted or why not (``rules``: global_batch, carried,
     cores, quiet)."""
     ok = [r for r in runs if r["status"] == "ok"]
-    calm, calm_bases = quiet(ok, rules["quiet"]), quiet(bases, rules["quiet"])
+    calm, calm_bases = quiet(ok, quiet_limit(rules, w)), quiet(bases, quiet_limit(rules, 2))
     measured = _median(r["step_ms"] for r in calm)
     timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
     row = {"hook": hook, "error_feedback": ef, "world_size": w, "link_gbps": link, "measured_ms": measured,

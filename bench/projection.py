@@ -290,7 +290,8 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--quality-steps", type=int, default=100,
                         help="the loopback quality trial per hook, eval every quarter (0: no time to target)")
     parser.add_argument("--quiet-cores", type=float, default=0.5, help="a repeat counts when other processes "
-                        "kept at most this many cores busy during its trial (on average)")
+                        "kept at most this many cores busy during its trial (on average); with --host-cpus, what the W hosts leave "
+                        "free instead (cores - W x Q)")
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
     parser.add_argument("--error-feedback", nargs="+", choices=["on", "off"], default=list(ERROR_FEEDBACK),
                         help="each hook that has error feedback runs once per setting")
@@ -322,7 +323,7 @@ def rules(args) -> dict:
     cluster = getattr(args, "host_cpus", None)
     efs = settings(args)
     return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION,
-            "cores": None if cluster else (os.cpu_count() or 1), "host_cpus": cluster,
+            "cores": None if cluster else (os.cpu_count() or 1), "host_cpus": cluster, "machine_cores": os.cpu_count() or 1,
             "transport_w": cluster_mod.BASIS_W if cluster else None,
             "quiet": args.quiet_cores, "error_feedback": efs[0] if len(efs) == 1 else list(efs)}
 

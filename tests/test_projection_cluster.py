@@ -55,7 +55,8 @@ def worlds() -> dict:
 
 
 def cluster_rules() -> dict:
-    return {"global_batch": 64, "carried": 0.85, "cores": None, "host_cpus": 0.2, "transport_w": 2, "quiet": 0.5,
+    return {"global_batch": 64, "carried": 0.85, "cores": None, "host_cpus": 0.2, "machine_cores": 2, "transport_w": 2,
+            "quiet": 0.5,
             "error_feedback": True}
 
 
@@ -82,6 +83,15 @@ def test_the_ring_check_sets_w8s_probe_beside_w2s_fixed_cost_scaled_by_the_ring(
     assert ar["fixed_ms"] == pytest.approx(3.0 * rounds("allreduce", 8), rel=1e-6)
     assert ar["ring_fixed_ms"] == pytest.approx(0.1 * rounds("allreduce", 8), rel=1e-6)
     assert ar["per_mb_ms"] == pytest.approx(ar["basis_per_mb_ms"]) == pytest.approx(5.0)
+
+
+def test_on_the_cluster_a_trial_counts_while_others_leave_its_hosts_their_share():
+    rules = cluster_rules()
+    assert rows_mod.quiet_limit(rules, 8) == pytest.approx(0.4) and rows_mod.quiet_limit(rules, 2) == pytest.approx(1.6)
+    w = worlds()
+    w[8]["runs"][0]["other_cores"] = 0.6  # took 0.2 of the 1.6 cores the 8 hosts own
+    row = next(r for r in rows_mod.summarise(w, rules)["rows"] if r["world_size"] == 8)
+    assert not row["counted"] and "no quiet measured trial" in row["why_not"]
 
 
 def test_rows_and_bands_are_keyed_by_error_feedback():
