@@ -333,7 +333,7 @@ def summarise_saved(args) -> int:
 
     saved = [json.loads(open(path).read()) for path in args.summarise]
     if "cell_rows" in saved[0]:  # a committed projection_cells.json: its bands again, rewritten with --band-out
-        band = rows_mod.from_cells(saved[0])
+        band = {**rows_mod.from_cells(saved[0]), "raw": Path(args.summarise[0]).name}  # the cells it came from
         rows_mod.print_report({"rows": [], "bands": band})
         if args.band_out:
             print(f"wrote {rows_mod.write_band(band, args.band_out)}")
