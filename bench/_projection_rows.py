@@ -11,6 +11,7 @@ import statistics
 import time
 from pathlib import Path
 
+import _projection_cluster as cluster_mod
 import _projection_scores as scores
 from _common import table
 
@@ -21,6 +22,21 @@ from service.step_model.transport import Sample, TransportFit, fit
 from service.step_model.trial import TrialTimeline
 
 LOOPBACK = "loopback"
+BASES = (LOOPBACK, cluster_mod.BASIS_ARM)  # the basis arm: loopback, or the emulated cluster's unshaped hosts
+
+
+def setting(r: dict, default=True):
+    """A run's or row's error-feedback setting (None: its hook has none); a run from before the
+    bench recorded it ran ``default`` (on)."""
+    if "error_feedback" in r:
+        return r["error_feedback"]
+    return error_feedback_of(r["hook"], {"error_feedback": default if isinstance(default, bool) else True})
+
+
+def view(rows: list[dict], ef: bool) -> list[dict]:
+    """The rows of one error-feedback setting, with the hooks that have none (scores and pairs
+    rank hooks by name within one setting)."""
+    return [r for r in rows if setting(r) in (ef, None)]
 
 
 def _median(xs):
@@ -35,13 +51,13 @@ def _links(world: dict) -> dict[float, dict]:
                    for k in ("gbps", "latency_ms")} for link in links}
 
 
-def _bases(worlds: dict) -> dict[str, list[dict]]:
-    """Per hook, the loopback basis trial of each repeat that ended ok with a timeline (W = 2's
-    loopback arm)."""
-    out: dict[str, list[dict]] = {}
+def _bases(worlds: dict) -> dict[tuple, list[dict]]:
+    """Per (hook, error feedback), the basis trial of each repeat that ended ok with a timeline
+    (W = 2's basis arm)."""
+    out: dict[tuple, list[dict]] = {}
     for run in _world(worlds, 2)["runs"]:
-        if run["arm"] == LOOPBACK and run["status"] == "ok" and run["timeline"]:
-            out.setdefault(run["hook"], []).append(run)
+        if run["arm"] in BASES and run["status"] == "ok" and run["timeline"]:
+            out.setdefault((run["hook"], setting(run)), []).append(run)
     return out
 
 
@@ -51,13 +67,26 @@ def quiet(runs: list[dict], limit: float) -> list[dict]:
     return [r for r in runs if r.get("other_cores", 0.0) <= limit]
 
 
+def quiet_limit(rules: dict, w: int) -> float:
+    """The most cores other processes may keep busy for a W trial to count: ``rules["quiet"]``; on
+    the emulated cluster what its W hosts leave free of the machine (cores - W x Q): a host's
+    share is a ceiling, so others hurt a trial only once they take from it (W = 8 x 0.2 on 2
+    cores: 0.4; W = 2: 1.6)."""
+    if not rules.get("host_cpus"):
+        return rules["quiet"]
+    return max(rules["machine_cores"] - w * rules["host_cpus"], 0.0)
+
+
 def _world(worlds: dict, w: int) -> dict:
     return worlds.get(w, worlds.get(str(w)))
 
 
-def transport_of(worlds: dict) -> TransportFit | None:
+def transport_of(worlds: dict, only_w: int | None = None) -> TransportFit | None:
     """The probe's samples of every world (run on loopback before its trials) as one fit; None
-    for a saved run from before the bench probed."""
+    for a saved run from before the bench probed. ``only_w``: the emulated cluster's, that W's
+    probe on the hosts alone (a cluster cell has the basis sweep's probe)."""
+    if only_w is not None:
+        return cluster_mod.fit_at(worlds, only_w)
     samples = [Sample(**s) for w in worlds.values() for s in w.get("transport", [])]
     return fit(samples, {}) if samples else None
 
@@ -65,7 +94,8 @@ def transport_of(worlds: dict) -> TransportFit | None:
 def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float, rules: dict):
     """(projected step ms, projected compute ms), medians over the repeats' bases; or the refusal.
     Priced as this machine's cell: its ranks share ``rules["cores"]`` and the transport is the
-    probe's at W (``rules["transport"]``) where the run has one."""
+    probe's at W (``rules["transport"]``) where the run has one; on the emulated cluster, cores
+    None and W = 2's probe: the report's cluster cell (``price.Cell(W, goodput, latency, fit, None)``)."""
     try:
         prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0, rules.get("transport"), rules["cores"])
                   for b in bases]
@@ -75,20 +105,21 @@ def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, l
 
 
 def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, bases: list[dict],
-             rules: dict) -> dict:
+             rules: dict, ef=None) -> dict:
     """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and of the basis:
     measured and projected (medians), error, counted or why not (``rules``: global_batch, carried,
     cores, quiet)."""
     ok = [r for r in runs if r["status"] == "ok"]
-    calm, calm_bases = quiet(ok, rules["quiet"]), quiet(bases, rules["quiet"])
+    calm, calm_bases = quiet(ok, quiet_limit(rules, w)), quiet(bases, quiet_limit(rules, 2))
     measured = _median(r["step_ms"] for r in calm)
     timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
-    row = {"hook": hook, "world_size": w, "link_gbps": link, "measured_ms": measured, "repeats": len(ok),
+    row = {"hook": hook, "error_feedback": ef, "world_size": w, "link_gbps": link, "measured_ms": measured,
+           "repeats": len(ok),
            "quiet_repeats": len(calm), "other_cores": [round(r.get("other_cores", 0.0), 2) for r in ok],
            "measured_compute_ms": _median(t.timeline.compute_ms for t in timelines),
            "measured_timeline_ms": _median(t.own_step_ms() for t in timelines)}
-    gbps, latency_ms = (float("inf"), 0.0) if link == LOOPBACK else (link_fig["gbps"], link_fig["latency_ms"])
-    if link != LOOPBACK:
+    gbps, latency_ms = (float("inf"), 0.0) if link in BASES else (link_fig["gbps"], link_fig["latency_ms"])
+    if link not in BASES:
         row.update(link_measured_gbps=gbps, latency_ms=latency_ms)
     why = None if calm_bases else "no quiet basis trial"
     if calm_bases:
@@ -107,7 +138,7 @@ def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | N
     """Why a cell is not counted in the band, or None. The model is told this machine's shape
     (W ranks on its cores, the transport probed at W), so a crowded W counts; a link the machine
     does not carry with all W hosts sending is shown, not counted."""
-    if why or link == LOOPBACK:
+    if why or link in BASES:
         return why or "the basis itself (not held out)"
     if gbps < rules["carried"] * link:
         return f"not carried: measured {gbps:.2f} Gbit/s per host with {w} sending ({100 * gbps / link:.0f}% of {link:g})"
@@ -116,22 +147,24 @@ def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | N
 
 def summarise(worlds: dict, rules: dict) -> dict:
     """Every cell's row, the per-hook bands, and time to target (when a quality run was made)."""
-    rules = {**rules, "transport": transport_of(worlds)}
+    rules = {**rules, "transport": transport_of(worlds, rules.get("transport_w"))}
     bases, rows = _bases(worlds), []
     for w in sorted(int(k) for k in worlds):
         world, links = _world(worlds, w), _links(_world(worlds, w))
-        hooks_order = list(dict.fromkeys(r["hook"] for r in world["runs"]))
+        configs = list(dict.fromkeys((r["hook"], setting(r)) for r in world["runs"]))
         arms = list(dict.fromkeys(r["arm"] for r in world["runs"]))
-        arms = [a for a in arms if a == LOOPBACK] + sorted(float(a) for a in arms if a != LOOPBACK)
-        for hook in hooks_order:
+        arms = [a for a in arms if a in BASES] + sorted(float(a) for a in arms if a not in BASES)
+        for hook, ef in configs:
             for arm in arms:
-                runs = [r for r in world["runs"] if r["hook"] == hook and r["arm"] == arm]
-                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(hook, []), rules))
+                runs = [r for r in world["runs"] if (r["hook"], setting(r), r["arm"]) == (hook, ef, arm)]
+                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get((hook, ef), []), rules, ef))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
     found = bands(rows, rules["error_feedback"])
-    scored = scores.score(rows, rules["error_feedback"])
+    efs = rules["error_feedback"] if isinstance(rules["error_feedback"], list) else [rules["error_feedback"]]
+    scored = [{**c, "error_feedback": ef} for ef in efs for c in scores.score(view(rows, ef), ef)]
     return {"rows": rows, "bands": found, "scores": scored, "score_totals": scores.totals(scored),
-            "time_to_target": targets(quality, rows) if quality else None}
+            "time_to_target": targets(quality, view(rows, efs[0])) if quality else None,
+            "ring_check": cluster_mod.ring_check(worlds) if rules.get("transport_w") else []}
 
 
 def _band(errors: list[float]) -> dict:
@@ -141,17 +174,18 @@ def _band(errors: list[float]) -> dict:
             "median_abs_pct": round(statistics.median(abs(e) for e in errors), 1)}
 
 
-def bands(rows: list[dict], error_feedback: bool) -> dict:
+def bands(rows: list[dict], error_feedback) -> dict:
     """Per (hook, its error-feedback setting, W) and overall: the error band over the counted
     cells, median |error|, counts (``error_feedback``: what the bench ran hooks that have it
-    with). The basis's own loopback cell is neither counted nor excluded (it is not held out)."""
-    held_out = [r for r in rows if r["link_gbps"] != LOOPBACK]
+    with, where a row does not say). The basis's own cell is neither counted nor excluded (it
+    is not held out)."""
+    held_out = [r for r in rows if r["link_gbps"] not in BASES]
     out = []
-    for hook, w in dict.fromkeys((r["hook"], r["world_size"]) for r in held_out):
-        mine = [r for r in held_out if (r["hook"], r["world_size"]) == (hook, w)]
+    for key in dict.fromkeys((r["hook"], setting(r, error_feedback), r["world_size"]) for r in held_out):
+        mine = [r for r in held_out if (r["hook"], setting(r, error_feedback), r["world_size"]) == key]
         counted = [r["error_pct"] for r in mine if r["counted"]]
-        out.append({"hook": hook, "error_feedback": error_feedback_of(hook, {"error_feedback": error_feedback}),
-                    "world_size": w, **_band(counted), "counted": len(counted), "excluded": len(mine) - len(counted)})
+        out.append({"hook": key[0], "error_feedback": key[1], "world_size": key[2], **_band(counted),
+                    "counted": len(counted), "excluded": len(mine) - len(counted)})
     overall = _band([r["error_pct"] for r in held_out if r["counted"]])
     return {"bands": out, "overall": overall}
 
@@ -169,23 +203,23 @@ def targets(quality: dict, rows: list[dict], tolerance: float = 0.01) -> dict:
         ttt = time_to_target([s for s, _ in q["evals"]], [v for _, v in q["evals"]], steps, [1.0] * len(steps), target)
         cells = {f"W={r['world_size']} {r['link_gbps']:g}": (None if ttt.step is None or r.get("projected_ms") is None
                                                             else ttt.step * r["projected_ms"] / 1000.0)
-                 for r in rows if r["hook"] == hook and r["link_gbps"] != LOOPBACK}
+                 for r in rows if r["hook"] == hook and r["link_gbps"] not in BASES}
         out["hooks"][hook] = {"crossing_step": ttt.step, "final_eval_loss": q["evals"][-1][1] if q["evals"] else None,
                               "projected_s": cells}
     return out
 
 
 def _fmt_link(r: dict) -> str:
-    if r["link_gbps"] == LOOPBACK:
-        return LOOPBACK
+    if r["link_gbps"] in BASES:
+        return r["link_gbps"]
     return f"{r['link_gbps']:g} ({r['link_measured_gbps']:.2f})"
 
 
 def print_report(result: dict) -> None:
     rows = result["rows"]
-    print(table(["hook", "W", "Gbit/s (measured, all W)", "projected ms", "measured ms", "error %",
+    print(table(["hook", "error feedback", "W", "Gbit/s (measured, all W)", "projected ms", "measured ms", "error %",
                  "proj. compute ms", "meas. compute ms", "quiet/repeats", "counted"],
-                [[r["hook"], r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
+                [[r["hook"], setting(r), r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
                   None if r.get("error_pct") is None else round(r["error_pct"], 1), r.get("projected_compute_ms"),
                   r["measured_compute_ms"], f"{r['quiet_repeats']}/{r['repeats']}",
                   "yes" if r["counted"] else r["why_not"]] for r in rows]))
@@ -196,7 +230,19 @@ def print_report(result: dict) -> None:
                   v["counted"], v["excluded"]] for v in b["bands"]]))
     o = b["overall"]
     print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
-    print_scores(result.get("scores") or [])
+    per_w = {}
+    for r in rows:
+        if r["counted"]:
+            per_w.setdefault(r["world_size"], []).append(r["error_pct"])
+    for w, errors in sorted(per_w.items()):
+        b = _band(errors)
+        print(f"W={w}: {b['low_pct']} .. {b['high_pct']} %, median |error| {b['median_abs_pct']} %, "
+              f"{sum(abs(e) <= 10 for e in errors)} of {len(errors)} within +-10 %")
+    scored = result.get("scores") or []
+    for ef in dict.fromkeys(c.get("error_feedback", True) for c in scored) or [True]:
+        print(f"\n(error feedback {'on' if ef else 'off'} where a hook has it)")
+        print_scores([c for c in scored if c.get("error_feedback", True) == ef])
+    cluster_mod.print_ring_check(result.get("ring_check") or [], table)
     ttt = result.get("time_to_target")
     if ttt and "hooks" in ttt:
         cells = list(next(iter(ttt["hooks"].values()))["projected_s"])
@@ -208,7 +254,7 @@ def print_report(result: dict) -> None:
         print(f"time to target: {ttt['error']}")
 
 
-CELL_KEYS = ("hook", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
+CELL_KEYS = ("hook", "error_feedback", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
              "error_pct", "quiet_repeats", "repeats", "counted", "why_not")
 
 
@@ -234,14 +280,19 @@ def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
     per_w = {}
     for r in result["rows"]:
-        if r["link_gbps"] != LOOPBACK:
+        if r["link_gbps"] not in BASES:
             per_w.setdefault(r["world_size"], []).append(r["link_gbps"])
     links = "; ".join(f"W={w} x {','.join(f'{x:g}' for x in dict.fromkeys(v))} Gbit/s" for w, v in sorted(per_w.items()))
-    crowded = [w for w in args.world_sizes if w > rules["cores"]]
+    crowded = [w for w in args.world_sizes if rules["cores"] and w > rules["cores"]]
     note = (f" (W={','.join(map(str, crowded))}: more ranks than the {rules['cores']} cores, priced with the machine's "
             "shape)") if crowded else ""
+    basis = "loopback, W=2"
+    if rules.get("host_cpus"):
+        q = rules["host_cpus"]
+        note = f" on emulated hosts of {q:g} cores each, priced as the report's cluster cell (a share per rank)"
+        basis = f"emulated hosts of {q:g} cores, unshaped, W=2; transport probed there"
     return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": "loopback, W=2",
+            "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": basis,
             "cells": f"{links}{note}", "load_average": load,
             "error_feedback": rules["error_feedback"], "raw": RAW_FILE.name,
             "bands": result["bands"]["bands"], "overall": result["bands"]["overall"]}

@@ -7,6 +7,8 @@
     .venv/bin/python bench/projection.py --summarise service/step_model/projection_cells.json [--band-out P]
                                         # the committed cells: the bands re-derived (and rewritten)
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
+    sudo .venv/bin/python bench/projection.py --host-cpus 0.2 --world-sizes 2 4 8 --links 0.5 1 \
+        --error-feedback on off --quality-steps 0    # the emulated cluster (bench/_projection_cluster.py)
 
 Needs root (network namespaces; service/network/netem.py). Workload: the quant preset's (char_lm, global
 batch 64, AdamW, lr 0.003), a short trial (--steps, 5 warm-up steps, the step timeline sampled on
@@ -47,6 +49,14 @@ Writes bench/results/projection.json (every row, the load), the error bands the 
 service/step_model/projection_error.json (--band-out; a --quick run writes one only when given
 --band-out), per hook, error feedback and W, and beside it the cells they come from,
 projection_cells.json (committed: --summarise re-derives the bands from it).
+
+--error-feedback on off: every hook that has error feedback runs once per setting (its rows and
+bands keyed by it; the quality trials take the first setting). --host-cpus Q: the emulated
+cluster instead of this machine's shape (bench/_projection_cluster.py): every host, the basis's
+too, owns Q cores; the basis is W = 2 on such hosts, unshaped; the transport probed on the hosts
+at every W; a held-out cell priced by the report's cluster path (cores None, W = 2's probe scaled
+by the ring). Its bands go to projection_error_cluster.json, its cells to
+projection_cells_cluster.json (the report reads neither: they do not cover every hook).
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ import time
 
 from _common import ROOT, free_port, load_average, machine, table, write_json  # noqa: F401  (ROOT: sys.path)
 
+import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
 from service.network import link_measure  # noqa: E402
 from service.network import netem
@@ -69,23 +80,25 @@ from service.step_model.pairs import PAIR_FILE  # noqa: E402
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
 QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
-ERROR_FEEDBACK = True  # every hook that has error feedback runs with it on (its bands say so)
+ERROR_FEEDBACK = ("on",)  # default: every hook that has error feedback runs with it on (its bands say so)
 LOOPBACK = "loopback"
+CLUSTER_ERROR_FILE = ERROR_FILE.with_name("projection_error_cluster.json")
 
 
-def hook_entries(names: list[str] | None) -> list:
-    """Every registered hook (or ``names``), as a search.hooks entry: error feedback on where it
-    has it, PowerSGD compressing from step 3 so that every measured step compresses."""
+def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,)) -> list:
+    """Every registered hook (or ``names``), as search.hooks entries: one per error-feedback
+    setting where it has it, PowerSGD compressing from step 3 so that every measured step compresses."""
     import hooks
 
     entries = []
     for name, spec in hooks.available().items():
         if names and name not in names:
             continue
-        params = {"error_feedback": ERROR_FEEDBACK} if "error_feedback" in spec.params else {}
-        if "start_iter" in spec.params:
-            params["start_iter"] = 2
-        entries.append({"name": name, **params} if params else name)
+        for ef in settings if "error_feedback" in spec.params else (None,):
+            params = {} if ef is None else {"error_feedback": ef}
+            if "start_iter" in spec.params:
+                params["start_iter"] = 2
+            entries.append({"name": name, **params} if params else name)
     return entries
 
 
@@ -137,6 +150,7 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
     """One trial on this rank; rank 0's figures. ``other_cores``: the cores the rest of the machine
     kept busy meanwhile (machine busy CPU per wall second less the ranks' own ``cpu_share``): on 2
     cores a test suite started beside the bench doubles a step, and this says which trials it hit."""
+    from service.step_model.bands import error_feedback_of
     from service.train import TrainingContext, run_training
 
     busy0, t0 = busy_cpu_s(), time.perf_counter()
@@ -144,6 +158,7 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
                           logger=logger))
     wall = time.perf_counter() - t0
     return {"status": result.status, "step_ms": result.summary["step_time_ms_median"],
+            "error_feedback": error_feedback_of(trial.hook, trial.hook_params),
             "final_eval_loss": result.summary.get("final_eval_loss"),
             "other_cores": (busy_cpu_s() - busy0) / wall - result.summary.get("cpu_share", 0.0),
             "timeline": result.timeline.to_json() if result.timeline else None}
@@ -166,15 +181,21 @@ def _measure_links(rank: int, world_size: int, net, group, links: list[float]) -
 
 def _arms(rank: int, world_size: int, net, args) -> dict:
     """One rank's whole run in one world: per repeat the links measured, then every hook on every
-    arm (the order reversed on odd repeats); at W = 2 the loopback basis is an arm."""
+    arm (the order reversed on odd repeats); at W = 2 the basis is an arm (loopback, or the
+    emulated cluster's unshaped hosts: ``BASIS_ARM``)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     group = netem.process_group_on_host(net.hosts[rank])
-    cfg = sweep_config(hook_entries(args.hooks), world_size, args.steps, args.steps)
-    arms = ([LOOPBACK] if world_size == 2 else []) + list(args.links)
-    out = {"links": [], "runs": [], "transport": _probe_loopback()}
+    cfg = sweep_config(hook_entries(args.hooks, settings(args)), world_size, args.steps, args.steps)
+    basis = cluster_mod.BASIS_ARM if args.host_cpus else LOOPBACK
+    arms = ([basis] if world_size == 2 else []) + list(args.links)
+    out = {"links": [], "runs": []}
+    if args.host_cpus:  # on the hosts, their link unshaped (the network starts so): where the user trains
+        out["transport_probe"] = cluster_mod.probe_on(group)
+    else:
+        out["transport"] = _probe_loopback()
     for rep in range(args.repeats):
         out["links"].append(_measure_links(rank, world_size, net, group, args.links))
         order = arms if rep % 2 == 0 else arms[::-1]
@@ -182,7 +203,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
             for arm in order:
                 if arm != LOOPBACK:
                     if rank == 0:
-                        net.reshape(arm)
+                        net.reshape(None if arm == cluster_mod.BASIS_ARM else arm)
                     dist.barrier()
                 run = _trial(trial, cfg, rank, world_size, None if arm == LOOPBACK else group)
                 out["runs"].append({"hook": trial.hook, "label": trial.config_label, "arm": arm,
@@ -207,7 +228,8 @@ def _probe_loopback() -> list[dict]:
 def _quality(rank: int, world_size: int, args) -> dict:
     """Per hook, one longer loopback trial's eval losses (rank 0 logs them)."""
     steps = args.quality_steps
-    cfg = sweep_config(hook_entries(args.hooks), world_size, steps, max(steps // 4, 1), timeline_steps=0)
+    cfg = sweep_config(hook_entries(args.hooks, settings(args)[:1]), world_size, steps, max(steps // 4, 1),
+                       timeline_steps=0)
     out = {}
     for trial in cfg.trials():
         log = EvalLog()
@@ -221,8 +243,9 @@ def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d: "a namespace has no hostname"
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-        out = _arms(rank, world_size, net, args)
+        with cluster_mod.on_host(net.hosts[rank]):  # the whole rank in its host's share (--host-cpus)
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+            out = _arms(rank, world_size, net, args)
         dist.destroy_process_group()
         queue.put((rank, out, None))
     except BaseException:  # noqa: BLE001 - the parent prints it
@@ -236,7 +259,7 @@ def run_world(world_size: int, args) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    with netem.Network(world_size, None) as net:
+    with netem.Network(world_size, None, host_cpus=args.host_cpus) as net:
         queue, port = ctx.Queue(), free_port()
         procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, net, args, queue), daemon=True)
                  for r in range(world_size)]
@@ -267,8 +290,13 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--quality-steps", type=int, default=100,
                         help="the loopback quality trial per hook, eval every quarter (0: no time to target)")
     parser.add_argument("--quiet-cores", type=float, default=0.5, help="a repeat counts when other processes "
-                        "kept at most this many cores busy during its trial (on average)")
+                        "kept at most this many cores busy during its trial (on average); with --host-cpus, what the W hosts leave "
+                        "free instead (cores - W x Q)")
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
+    parser.add_argument("--error-feedback", nargs="+", choices=["on", "off"], default=list(ERROR_FEEDBACK),
+                        help="each hook that has error feedback runs once per setting")
+    parser.add_argument("--host-cpus", type=float, metavar="Q", help="the emulated cluster: every host owns Q "
+                        "cores, the basis too; cells priced by the report's cluster path (module doc)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
     parser.add_argument("--summarise", metavar="JSON", nargs="+", help="print the table of saved runs (their raw runs "
                         "through the current model and rules) instead of measuring")
@@ -279,14 +307,25 @@ def parse(argv) -> argparse.Namespace:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
     elif not args.band_out and not args.summarise:
-        args.band_out = str(ERROR_FILE)
+        args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else ERROR_FILE)
     return args
 
 
+def settings(args) -> tuple[bool, ...]:
+    """The error-feedback settings to run, in the order given (--error-feedback on off)."""
+    return tuple(dict.fromkeys(x == "on" for x in args.error_feedback))
+
+
 def rules(args) -> dict:
-    """What a counted cell needs (bench/_projection_rows.py): the cores and links it prices, a quiet machine."""
-    return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION, "cores": os.cpu_count() or 1,
-            "quiet": args.quiet_cores, "error_feedback": ERROR_FEEDBACK}
+    """What a counted cell needs (bench/_projection_rows.py): the cores and links it prices, a
+    quiet machine. The emulated cluster (--host-cpus) prices a cluster cell: cores None, the
+    transport W = 2's probe on the hosts."""
+    cluster = getattr(args, "host_cpus", None)
+    efs = settings(args)
+    return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION,
+            "cores": None if cluster else (os.cpu_count() or 1), "host_cpus": cluster, "machine_cores": os.cpu_count() or 1,
+            "transport_w": cluster_mod.BASIS_W if cluster else None,
+            "quiet": args.quiet_cores, "error_feedback": efs[0] if len(efs) == 1 else list(efs)}
 
 
 def summarise_saved(args) -> int:
@@ -294,7 +333,7 @@ def summarise_saved(args) -> int:
 
     saved = [json.loads(open(path).read()) for path in args.summarise]
     if "cell_rows" in saved[0]:  # a committed projection_cells.json: its bands again, rewritten with --band-out
-        band = rows_mod.from_cells(saved[0])
+        band = {**rows_mod.from_cells(saved[0]), "raw": Path(args.summarise[0]).name}  # the cells it came from
         rows_mod.print_report({"rows": [], "bands": band})
         if args.band_out:
             print(f"wrote {rows_mod.write_band(band, args.band_out)}")
@@ -304,6 +343,8 @@ def summarise_saved(args) -> int:
         worlds.update({w: v for w, v in run["raw"].items() if w not in worlds})
         links += [x for x in run["settings"]["links"] if x not in links]
     args.world_sizes, args.links, args.steps = sorted(int(w) for w in worlds), links, saved[0]["settings"]["steps"]
+    args.host_cpus = saved[0]["settings"].get("host_cpus")
+    args.error_feedback = saved[0]["settings"].get("error_feedback", list(ERROR_FEEDBACK))
     result = rows_mod.summarise(worlds, rules(args))
     rows_mod.print_report(result)
     for run, path in zip(saved, args.summarise):
@@ -318,12 +359,26 @@ def summarise_saved(args) -> int:
 def write_bands(result: dict, args, load: list[float]) -> None:
     """The band file the report reads and, beside it, the cells it comes from."""
     band = rows_mod.band_file(result, args, rules(args), load)
+    cells = beside(args.band_out, RAW_FILE.name)
+    band["raw"] = cells.name
     print(f"wrote {rows_mod.write_band(band, args.band_out)}")
-    cells = Path(args.band_out).with_name(RAW_FILE.name)
     print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
-    import projection_pairs  # the ratio bands beside them, from the cells just written
+    import projection_pairs  # the ratio bands beside them, from the cells just written (one file per setting)
 
-    projection_pairs.main(["--cells", str(cells), "--out", str(Path(args.band_out).with_name(PAIR_FILE.name))])
+    pairs = beside(args.band_out, PAIR_FILE.name)
+    for ef in settings(args):
+        out = pairs if len(settings(args)) == 1 else pairs.with_name(f"{pairs.stem}_ef_{'on' if ef else 'off'}.json")
+        projection_pairs.main(["--cells", str(cells), "--out", str(out), "--error-feedback", "on" if ef else "off"])
+
+
+def beside(band_out: str, name: str) -> Path:
+    """A file beside the band file: ``name`` (projection_cells.json, projection_pairs.json), or for
+    a band file named projection_error<suffix>.json the same suffix (the cluster's: _cluster)."""
+    out = Path(band_out)
+    stem = out.stem
+    if stem.startswith("projection_error"):
+        name = name.replace(".json", f"{stem[len('projection_error'):]}.json")
+    return out.with_name(name)
 
 
 def main(argv=None) -> int:
@@ -338,6 +393,10 @@ def main(argv=None) -> int:
         netem.preflight(min(args.links))
     except netem.NetemError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    why = cluster_mod.preflight(args.host_cpus, args.world_sizes) if args.host_cpus else None
+    if why:
+        print(f"error: {why}", file=sys.stderr)
         return 2
     load_before, started = load_average(), time.time()
     print(f"load average at start {load_before}", flush=True)

@@ -3,6 +3,8 @@ cells without running a trial, and the decisions it makes scored against measure
 
     .venv/bin/python bench/projection_pairs.py                  # the committed cells; writes projection_pairs.json
     .venv/bin/python bench/projection_pairs.py --cells X.json --out P.json --draws 200
+    .venv/bin/python bench/projection_pairs.py --cells service/step_model/projection_cells_cluster.json \
+        --error-feedback off --out P.json     # cells of both settings: one setting's pairs
 
 Reads service/step_model/projection_cells.json (bench/projection.py's counted cells: per hook, W and
 link the projected and measured step), writes service/step_model/projection_pairs.json (the raw
@@ -84,14 +86,29 @@ def print_totals(t: dict, power: dict[str, float], draws: int) -> None:
           f"median regret {t['median_regret_pct']:.1f} %")
 
 
+def one_setting(saved: dict, choice: str | None) -> dict:
+    """The cells of one error-feedback setting (the pairs rank hooks by name within one): the
+    chosen one, else the file's only one."""
+    ef = saved["error_feedback"]
+    if choice is None and isinstance(ef, list):
+        raise SystemExit(f"error: the cells ran error feedback {ef}: say which with --error-feedback on|off")
+    if choice is None:
+        return saved
+    want = choice == "on"
+    rows = [r for r in saved["cell_rows"] if r.get("error_feedback", want) in (want, None)]
+    return {**saved, "cell_rows": rows, "error_feedback": want}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--cells", default=str(RAW_FILE), help="a projection_cells.json (default: the committed one)")
     parser.add_argument("--out", default=str(PAIR_FILE), help="where to write the pair file ('-': nowhere)")
     parser.add_argument("--draws", type=int, default=500, help="random rankings for the power")
+    parser.add_argument("--error-feedback", choices=["on", "off"], help="cells that ran both settings: the pairs "
+                        "of this one (with the hooks that have none)")
     args = parser.parse_args(argv)
-    saved = json.loads(Path(args.cells).read_text())
+    saved = one_setting(json.loads(Path(args.cells).read_text()), args.error_feedback)
     data = pair_mod.pair_file(saved)
     cells = pair_mod.pair_cells(saved["cell_rows"], saved["error_feedback"])
     print(f"{len(cells)} pair cells from {args.cells} ({saved['cells']}; measured {saved['measured']})\n")

@@ -32,44 +32,45 @@ def _elements(nbytes: int, world_size: int) -> int:
     return n - n % world_size
 
 
-def _collective(kind: str, n: int, world_size: int):
+def _collective(kind: str, n: int, world_size: int, group=None):
     """A callable running one collective of ``kind`` on ``n`` fp32 elements of payload per rank."""
     buf = torch.ones(n, dtype=torch.float32)
     if kind == ALLREDUCE:
-        return lambda: dist.all_reduce(buf)
+        return lambda: dist.all_reduce(buf, group=group)
     if kind == ALLGATHER:
         out = torch.empty(n * world_size, dtype=torch.float32)
-        return lambda: dist.all_gather_into_tensor(out, buf)
+        return lambda: dist.all_gather_into_tensor(out, buf, group=group)
     out = torch.empty_like(buf)
-    return lambda: dist.all_to_all_single(out, buf)
+    return lambda: dist.all_to_all_single(out, buf, group=group)
 
 
-def _time(run, repeats: int) -> list[float]:
+def _time(run, repeats: int, group=None) -> list[float]:
     """ms of each repeat, the slowest rank's."""
     run()  # warm-up: gloo's first call on a size sets up its buffers
     times = []
     for _ in range(repeats):
-        dist.barrier()
+        dist.barrier(group=group)
         t0 = time.perf_counter()
         run()
         times.append(1000.0 * (time.perf_counter() - t0))
     slowest = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return slowest.tolist()
 
 
 def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS,
-          kinds: tuple[str, ...] = KINDS) -> tuple[list[Sample], ProbeHosts]:
-    """Every kind at every size on the current group: one :class:`Sample` each, and the hosts
-    they were measured on (every rank returns the same)."""
-    w = dist.get_world_size()
+          kinds: tuple[str, ...] = KINDS, group=None) -> tuple[list[Sample], ProbeHosts]:
+    """Every kind at every size on ``group`` (None: the default group): one :class:`Sample`
+    each, and the hosts they were measured on (every rank returns the same). A group over
+    emulated hosts (netem.process_group_on_host) probes their links, not loopback."""
+    w = dist.get_world_size(group)
     where = probe_hosts()
     shared = where.ranks_per_host > where.cores
     out = []
     for kind in kinds:
         for nbytes in sizes:
             n = _elements(nbytes, w)
-            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w), repeats), shared))
+            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w, group), repeats, group), shared))
     return out, where
 
 
