@@ -34,12 +34,13 @@ def on_host(host) -> contextlib.AbstractContextManager:
     return host_cpu.joined(host.cgroup)
 
 
-def probe_on(group) -> dict:
+def probe_on(group, host: str) -> dict:
     """The sweep's transport probe on the emulated hosts' ``group`` (link unshaped): its samples
-    and where they were taken (the ranks' cores: their cgroup's quota)."""
+    and where they were taken (the ranks' cores: their cgroup's quota; ``host``: this rank's
+    namespace, each rank on a host of its own)."""
     from service.train.transport_probe import probe
 
-    samples, where = probe(group=group)
+    samples, where = probe(group=group, host=host)
     return {"samples": [asdict(s) for s in samples], "hosts": asdict(where)}
 
 

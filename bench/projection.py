@@ -193,7 +193,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
     arms = ([basis] if world_size == 2 else []) + list(args.links)
     out = {"links": [], "runs": []}
     if args.host_cpus:  # on the hosts, their link unshaped (the network starts so): where the user trains
-        out["transport_probe"] = cluster_mod.probe_on(group)
+        out["transport_probe"] = cluster_mod.probe_on(group, net.hosts[rank].namespace)
     else:
         out["transport"] = _probe_loopback()
     for rep in range(args.repeats):

@@ -166,3 +166,25 @@ def test_a_cells_step_follows_its_link_wherever_the_wire_is_slower_than_the_host
         assert slow == pytest.approx(0.895e-6 * sent)             # the hosts' transport, whatever the link
         assert fast == pytest.approx(max(wire, 0.0895e-6 * sent))  # the slower of wire and transport
     assert comm_ms(t, b, 32, 10.0, 0.0, host(0.0895)) > 2 * comm_ms(t, b, 32, 25.0, 0.0, host(0.0895))
+
+
+def _hosts_of_a_real_group(rank: int, world_size: int):
+    from service.train.transport_probe import probe_hosts
+
+    return probe_hosts(), probe_hosts(host=f"emulated-h{rank}")
+
+
+def test_a_real_groups_hosts_as_its_ranks_see_them():
+    """Two gloo ranks on this machine are one host on loopback; the same ranks naming their own
+    emulated hosts (the process stays in the machine's namespace) are two, one rank each, and a
+    host of one rank is not time-shared whatever its share."""
+    from tests.dist_utils import run_distributed
+
+    results = run_distributed(_hosts_of_a_real_group, 2, timeout_s=120)
+    here, emulated = results[0]
+    assert results[1] == results[0]  # every rank learns the same
+    assert (here.world_size, here.hosts, here.ranks_per_host, here.loopback) == (2, 1, 2, True)
+    assert (emulated.hosts, emulated.ranks_per_host, emulated.loopback) == (2, 1, False)
+    assert here.cores >= 1 and here.cpu_model
+    assert here.time_shared == (2 > here.cores) and not emulated.time_shared
+    assert not replace(emulated, cores=0.2).time_shared and replace(emulated, ranks_per_host=2, cores=0.4).time_shared

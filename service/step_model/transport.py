@@ -75,6 +75,12 @@ class ProbeHosts:
     cpu_model: str
     loopback: bool
 
+    @property
+    def time_shared(self) -> bool:
+        """More ranks on a host than it has cores: its ranks take turns. (A host of a fraction of
+        a core with one rank shares with nobody: that share is its rank's core.)"""
+        return self.ranks_per_host > max(self.cores, 1.0)
+
     def describe(self) -> str:
         where = "on loopback" if self.loopback else f"across {self.hosts} hosts"
         return (f"W = {self.world_size} {where}, {self.ranks_per_host} rank(s) per host of {self.cores:g} "

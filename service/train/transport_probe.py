@@ -58,14 +58,15 @@ def _time(run, repeats: int, group=None) -> list[float]:
     return slowest.tolist()
 
 
-def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS,
-          kinds: tuple[str, ...] = KINDS, group=None) -> tuple[list[Sample], ProbeHosts]:
+def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS,
+          group=None, host: str | None = None) -> tuple[list[Sample], ProbeHosts]:
     """Every kind at every size on ``group`` (None: the default group): one :class:`Sample`
     each, and the hosts they were measured on (every rank returns the same). A group over
-    emulated hosts (netem.process_group_on_host) probes their links, not loopback."""
+    emulated hosts (netem.process_group_on_host) probes their links, not loopback; ``host``
+    then names this rank's (its namespace: the process itself stays in the machine's)."""
     w = dist.get_world_size(group)
-    where = probe_hosts()
-    shared = where.ranks_per_host > where.cores
+    where = probe_hosts(group, host)
+    shared = where.time_shared
     out = []
     for kind in kinds:
         for nbytes in sizes:
@@ -74,13 +75,14 @@ def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS,
     return out, where
 
 
-def probe_hosts() -> ProbeHosts:
+def probe_hosts(group=None, host: str | None = None) -> ProbeHosts:
     """The group's hosts as its ranks see them (one all_gather_object): how many, the most ranks
     on one, the fewest cores one gives its process, the CPU model. Ranks on different network
     namespaces of one machine (emulated hosts) count as hosts of their own: each sends over its
-    own link."""
-    ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(ranks, (_host_id(), _cores(), _cpu_model()))
+    own link. ``host``: this rank's host where the process cannot tell (default: its hostname and
+    network namespace)."""
+    ranks = [None] * dist.get_world_size(group)
+    dist.all_gather_object(ranks, (host or _host_id(), _cores(), _cpu_model()), group=group)
     per_host: dict[str, int] = {}
     for host, _, _ in ranks:
         per_host[host] = per_host.get(host, 0) + 1
