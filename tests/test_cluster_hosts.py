@@ -256,12 +256,20 @@ def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
     cfg, _ = load_config(ROOT / CROSS_HOST)
     before_runs = set(_parent_runs(c, cfg.name))
     sent_before = c.net.tx_bytes()
-    res, job = _submit(c, CROSS_HOST, "--storage-path", str(c.shared))
+    storage = c.shared / "job-storage"
+    res, job = _submit(c, CROSS_HOST, "--storage-path", str(storage))
     sent = [after - b for after, b in zip(c.net.tx_bytes(), sent_before)]
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    assert f"dashboard: {c.dashboard_url}/#/jobs/{job}" in res.stdout
     assert f"job {job} SUCCEEDED" in res.stdout
+    assert f"Sweep '{cfg.name}'" in res.stdout  # the job's own log was followed
+    assert {j["id"]: j for j in _jobs(c)}[job]["status"] == "SUCCEEDED"
     [parent] = set(_parent_runs(c, cfg.name)) - before_runs
     _assert_sweep_recorded(c, parent, CROSS_HOST)
+    # --storage-path reached the sweep: Tune's and Train's state is there, not in the job's
+    # temporary directory; the submitter's overlay config was not left behind.
+    assert [p for p in storage.rglob("*") if p.is_file()], f"nothing under the job's storage_path {storage}"
+    assert not list((ROOT / submit.OVERLAY_DIR).glob(f"{Path(CROSS_HOST).stem}-*.yaml"))
 
     # the two ranks ran on the two worker hosts, one each
     placed = _ray_json(c, f"""
