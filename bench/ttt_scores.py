@@ -40,9 +40,8 @@ from _common import table, write_json  # noqa: E402
 import _projection_scores as scores  # noqa: E402
 from service.report import data, projection  # noqa: E402
 from service.step_model import pairs  # noqa: E402
-from service.step_model.bands import SHAPE_ERROR_FILE  # noqa: E402
 
-SHAPE_PAIR_FILE = SHAPE_ERROR_FILE.with_name("projection_pairs.json")
+SHAPE_PAIR_FILE = pairs.PAIR_FILE  # the machine-shape pair bands (these cells share the machine's cores)
 
 
 def load(store: Path, experiment: str):
