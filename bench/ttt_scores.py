@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table, write_json  # noqa: E402
 
 import _projection_scores as scores  # noqa: E402
-from service.report import data, projection  # noqa: E402
+from service.report import data, projection, recommend  # noqa: E402
 from service.step_model import pairs  # noqa: E402
 
 SHAPE_PAIR_FILE = pairs.PAIR_FILE  # the machine-shape pair bands (these cells share the machine's cores)
@@ -56,16 +56,20 @@ def load(store: Path, experiment: str):
     return reader, data.load_sweep(reader, parent)
 
 
+def _on_loopback(t) -> bool:
+    """An eager trial on this machine's loopback: what the held-out cells compare."""
+    return t.link == recommend.LOOPBACK and not t.compiled
+
+
 def held_out(sweep, recs, reader, world_size: int, cores: int) -> list[dict]:
     """Each configuration that ran at ``world_size`` and below it: projected from below, measured there."""
-    below = [t for t in sweep.trials if t.world_size < world_size and t.link == "loopback" and not t.compiled]
+    below = [t for t in sweep.trials if t.world_size < world_size and _on_loopback(t)]
     bases = projection.bases(below, [r for r in recs if r.world_size < world_size], reader.step_timeline)
     transport = reader.transport(sweep.parent_run_id)
     out = []
     for b in bases:
-        at_w = [t for t in sweep.trials if t.config == b.config and t.world_size == world_size
-                and t.link == "loopback" and not t.compiled and t.state == "ok" and t.time_to_target is not None
-                and t.time_to_target.seconds is not None]
+        at_w = [t for t in sweep.trials if t.config == b.config and t.world_size == world_size and _on_loopback(t)
+                and t.state == "ok" and t.time_to_target is not None and t.time_to_target.seconds is not None]
         basis_seeds = _basis_seeds(sweep, b.config, b.measured_world_size)
         seeds = sorted({t.seed for t in at_w} & basis_seeds)
         if not seeds or b.crossing_step is None:
@@ -119,10 +123,12 @@ def decide(rows: list[dict], world_size: int) -> dict:
     d = pairs.decide(contenders, band_of)
     projected = {c: r["projected_s"] for c, r in ranked.items()}
     measured = {c: r["measured_s"] for c, r in ranked.items()}
-    return {"decision": d, **score(projected, measured, ranked, d.decided)}
+    return {"decision": d, "decided": d.decided, **score(projected, measured, ranked)}
 
 
-def score(projected: dict, measured: dict, rows: dict, decided: bool) -> dict:
+def score(projected: dict, measured: dict, rows: dict) -> dict:
+    """A cell's ranking ``projected`` (config -> s) against ``measured``: the winner, regret %, Kendall
+    tau, and compress or not (None where the measured gap is within bench/_projection_scores's DECISIVE)."""
     best_projected = min(projected, key=projected.get)
     best_measured = min(measured, key=measured.get)
     regret = 100.0 * (measured[best_projected] / measured[best_measured] - 1.0)
@@ -135,8 +141,7 @@ def score(projected: dict, measured: dict, rows: dict, decided: bool) -> dict:
         if abs(gap) > scores.DECISIVE:
             compress_right = (min(projected[c] for c in compressing) < projected[baseline]) == (gap > 0)
     return {"projected_winner": best_projected, "measured_winner": best_measured, "winner_right": best_projected == best_measured,
-            "regret_pct": regret, "kendall_tau": scores.kendall_tau(projected, measured), "compress_right": compress_right,
-            "decided": decided}
+            "regret_pct": regret, "kendall_tau": scores.kendall_tau(projected, measured), "compress_right": compress_right}
 
 
 def power(rows: list[dict], draws: int, seed: int = 0) -> dict:
@@ -144,12 +149,12 @@ def power(rows: list[dict], draws: int, seed: int = 0) -> dict:
     rng = random.Random(seed)
     ranked = {r["config"]: r for r in rows if r["matches_below"]}
     measured = {c: r["measured_s"] for c, r in ranked.items()}
-    model = score({c: r["projected_s"] for c, r in ranked.items()}, measured, ranked, False)
+    model = score({c: r["projected_s"] for c, r in ranked.items()}, measured, ranked)
     passed = {"winner_right": 0, "regret_le_5_pct": 0, "tau_ge_model": 0}
     for _ in range(draws):
         values = [r["projected_s"] for r in ranked.values()]
         rng.shuffle(values)
-        s = score(dict(zip(ranked, values)), measured, ranked, False)
+        s = score(dict(zip(ranked, values)), measured, ranked)
         passed["winner_right"] += s["winner_right"]
         passed["regret_le_5_pct"] += s["regret_pct"] <= 5.0
         passed["tau_ge_model"] += (s["kendall_tau"] or -1) >= (model["kendall_tau"] or -1)

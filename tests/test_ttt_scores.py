@@ -32,8 +32,8 @@ def test_the_right_ranking_passes_and_a_wrong_one_fails_every_score():
     right = [row(h, h, MEASURED[h] * 1.05, MEASURED[h]) for h in hooks]
     wrong = [row(h, h, 1000.0 / MEASURED[h], MEASURED[h]) for h in hooks]  # the order reversed
     by = lambda rows: {r["config"]: r for r in rows}  # noqa: E731
-    good = ttt_scores.score({r["config"]: r["projected_s"] for r in right}, MEASURED, by(right), False)
-    bad = ttt_scores.score({r["config"]: r["projected_s"] for r in wrong}, MEASURED, by(wrong), False)
+    good = ttt_scores.score({r["config"]: r["projected_s"] for r in right}, MEASURED, by(right))
+    bad = ttt_scores.score({r["config"]: r["projected_s"] for r in wrong}, MEASURED, by(wrong))
     assert good["winner_right"] and good["regret_pct"] == 0.0 and good["kendall_tau"] == 1.0
     assert good["compress_right"] is True  # bf16 measured 50 % ahead: decisive, and projected so
     assert not bad["winner_right"] and bad["regret_pct"] == pytest.approx(50.0) and bad["kendall_tau"] == -1.0
