@@ -1,12 +1,16 @@
 """search.plan for real: one `python -m service.sweep` (local Ray, SQLite MLflow) of allreduce and
 fp16_compress on a model whose two DDP buckets differ by a hundred times in size
 (tests.tiny_workload:tiny_exposed: 1.1 MB and 11 KB), at world size 2 on loopback, with the plan
-designed for W = 8 on 10 Gbit/s. There the large bucket's wire is most of the step and the 11 KB
-bucket's fp16 saves microseconds, less than its cast costs, so the designed plan compresses
-bucket 0 and leaves the last one to allreduce (with DDP's cap at 1 MiB in every trial: a setting,
-not a difference, so allreduce is still the baseline). The sweep then trains that plan at the
-baseline's seeds; the report shows it in the same tables, with its verdict, and says it was proven
-by a trial. ``--resume`` designs the same plan again and runs nothing twice."""
+designed for W = 4 on 0.1 Gbit/s. There the large bucket's wire is most of the step: its fp16
+halves it, about half the step, beyond the model's error on fp16's step over allreduce's (the
+plan's margin, ~36 % at W = 4), while the 11 KB bucket's fp16 saves under 1 % of the step. So the
+designed plan compresses bucket 0 and leaves the last one to allreduce (with DDP's cap at 1 MiB in
+every trial: a setting, not a difference, so allreduce is still the baseline). The sweep then
+trains that plan at the baseline's seeds; the report shows it in the same tables, with its
+verdict, and says it was proven by a trial. ``--resume`` designs the same plan again and runs
+nothing twice. (At W = 8 on 10 Gbit/s, this test's cell until stop 45, the large bucket saves ~10 %
+of the step: within the model's error there, so no plan is designed; the last bucket's choice
+there was timing noise under a 0.1-point margin, which failed CI.)"""
 
 from __future__ import annotations
 
@@ -47,7 +51,7 @@ resources:
 tracking:
   flush_seconds: 1.0
 report:
-  cluster: {world_size: 8, link_gbps: 10}
+  cluster: {world_size: 4, link_gbps: 0.1}
 """
 
 
@@ -113,7 +117,7 @@ def test_the_report_shows_the_plan_its_verdict_and_that_a_trial_proved_it(swept)
     verdicts = {k: v for k, v in parent.data.tags.items() if k.startswith("verdict.w2.loopback.plan-")}
     assert len(verdicts) == 1 and "=" not in next(iter(verdicts)), verdicts
     summary = next((swept["dir"] / "results").rglob("summary.md")).read_text()
-    assert "A per-bucket plan for W=8 on 10 Gbit/s (search.plan)" in summary, summary
+    assert "A per-bucket plan for W=4 on 0.1 Gbit/s (search.plan)" in summary, summary
     assert "Proven by a trial: plan-" in summary and "trained at the baseline's seeds" in summary, summary
     assert "The cell is not one this machine measured" in summary, summary
     assert "Every trial ran with DDP's bucket_cap_mb=1.0." in summary, summary  # named nowhere else

@@ -14,6 +14,7 @@ from hooks.registry import spec
 from service.report.projection import Basis
 from service.report.recommend import BASELINE_HOOK
 from service.step_model.bands import ErrorBands, error_bands
+from service.step_model.pairs import Configured, PairBands, pair_bands
 from service.step_model.planner import Plan, design, layout
 from service.step_model.price import Cell, CellRefused
 from service.step_model.transport import TransportFit
@@ -29,7 +30,7 @@ class PlanAnswer:
     plan: Optional[Plan] = None
     numels: tuple[int, ...] = ()
     configs: Optional[dict[str, dict]] = None   # configuration -> its hook entry for search.hooks
-    band_pct: float = 0.0
+    margins: Optional[dict[str, float]] = None   # configuration -> its ratio band's width at the cell's W, %
     why_not: str = ""
     crossings: Optional[dict[str, Optional[float]]] = None   # configuration -> its crossing step at the cluster's W
     trained: Optional["TrainedPlan"] = None   # the plan as the sweep's plan round trained it (search.plan)
@@ -114,8 +115,28 @@ def _trained(a: PlanAnswer, bases: list[Basis], cell: Cell, measured: dict[str, 
                        measured.get(a.plan.uniform))
 
 
+def _margins(chosen: list[Basis], base: Basis, world_size: int, bands: ErrorBands, pairs: PairBands) -> dict[str, float]:
+    """Per configuration, the width of the model's error on its step over the baseline's at
+    ``world_size`` (its measured pair band; unmeasured, the two absolute bands composed): what a
+    bucket it runs must save before it leaves the baseline. The width, not the low end the
+    map's rule reads: the pair bands were measured on whole steps of one hook, so their bias says
+    nothing of one bucket swapped, their spread does."""
+    def absolute(b: Basis):
+        return bands.for_cell(b.hook, b.error_feedback, world_size)
+
+    margins = {}
+    for b in chosen:
+        if b is base:
+            continue
+        band = pairs.for_pair(Configured(b.hook, b.error_feedback), Configured(base.hook, base.error_feedback),
+                              world_size, absolute=(absolute(b), absolute(base)))
+        margins[b.config] = band.high_pct - band.low_pct
+    return margins
+
+
 def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None,
-           bands: Optional[ErrorBands] = None, measured: Optional[dict[str, float]] = None) -> Optional[PlanAnswer]:
+           bands: Optional[ErrorBands] = None, measured: Optional[dict[str, float]] = None,
+           pairs: Optional[PairBands] = None) -> Optional[PlanAnswer]:
     """The plan at ``cluster`` (None without one): candidates are the baseline and every
     configuration that matched its quality at the cluster's W, measured at the baseline's W."""
     if cluster is None:
@@ -136,19 +157,19 @@ def answer(bases: list[Basis], cluster, transport: Optional[TransportFit] = None
     same = {c: t for c, t in options.items() if layout(t.timeline) == layout(options[BASELINE_HOOK].timeline)}
     if len(same) < 2:
         return PlanAnswer(why_not="no configuration that matched the baseline's quality recorded the same buckets")
-    band = (bands or error_bands()).for_cell(base.hook, base.error_feedback, cluster.world_size)
-    width = 0.0 if band is None else band.high_pct - band.low_pct
+    margins = _margins([b for b in chosen if b.config in same], base, cluster.world_size,
+                       bands or error_bands(), pair_bands() if pairs is None else pairs)
     baseline = same[BASELINE_HOOK]
     compute = baseline.compute
     if compute is None:
         return PlanAnswer(why_not=f"{BASELINE_HOOK}'s trials measured no compute at a second batch size")
     try:
-        plan = design(BASELINE_HOOK, {c: t.timeline for c, t in same.items()}, compute, base.global_batch, cell, width)
+        plan = design(BASELINE_HOOK, {c: t.timeline for c, t in same.items()}, compute, base.global_batch, cell, margins)
     except (CellRefused, ValueError) as exc:
         return PlanAnswer(why_not=str(exc))
     entries = {c: _entry(next(b for b in chosen if b.config == c), t) for c, t in same.items()}
     crossings = {b.config: b.quality_at(cluster.world_size).crossing_step for b in chosen}
-    a = PlanAnswer(plan, layout(baseline.timeline), entries, width, crossings=crossings)
+    a = PlanAnswer(plan, layout(baseline.timeline), entries, margins=margins, crossings=crossings)
     if plan.is_uniform:
         return a
     return replace(a, trained=_trained(a, bases, cell, measured or {}))
@@ -185,8 +206,7 @@ def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster",
     p = a.plan
     lines += ["| bucket | MB (fp32) | configuration |", "|---|---:|---|"]
     lines += [f"| {i} | {4 * n / 1e6:.2f} | {c} |" for i, (n, c) in enumerate(zip(a.numels, p.choices))]
-    rule = (f"searched: {p.searched}; a bucket leaves the baseline only where it saves more than "
-            f"{a.band_pct:.1f} % of the step, the baseline's error spread at this W")
+    rule = f"searched: {p.searched}; {_margin_rule(a)}"
     pricing = pricing_sentence(p.choices[0] if p.is_uniform else p.uniform, cluster_winner)
     if p.is_uniform:
         same = "" if p.choices[0] == BASELINE_HOOK else f"; {BASELINE_HOOK} everywhere {_priced(a, (BASELINE_HOOK,), p.baseline_step_ms)}"
@@ -244,12 +264,19 @@ def _trained_text(a: PlanAnswer, cell) -> str:
                    f"(error {100.0 * (p.step_ms / t.measured_ms - 1):+.1f} %).")
 
 
+def _margin_rule(a: PlanAnswer) -> str:
+    """The band rule with each candidate's margin."""
+    each = ", ".join(f"{c} {m:.1f} %" for c, m in sorted((a.margins or {}).items()))
+    return (f"a bucket leaves {BASELINE_HOOK} only where it saves more of the step than the spread of the model's "
+            f"error on its configuration's step over {BASELINE_HOOK}'s at this W ({each or 'none measured'})")
+
+
 def _why_uniform(a: PlanAnswer) -> str:
     choice = a.plan.choices[0]
     if len(a.numels) == 1:
         return f"the model has one bucket ({choice})"
     if choice == BASELINE_HOOK:
-        return f"compressing no bucket saves more than the band ({choice} everywhere)"
+        return f"compressing no bucket saves more than its margin ({choice} everywhere)"
     return f"every bucket's communication is exposed ({choice} everywhere)"
 
 

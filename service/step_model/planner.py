@@ -13,8 +13,9 @@ The search: every assignment where there are few (``EXHAUSTIVE`` plans or fewer)
 coordinate descent from the best uniform configuration (each bucket in turn takes the choice
 that lowers the step most, until a full pass changes nothing). Then the band rule: a bucket
 that is not the baseline's goes back to the baseline where what it saves is within the model's
-error band (``min_gain_pct`` of the step): compression is worth its kernels and its accuracy
-only where the model is sure the bucket's communication is exposed.
+error on the ratio of its configuration's step to the baseline's (``margin_pct``, per
+configuration: % of the step): compression is worth its kernels and its accuracy only where the
+model is sure the bucket's communication is exposed.
 
 Pure Python; the candidates' quality (only configurations whose verdict matches the baseline's)
 is the caller's to choose.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, replace
+from typing import Mapping, Optional
 
 from service.step_model.price import Cell, ComputeScaling, price_cell
 from service.step_model.timeline import BucketTiming, StepTimeline
@@ -78,7 +80,7 @@ def mixed_timeline(baseline: StepTimeline, options: dict[str, StepTimeline], cho
 
 
 def design(baseline: str, options: dict[str, StepTimeline], compute: ComputeScaling, global_batch: int,
-           cell: Cell, min_gain_pct: float = 0.0) -> Plan:
+           cell: Cell, margin_pct: Optional[Mapping[str, float]] = None) -> Plan:
     """The plan that minimises the projected step at ``cell`` over ``options`` (configuration ->
     its timeline, ``baseline`` among them, all of one bucket layout), then the band rule (the
     module doc). ValueError where the layouts differ."""
@@ -99,7 +101,7 @@ def design(baseline: str, options: dict[str, StepTimeline], compute: ComputeScal
         best, searched = min(itertools.product(names, repeat=n), key=step), f"every plan ({len(names) ** n})"
     else:
         best, searched = _descend((best_uniform,) * n, names, step), "coordinate descent"
-    best = _keep_baseline_within_band(best, baseline, step, min_gain_pct)
+    best = _keep_baseline_within_band(best, baseline, step, margin_pct or {})
     return Plan(tuple(best), step(tuple(best)), best_uniform, uniform[best_uniform], searched, uniform[baseline])
 
 
@@ -117,9 +119,11 @@ def _descend(start: tuple[str, ...], names: list[str], step) -> tuple[str, ...]:
     return tuple(current)
 
 
-def _keep_baseline_within_band(choices: tuple[str, ...], baseline: str, step, min_gain_pct: float) -> tuple[str, ...]:
-    """Each non-baseline bucket, the one saving least first, back to the baseline while the step
-    it saves is at most ``min_gain_pct`` % of the plan's step."""
+def _keep_baseline_within_band(choices: tuple[str, ...], baseline: str, step,
+                               margin_pct: Mapping[str, float]) -> tuple[str, ...]:
+    """Each non-baseline bucket, the one saving least (over its margin) first, back to the
+    baseline while the step it saves is at most its configuration's ``margin_pct`` % of the
+    plan's step (0 for a configuration without one)."""
     current = list(choices)
     while True:
         cost = step(tuple(current))
@@ -127,10 +131,10 @@ def _keep_baseline_within_band(choices: tuple[str, ...], baseline: str, step, mi
         for i, name in enumerate(current):
             if name != baseline:
                 reverted = tuple(current[:i] + [baseline] + current[i + 1:])
-                savings.append((step(reverted) - cost, i))
+                savings.append((step(reverted) - cost - cost * margin_pct.get(name, 0.0) / 100.0, i))
         if not savings:
             return tuple(current)
-        saved, i = min(savings)
-        if saved > cost * min_gain_pct / 100.0:
+        beyond, i = min(savings)
+        if beyond > 0:
             return tuple(current)
         current[i] = baseline
