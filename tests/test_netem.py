@@ -372,16 +372,18 @@ def _wait_for(proc: subprocess.Popen, log: Path, predicate, timeout: float = 600
 @pytest.mark.timeout(900)
 def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_path):
     """One sweep of two trials on a 1 Gbit/s link, on hosts of 0.8 cores each (network.host_cpus):
-    a killed sweep's leftover hosts are removed at its start; the first trial logs its link
-    (params, measured rate, the bytes tc counted) and its hosts' share; SIGINT while the second
-    trains ends the sweep (130) and removes that trial's hosts, their CPU cgroups too."""
+    a killed sweep's leftover hosts are removed at its start; its transport is probed on two such
+    hosts, not on loopback; the first trial logs its link (params, measured rate, the bytes tc
+    counted) and its hosts' share; SIGINT while the second trains ends the sweep (130) and
+    removes that trial's hosts, their CPU cgroups too."""
     from mlflow.tracking import MlflowClient
 
     pid, leftover = _start_owner_and_kill(1)  # a killed sweep's hosts: the next start removes them
     assert leftover
     config = tmp_path / "two.yaml"
     config.write_text(NETWORK_SWEEP.read_text().replace("steps: 8", "steps: 40").replace("seed: [0]", "seed: [0, 1]")
-                      .replace("link_gbps: 1\n", "link_gbps: 1\n  host_cpus: 0.8\n"))
+                      .replace("link_gbps: 1\n", "link_gbps: 1\n  host_cpus: 0.8\n")
+                      .replace("transport_probe: false", "transport_probe: true"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     log = tmp_path / "out.txt"
     with open(log, "w") as out_file:
@@ -425,6 +427,13 @@ def test_a_trial_records_its_shaped_link_and_an_interrupt_removes_the_hosts(tmp_
     assert m["host_cpus"] == 0.8  # the share its hosts had
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "ok"
     assert runs["allreduce-w2-s1-1gbps"].info.status == "KILLED"
+    # the transport was probed where the trials train: two hosts of 0.8 cores, one rank each
+    from service.tracking import SweepReader
+
+    [probed] = SweepReader(uri).transport(run.data.tags["mlflow.parentRunId"]).hosts
+    assert (probed.world_size, probed.hosts, probed.ranks_per_host, probed.loopback) == (2, 2, 1, False), probed
+    assert probed.cores == pytest.approx(0.8), probed
+    assert "transport measured at W = 2" in out
     assert _ours() == ([], [])
 
 

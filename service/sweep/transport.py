@@ -3,12 +3,14 @@ the sweep runs (above 1), the probe (service/train/transport_probe.py) times eve
 kind the hooks use; the fit (service/step_model/transport.py) goes on the parent run as
 ``transport.json`` (through service/tracking/), and the report prices every trial's collectives
 from it. A probe that fails leaves the trials alone: its one-line reason goes on the parent run
-instead, and the report says it. On loopback: a network sweep's links are not probed yet (docs/performance.md says so).
+instead, and the report says it. Where the sweep's emulated hosts own their CPU (network.host_cpus), on
+such hosts, their link unshaped (:func:`hosts_for_probe`); else on loopback.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from contextlib import contextmanager
@@ -22,29 +24,37 @@ SAMPLES = "transport_samples.json"   # in the probe's checkpoint
 
 
 def _probe_loop(config: dict) -> None:
-    """The TorchTrainer's loop: every rank probes; rank 0 reports the samples and the wall time
-    in a checkpoint (Train V2's ``Result.metrics`` is the last checkpoint's report: None without one)."""
+    """The TorchTrainer's loop: every rank probes (on its emulated host where the sweep's hosts own
+    their CPU: ``config["network"]``, as a trial's ranks train); rank 0 reports the samples and the
+    wall time in a checkpoint (Train V2's ``Result.metrics`` is the last checkpoint's report: None
+    without one)."""
     import tempfile
 
     import ray.train
 
+    from service.train.ray_entry import network_group, on_host_cpu
     from service.train.transport_probe import probe
 
+    rank = ray.train.get_context().get_world_rank()
+    hosts = (config.get("network") or {}).get("hosts")
     started = time.perf_counter()
-    samples, hosts = probe()
+    with on_host_cpu(config, rank):
+        samples, hosts_seen = probe(group=network_group(config, rank), host=hosts[rank]["namespace"] if hosts else None)
     seconds = time.perf_counter() - started
-    if ray.train.get_context().get_world_rank() != 0:
+    if rank != 0:
         ray.train.report({"probe_s": seconds})
         return
     with tempfile.TemporaryDirectory() as tmp:
         with open(f"{tmp}/{SAMPLES}", "w") as f:
-            json.dump({"samples": [asdict(s) for s in samples], "probe_s": seconds, "hosts": asdict(hosts)}, f)
+            json.dump({"samples": [asdict(s) for s in samples], "probe_s": seconds, "hosts": asdict(hosts_seen)}, f)
         ray.train.report({"probe_s": seconds}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float) -> tuple[list[Sample], float, ProbeHosts]:
+def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float,
+                 network: Optional[dict] = None) -> tuple[list[Sample], float, ProbeHosts]:
     """The probe on ``world_size`` Ray Train workers of the Ray instance this process is
-    connected to (a local one, or a cluster's): its samples, wall seconds and hosts."""
+    connected to (a local one, or a cluster's): its samples, wall seconds and hosts. ``network``:
+    {"hosts": [...]}, one emulated host per rank (:func:`hosts_for_probe`), as a trial's."""
     import ray
     import ray.train
 
@@ -53,7 +63,7 @@ def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float) -> tuple
 
     trainer = LeanTorchTrainer(
         # across hosts gloo must not bind to a loopback hostname, as the trials' (service/sweep/cluster.py)
-        _probe_loop, torch_config=torch_config("gloo", ray.nodes()),
+        _probe_loop, train_loop_config={"network": network}, torch_config=torch_config("gloo", ray.nodes()),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
         run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}-{time.strftime('%Y%m%d-%H%M%S')}",
                                        storage_path=storage))
@@ -64,6 +74,27 @@ def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float) -> tuple
         with open(f"{path}/{SAMPLES}") as f:
             data = json.load(f)
     return [Sample(**s) for s in data["samples"]], float(data["probe_s"]), ProbeHosts(**data["hosts"])
+
+
+@contextmanager
+def hosts_for_probe(cfg, world_size: int):
+    """Where the sweep's hosts own their CPU (network.host_cpus), ``world_size`` emulated hosts of
+    that share, their link unshaped (the probe times the hosts' own work; the model adds each
+    link's wire time), removed afterwards: {"hosts": [...]} for :func:`probe_on_ray`. None (the
+    machine's loopback) otherwise: ranks that share its cores probe where they train."""
+    from service.sweep.network import host_share
+
+    share = host_share(cfg)
+    if share is None:
+        yield None
+        return
+    from service.network import netem
+
+    net = netem.Network(world_size, None, owner_pid=os.getpid(), host_cpus=share).create()
+    try:
+        yield {"hosts": [vars(h) for h in net.hosts]}
+    finally:
+        net.remove()
 
 
 @contextmanager
@@ -99,8 +130,8 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
     try:
         for w in sizes:
             started = time.monotonic()  # the trainer's start included: what the sweep pays
-            with _sweep_signal_handlers():
-                measured, _, where = probe_on_ray(w, storage, cfg.resources.cpus_per_worker)
+            with _sweep_signal_handlers(), hosts_for_probe(cfg, w) as network:
+                measured, _, where = probe_on_ray(w, storage, cfg.resources.cpus_per_worker, network)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm

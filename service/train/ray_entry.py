@@ -76,15 +76,15 @@ def train_loop_per_worker(config: dict) -> None:
                              checkpoint=ray.train.Checkpoint.from_directory(directory),
                              checkpoint_dir_name=f"step_{step:08d}")
 
-    with _on_host_cpu(config, rank):
+    with on_host_cpu(config, rank):
         ctx = TrainingContext(rank=rank, world_size=world_size, device=device, logger=logger,
                               progress=config.get("progress"), start=start,
                               checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
-                              on_fault=on_fault, process_group=_network_group(config, rank))
+                              on_fault=on_fault, process_group=network_group(config, rank))
         run_training(trial, cfg, ctx)
 
 
-def _network_group(config: dict, rank: int):
+def network_group(config: dict, rank: int):
     """With an emulated network (config network:), a gloo group whose sockets live in this
     rank's host namespace: DDP's traffic crosses the shaped links (service/network/netem.py; Ray Train
     made the default group on the ordinary network before this function ran). None otherwise."""
@@ -96,7 +96,7 @@ def _network_group(config: dict, rank: int):
     return netem.process_group_on_host(network["hosts"][rank])
 
 
-def _on_host_cpu(config: dict, rank: int):
+def on_host_cpu(config: dict, rank: int):
     """With network.host_cpus, this rank's whole process (its gloo threads too) inside its host's
     CPU cgroup while it trains (service/network/host_cpu.py), and back where it was after: Ray
     Train V2 kills its workers when the trial ends, but a process must not outlive its host's
