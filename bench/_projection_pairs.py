@@ -1,6 +1,7 @@
 """The error of the projected *ratio* of two hooks' steps, from bench/projection.py's cells (the
-committed projection_cells.json, or a run's rows): the raw pair cells, their bands per (pair,
-error feedback, W), and the file the report reads (service/step_model/projection_pairs.json;
+committed projection_cells*.json, or a run's rows): the raw pair cells, their bands per (pair,
+error feedback, W), and the pair file (service/step_model/projection_pairs_cluster.json, the one
+the report reads, from the cluster cells; projection_pairs.json from this machine's shape;
 service/step_model/pairs.py says what the bands are for and the rule that uses them).
 
 Pure Python over the cell rows (``hook``, ``world_size``, ``link_gbps``, ``projected_ms``,
@@ -90,12 +91,23 @@ def pair_bands(cells: list[dict]) -> pairs.PairBands:
                             "bands": bands(cells)})
 
 
-def pair_file(saved: dict) -> dict:
-    """projection_pairs.json from a committed projection_cells.json: the bands and the raw pair cells."""
-    cells = pair_cells(saved["cell_rows"], saved["error_feedback"])
-    return {"format": pairs.FORMAT, "source": "bench/projection_pairs.py", "derived_from": "projection_cells.json",
-            "measured": saved["measured"], "workload": saved["workload"], "cells": saved["cells"],
-            "error_feedback": saved["error_feedback"],
+def pair_file(parts: list[dict], derived_from: str = "projection_cells.json") -> dict:
+    """projection_pairs.json from a committed projection_cells.json split by error-feedback setting
+    (one part per setting: ``one_setting`` in bench/projection_pairs.py): the bands and the raw pair
+    cells of every part. Each part's pairs rank its own hooks; a pair of two hooks without the
+    setting (allreduce and allgather_then_aggregate) is kept once, from the first part."""
+    cells, seen = [], set()
+    for part in parts:
+        for c in pair_cells(part["cell_rows"], part["error_feedback"]):
+            at = (*_key(c), c["world_size"], c["link_gbps"])
+            if at not in seen:
+                seen.add(at)
+                cells.append(c)
+    first = parts[0]
+    settings = [p["error_feedback"] for p in parts]
+    return {"format": pairs.FORMAT, "source": "bench/projection_pairs.py", "derived_from": derived_from,
+            "measured": first["measured"], "workload": first["workload"], "cells": first["cells"],
+            "error_feedback": settings[0] if len(settings) == 1 else settings,
             "rule": "per pair and W: the range of its counted cells' ratio errors, widened on both sides by the "
                     "median over every pair of how far its error moved between that W's links",
             "link_move_pct": {str(w): round(m, 2) for w, m in link_moves(cells).items()},

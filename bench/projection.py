@@ -45,18 +45,20 @@ every quarter); target = allreduce's final eval loss x 1.01; the crossing step f
 projected step.
 
 Global batch 64 splits over W = 2, 4, 8 only (W = 3 and 6 are refused by the workload's check).
-Writes bench/results/projection.json (every row, the load), the error bands the report reads,
-service/step_model/projection_error.json (--band-out; a --quick run writes one only when given
---band-out), per hook, error feedback and W, and beside it the cells they come from,
-projection_cells.json (committed: --summarise re-derives the bands from it).
+Writes bench/results/projection.json (every row, the load), the error bands per hook, error
+feedback and W (--band-out; a --quick run writes one only when given --band-out), and beside
+them the cells they come from (committed: --summarise re-derives the bands from them) and the
+ratio bands of every pair (bench/projection_pairs.py): on this machine's shape
+service/step_model/projection_error.json, projection_cells.json, projection_pairs.json.
 
 --error-feedback on off: every hook that has error feedback runs once per setting (its rows and
 bands keyed by it; the quality trials take the first setting). --host-cpus Q: the emulated
 cluster instead of this machine's shape (bench/_projection_cluster.py): every host, the basis's
 too, owns Q cores; the basis is W = 2 on such hosts, unshaped; the transport probed on the hosts
 at every W; a held-out cell priced by the report's cluster path (cores None, W = 2's probe scaled
-by the ring). Its bands go to projection_error_cluster.json, its cells to
-projection_cells_cluster.json (the report reads neither: they do not cover every hook).
+by the ring). Its files are the ones the report reads: projection_error_cluster.json,
+projection_cells_cluster.json and projection_pairs_cluster.json (a hook they lack gets the
+widest band measured).
 """
 
 from __future__ import annotations
@@ -74,15 +76,14 @@ from service.network import link_measure  # noqa: E402
 from service.network import netem
 from pathlib import Path  # noqa: E402
 
-from service.step_model.bands import ERROR_FILE, RAW_FILE  # noqa: E402
-from service.step_model.pairs import PAIR_FILE  # noqa: E402
+from service.step_model.bands import ERROR_FILE, SHAPE_ERROR_FILE  # noqa: E402
 
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
 QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
 ERROR_FEEDBACK = ("on",)  # default: every hook that has error feedback runs with it on (its bands say so)
 LOOPBACK = "loopback"
-CLUSTER_ERROR_FILE = ERROR_FILE.with_name("projection_error_cluster.json")
+CLUSTER_ERROR_FILE = ERROR_FILE  # the report reads the cluster's
 
 
 def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,)) -> list:
@@ -307,7 +308,7 @@ def parse(argv) -> argparse.Namespace:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
     elif not args.band_out and not args.summarise:
-        args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else ERROR_FILE)
+        args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else SHAPE_ERROR_FILE)
     return args
 
 
@@ -359,16 +360,15 @@ def summarise_saved(args) -> int:
 def write_bands(result: dict, args, load: list[float]) -> None:
     """The band file the report reads and, beside it, the cells it comes from."""
     band = rows_mod.band_file(result, args, rules(args), load)
-    cells = beside(args.band_out, RAW_FILE.name)
+    cells = beside(args.band_out, "projection_cells.json")
     band["raw"] = cells.name
     print(f"wrote {rows_mod.write_band(band, args.band_out)}")
     print(f"wrote {rows_mod.write_band(rows_mod.cells_file(result, band), str(cells))}")
-    import projection_pairs  # the ratio bands beside them, from the cells just written (one file per setting)
+    import projection_pairs  # the ratio bands beside them, from the cells just written (every setting's pairs)
 
-    pairs = beside(args.band_out, PAIR_FILE.name)
-    for ef in settings(args):
-        out = pairs if len(settings(args)) == 1 else pairs.with_name(f"{pairs.stem}_ef_{'on' if ef else 'off'}.json")
-        projection_pairs.main(["--cells", str(cells), "--out", str(out), "--error-feedback", "on" if ef else "off"])
+    pairs = beside(args.band_out, "projection_pairs.json")
+    projection_pairs.main(["--cells", str(cells), "--out", str(pairs), "--error-feedback",
+                           *("on" if ef else "off" for ef in settings(args))])
 
 
 def beside(band_out: str, name: str) -> Path:

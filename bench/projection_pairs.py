@@ -1,14 +1,15 @@
 """The step model's error on the ratio of two hooks' steps, re-derived from the committed held-out
 cells without running a trial, and the decisions it makes scored against measurement.
 
-    .venv/bin/python bench/projection_pairs.py                  # the committed cells; writes projection_pairs.json
-    .venv/bin/python bench/projection_pairs.py --cells X.json --out P.json --draws 200
-    .venv/bin/python bench/projection_pairs.py --cells service/step_model/projection_cells_cluster.json \
-        --error-feedback off --out P.json     # cells of both settings: one setting's pairs
+    .venv/bin/python bench/projection_pairs.py        # the report's cells; writes projection_pairs_cluster.json
+    .venv/bin/python bench/projection_pairs.py --cells service/step_model/projection_cells.json \
+        --out service/step_model/projection_pairs.json    # this machine's shape (error feedback on)
+    .venv/bin/python bench/projection_pairs.py --cells X.json --error-feedback off --out P.json --draws 200
 
-Reads service/step_model/projection_cells.json (bench/projection.py's counted cells: per hook, W and
-link the projected and measured step), writes service/step_model/projection_pairs.json (the raw
-pair cells and the bands per pair, error feedback and W: bench/_projection_pairs.py), and prints
+Reads service/step_model/projection_cells_cluster.json (bench/projection.py's counted cells on the
+emulated cluster: per hook, error feedback, W and link the projected and measured step), writes
+service/step_model/projection_pairs_cluster.json (the raw pair cells and the bands per pair, error
+feedback and W: bench/_projection_pairs.py; every setting the cells ran), and prints, per setting,
 
 * per hook against allreduce and W, the ratio error at each held-out link, and its band;
 * per W over every pair: the range and median |error|, and how far a pair's error moves between
@@ -86,12 +87,18 @@ def print_totals(t: dict, power: dict[str, float], draws: int) -> None:
           f"median regret {t['median_regret_pct']:.1f} %")
 
 
+def settings(saved: dict, choices: list[str] | None) -> list[dict]:
+    """The cells split by error-feedback setting (the pairs rank hooks within one setting): one
+    part per setting chosen, else per setting the cells ran."""
+    ran = saved["error_feedback"]
+    if choices is None and isinstance(ran, list):
+        choices = ["on" if ef else "off" for ef in ran]
+    return [one_setting(saved, c) for c in (choices or [None])]
+
+
 def one_setting(saved: dict, choice: str | None) -> dict:
     """The cells of one error-feedback setting (the pairs rank hooks by name within one): the
     chosen one, else the file's only one."""
-    ef = saved["error_feedback"]
-    if choice is None and isinstance(ef, list):
-        raise SystemExit(f"error: the cells ran error feedback {ef}: say which with --error-feedback on|off")
     if choice is None:
         return saved
     want = choice == "on"
@@ -105,28 +112,38 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", default=str(RAW_FILE), help="a projection_cells.json (default: the committed one)")
     parser.add_argument("--out", default=str(PAIR_FILE), help="where to write the pair file ('-': nowhere)")
     parser.add_argument("--draws", type=int, default=500, help="random rankings for the power")
-    parser.add_argument("--error-feedback", choices=["on", "off"], help="cells that ran both settings: the pairs "
-                        "of this one (with the hooks that have none)")
+    parser.add_argument("--error-feedback", choices=["on", "off"], nargs="+", help="cells that ran both settings: "
+                        "the pairs of these (each with the hooks that have none), all in one file")
     args = parser.parse_args(argv)
-    saved = one_setting(json.loads(Path(args.cells).read_text()), args.error_feedback)
-    data = pair_mod.pair_file(saved)
+    saved = json.loads(Path(args.cells).read_text())
+    parts = settings(saved, args.error_feedback)
+    data = pair_mod.pair_file(parts, Path(args.cells).name)
+    for part in parts:
+        report_setting(part, args.cells, args.draws)
+    if args.out != "-":
+        print(f"wrote {pair_mod.write(data, args.out)}")
+    return 0
+
+
+def report_setting(saved: dict, source: str, draws: int) -> None:
+    """The tables of one error-feedback setting's cells: pairs against allreduce, pooled, every
+    held-out cell decided under bands from the others, the scores with their power."""
     cells = pair_mod.pair_cells(saved["cell_rows"], saved["error_feedback"])
-    print(f"{len(cells)} pair cells from {args.cells} ({saved['cells']}; measured {saved['measured']})\n")
-    print_baseline_pairs(cells, data["bands"])
+    print(f"{len(cells)} pair cells from {source} ({saved['cells']}; error feedback "
+          f"{'on' if saved['error_feedback'] else 'off'}; measured {saved['measured']})\n")
+    print_baseline_pairs(cells, pair_mod.bands(cells))
     print()
     print_pooled(cells, pair_mod.link_moves(cells))
     print("\ndecisions per held-out cell (bands from the other cells):")
     scored = scores.score(saved["cell_rows"], saved["error_feedback"])
     print_decisions(scored)
     print()
-    print_totals(scores.totals(scored), scores.power(saved["cell_rows"], args.draws), args.draws)
+    print_totals(scores.totals(scored), scores.power(saved["cell_rows"], draws, error_feedback=saved["error_feedback"]),
+                 draws)
     calls = scores.pair_calls(saved["cell_rows"], saved["error_feedback"])
     print(f"\nevery pair at every cell on its own: {calls['decided']} decided, {calls['right']} of them in the measured "
           f"order; {calls['hatched']} hatched, {calls['inside']} of them measured inside their band")
-    print(f"\n{NOT_SCORED}")
-    if args.out != "-":
-        print(f"wrote {pair_mod.write(data, args.out)}")
-    return 0
+    print(f"\n{NOT_SCORED}\n")
 
 
 if __name__ == "__main__":

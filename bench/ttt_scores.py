@@ -41,7 +41,6 @@ import _projection_scores as scores  # noqa: E402
 from service.report import data, projection, recommend  # noqa: E402
 from service.step_model import pairs  # noqa: E402
 
-SHAPE_PAIR_FILE = pairs.PAIR_FILE  # the machine-shape pair bands (these cells share the machine's cores)
 
 
 def load(store: Path, experiment: str):
@@ -110,7 +109,7 @@ def pair_errors(rows: list[dict]) -> list[dict]:
 
 def decide(rows: list[dict], world_size: int) -> dict:
     """The cell as the report decides it (matching configurations only) and the scores against measurement."""
-    bands = pairs.pair_bands(SHAPE_PAIR_FILE)
+    bands = pairs.pair_bands(pairs.SHAPE_PAIR_FILE)  # these cells share the machine's cores
     ranked = {r["config"]: r for r in rows if r["matches_below"]}
     contenders = [pairs.Contender(c, r["projected_s"], r["crossing_below"] * min(r["seed_steps_ms"]) / 1000.0,
                                   r["crossing_below"] * max(r["seed_steps_ms"]) / 1000.0) for c, r in ranked.items()]

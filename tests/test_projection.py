@@ -139,6 +139,27 @@ def test_error_bands_are_read_from_the_benchs_file(tmp_path):
     assert missing.for_cell("allreduce", None, 2) is None and "unmeasured" in missing.provenance
 
 
+
+
+def test_the_reports_bands_are_the_cluster_paths_with_error_feedback_off_measured_on_its_own():
+    """The report prices every cell by its cluster path (a core per rank), so it reads the bands
+    held out through that path (bench/projection.py --host-cpus), where each hook ran with error
+    feedback on and off: the presets' setting (off) has its own measured absolute band and its
+    own measured ratio band against allreduce, not the widest or two composed."""
+    from service.step_model.pairs import PAIR_FILE, pair_bands
+
+    assert step_bands.ERROR_FILE.name == "projection_error_cluster.json"
+    bands = step_bands.error_bands()
+    off, on = bands.for_cell("bf16_compress", False, 8), bands.for_cell("bf16_compress", True, 8)
+    assert off.source == "measured for bf16_compress with error feedback off" and off.checked_w == 8
+    assert on.source == "measured for bf16_compress with error feedback on" and (off.low_pct, off.high_pct) != (
+        on.low_pct, on.high_pct)
+    assert "emulated hosts" in bands.provenance
+    ratio = pair_bands(PAIR_FILE).for_pair(Configured("bf16_compress", False), Configured("allreduce", None), 8)
+    assert ratio.measured and ratio.source == "measured for bf16_compress with error feedback off against allreduce"
+    mixed = pair_bands(PAIR_FILE).for_pair(Configured("bf16_compress", False), Configured("topk", True), 8,
+                                           absolute=(off, on))
+    assert not mixed.measured  # the bench pairs hooks within one setting: across settings, composed
 def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_hatched():
     bands = bands_at(8, allreduce=(-10.0, 10.0), fp16_compress=(-10.0, 10.0), topk=(-10.0, 10.0))
     slow = basis("allreduce", crossings=(100.0,))

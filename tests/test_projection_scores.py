@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _projection_scores as scores  # noqa: E402
 
 from service.step_model.bands import error_feedback_of  # noqa: E402
-from service.step_model.pairs import Configured, MeasuredPair, PairBands  # noqa: E402
+from service.step_model.pairs import PAIR_FILE, Configured, MeasuredPair, PairBands  # noqa: E402
 
 W = 4
 
@@ -70,7 +70,7 @@ def test_the_pairs_bench_re_derives_the_committed_pair_bands_and_scores_them(tmp
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "projection_pairs.py"), "--out", str(out),
                            "--draws", "20"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    committed = json.loads((ROOT / "service" / "step_model" / "projection_pairs.json").read_text())
+    committed = json.loads((PAIR_FILE).read_text())
     assert json.loads(out.read_text())["bands"] == committed["bands"]
     for name in scores.TARGETS:
         assert any(line.startswith(name) for line in done.stdout.splitlines()), name

@@ -1,8 +1,8 @@
 """The step model's measured error: (projected - measured) / measured over the held-out emulated
 cells bench/projection.py priced and ran, per hook, error-feedback setting and world size
-(``projection_error.json`` beside this module, written by that bench from the raw cells it
-commits beside it, ``projection_cells.json``; :func:`error_bands` is the one place the report
-reads it from).
+(``projection_error_cluster.json`` beside this module, written by that bench on an emulated
+cluster from the raw cells it commits beside it, ``projection_cells_cluster.json``;
+:func:`error_bands` is the one place the report reads it from).
 
 A cell at world size W takes the band measured for its hook with its error-feedback setting at
 the checked W nearest to W (in log2: the world size doubles from cell to cell); above the
@@ -21,8 +21,13 @@ from typing import Optional
 
 from hooks.registry import available
 
-ERROR_FILE = Path(__file__).with_name("projection_error.json")
-RAW_FILE = Path(__file__).with_name("projection_cells.json")
+# The report's bands: held out through the report's own cluster path (a share of a core per rank,
+# W = 2's transport scaled by the ring) on emulated hosts that own their CPU: bench/projection.py
+# --host-cpus. The bands of this machine's shape (W ranks on its 2 cores) stay beside them for the
+# bench (SHAPE_ERROR_FILE): the report prices no cell that way.
+ERROR_FILE = Path(__file__).with_name("projection_error_cluster.json")
+RAW_FILE = Path(__file__).with_name("projection_cells_cluster.json")
+SHAPE_ERROR_FILE = Path(__file__).with_name("projection_error.json")
 FORMAT = 2  # bands keyed by hook, error feedback and W; format 1 (by hook only) is still read
 
 

@@ -5,15 +5,16 @@ Two configurations priced at the same cell share much of their projection's erro
 compute, the same machine, the same transport): what says which of the two is faster is the
 error of the ratio of their projected steps, which two independent absolute bands
 (service/step_model/bands.py) throw away. bench/projection_pairs.py measures it on the held-out
-cells bench/projection.py committed (``projection_cells.json``): at every counted (W, link) cell,
-for every pair of hooks (each with its error-feedback setting),
+cells bench/projection.py committed (``projection_cells_cluster.json``, the cells of the report's
+absolute bands): at every counted (W, link) cell, for every pair of hooks with the same
+error-feedback setting (hooks without one pair with both),
 
     error % = 100 x (projected_a / projected_b) / (measured_a / measured_b) - 100
 
 and keeps, per pair and W, the range of its cells widened by how far one pair's error moved from
 one held-out link to the other at that W (the median over every pair: two links per W are too
-few to say it per pair). ``projection_pairs.json`` beside this module holds those bands and the
-raw pair cells they come from (:func:`pair_bands` reads it).
+few to say it per pair). ``projection_pairs_cluster.json`` beside this module holds those bands
+and the raw pair cells they come from (:func:`pair_bands` reads it).
 
 The rule (:func:`decide`), the same in the decision map, the cluster's answer, the projection
 table and the bench's scores: a cell's winner is *decided* when its projected ratio to every
@@ -35,7 +36,8 @@ from typing import Callable, Iterable, NamedTuple, Optional
 
 from service.step_model.bands import ErrorBand, band_text, label, nearest_checked, pct_range, where_checked
 
-PAIR_FILE = Path(__file__).with_name("projection_pairs.json")
+PAIR_FILE = Path(__file__).with_name("projection_pairs_cluster.json")  # from the cells the report's bands come from
+SHAPE_PAIR_FILE = Path(__file__).with_name("projection_pairs.json")   # this machine's shape (W ranks on its cores): benches
 FORMAT = 1
 
 
