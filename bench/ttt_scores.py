@@ -40,6 +40,7 @@ from _common import table, write_json  # noqa: E402
 import _projection_scores as scores  # noqa: E402
 from service.report import data, projection, recommend  # noqa: E402
 from service.step_model import pairs  # noqa: E402
+from service.step_model.bands import SHAPE_ERROR_FILE, error_bands  # noqa: E402
 
 
 
@@ -110,6 +111,7 @@ def pair_errors(rows: list[dict]) -> list[dict]:
 def decide(rows: list[dict], world_size: int) -> dict:
     """The cell as the report decides it (matching configurations only) and the scores against measurement."""
     bands = pairs.pair_bands(pairs.SHAPE_PAIR_FILE)  # these cells share the machine's cores
+    absolute = error_bands(SHAPE_ERROR_FILE)          # for a pair the bench never measured, as the report does
     ranked = {r["config"]: r for r in rows if r["matches_below"]}
     contenders = [pairs.Contender(c, r["projected_s"], r["crossing_below"] * min(r["seed_steps_ms"]) / 1000.0,
                                   r["crossing_below"] * max(r["seed_steps_ms"]) / 1000.0) for c, r in ranked.items()]
@@ -117,7 +119,9 @@ def decide(rows: list[dict], world_size: int) -> dict:
     def band_of(a: str, b: str):
         ra, rb = ranked[a], ranked[b]
         return bands.for_pair(pairs.Configured(ra["hook"], ra["error_feedback"]),
-                              pairs.Configured(rb["hook"], rb["error_feedback"]), world_size)
+                              pairs.Configured(rb["hook"], rb["error_feedback"]), world_size,
+                              absolute=(absolute.for_cell(ra["hook"], ra["error_feedback"], world_size),
+                                        absolute.for_cell(rb["hook"], rb["error_feedback"], world_size)))
 
     d = pairs.decide(contenders, band_of)
     projected = {c: r["projected_s"] for c, r in ranked.items()}

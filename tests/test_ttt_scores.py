@@ -63,3 +63,18 @@ def test_a_store_without_a_sweep_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "ttt_scores.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip() == f"error: no mlflow.db in {tmp_path}"
+
+
+def test_an_unmeasured_pair_is_decided_under_the_absolute_bands_composed_not_under_no_error():
+    """Error feedback off was never measured on the machine's shape: the pair takes the two
+    absolute bands as independent, as the report does. It once got a 0 % band (no error at all),
+    so a 12 % lead was 'decided'."""
+    from service.step_model.bands import SHAPE_ERROR_FILE, error_bands
+
+    rows = [row("allreduce", "allreduce", 30.0, 30.0), row("topk", "topk", 33.6, 33.0)]  # topk off: unmeasured
+    cell = ttt_scores.decide(rows, 4)
+    band = cell["decision"].band
+    assert not cell["decided"] and not band.measured and "unmeasured pair" in band.source
+    shape = error_bands(SHAPE_ERROR_FILE)
+    a, b = shape.for_cell("allreduce", None, 4), shape.for_cell("topk", False, 4)
+    assert band.low_pct == pytest.approx(100.0 * ((100 + a.low_pct) / (100 + b.high_pct) - 1))
