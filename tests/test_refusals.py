@@ -105,14 +105,60 @@ DOCUMENTED = {
 }
 
 
+def _refusals_on_two_ranks(rank, world_size, dump):
+    """Every seed's trial of ``dump`` on this real gloo group: seed -> its refusal's text (None: none)."""
+    from service.config import SweepConfig
+    from service.train.context import TrainingContext
+    from service.train.loop import run_training
+    from service.train.preflight import WorkloadError
+
+    cfg = SweepConfig.model_validate(dump)
+    out = {}
+    for trial in cfg.trials():
+        try:
+            run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu"))
+            out[trial.seed] = None
+        except WorkloadError as err:
+            out[trial.seed] = str(err)
+    return out
+
+
+def _config(seeds) -> dict:
+    import yaml
+
+    return yaml.safe_load(REFUSALS_CONFIG.format(seeds=sorted(seeds)))
+
+
+def test_every_documented_refusal_is_raised_on_every_rank_with_its_documented_line():
+    """Each of the seven refusals, detected in the training loop of a real 2-rank gloo group
+    (no Ray: the sweep below carries a few of them through Ray to the table and the runs)."""
+    from service.config import SweepConfig
+    from tests.dist_utils import run_distributed
+
+    dump = SweepConfig.model_validate(_config(DOCUMENTED)).model_dump()
+    ranks = run_distributed(_refusals_on_two_ranks, 2, args=(dump,))
+    for rank in (0, 1):
+        assert ranks[rank] == DOCUMENTED, rank
+    # the docs list exactly these lines (with the example workload's name)
+    docs = (ROOT / "docs" / "workloads.md").read_text()
+    for line in DOCUMENTED.values():
+        assert line.replace("tests.dict_workload:refusal_by_seed", "mypkg.wl:build") in docs, line
+
+
+# Through Ray: a refusal of the group (rank 1's weights differ: found by comparing across ranks)
+# and one of the first training step (parameters without a gradient): each raised inside a Ray
+# Train worker and pickled to the driver.
+THROUGH_RAY = (0, 6)
+
+
 @pytest.fixture(scope="module")
 def refusals_sweep(tmp_path_factory):
-    """One real sweep (local Ray, SQLite MLflow), one trial per documented refusal."""
+    """One real sweep (local Ray, SQLite MLflow), one trial per refusal of THROUGH_RAY."""
     from tests.test_sweep_e2e import run_sweep_cli
 
     tmp = tmp_path_factory.mktemp("refusals")
     config = tmp / "refusals.yaml"
-    config.write_text(REFUSALS_CONFIG.format(seeds=sorted(DOCUMENTED)))
+    config.write_text(REFUSALS_CONFIG.format(seeds=list(THROUGH_RAY)))
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return run_sweep_cli(config, tmp, uri, reaper_out=tmp / "left.json"), uri, tmp / "left.json"
@@ -120,7 +166,7 @@ def refusals_sweep(tmp_path_factory):
 
 @pytest.mark.ray
 @pytest.mark.timeout(1500)
-def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(refusals_sweep):
+def test_refusals_raised_in_ray_workers_arrive_in_the_table_and_on_the_trials_run(refusals_sweep):
     from mlflow.tracking import MlflowClient
 
     from tests.test_sweep_e2e import child_runs_by_name
@@ -131,8 +177,9 @@ def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(ref
     assert left_running(left) == {}  # its Ray instance stopped whole, though every trial failed
     assert "Traceback" not in out + proc.stderr and "WorkerHealthCheckFailedError" not in out
     runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "refusals")
-    for seed, line in DOCUMENTED.items():
-        name = f"allreduce-w2-s{seed}"
+    assert set(runs) == {f"allreduce-w2-s{seed}" for seed in THROUGH_RAY}
+    for seed in THROUGH_RAY:
+        line, name = DOCUMENTED[seed], f"allreduce-w2-s{seed}"
         shown = next(ln for ln in out.splitlines() if ln.startswith(f"  {name}: "))
         # the failing ranks (each refuses alike), each with the documented line and nothing else
         one = rf"rank \d: WorkloadError: {re.escape(line)}"
@@ -140,10 +187,6 @@ def test_every_documented_refusal_arrives_in_the_table_and_on_the_trials_run(ref
         run = runs[name]
         assert run.info.status == "FAILED" and run.data.tags["status"] == "failed"
         assert run.data.tags["error"].splitlines()[0] == shown.split(": ", 1)[1].strip()
-    # the docs list exactly these lines (with the example workload's name)
-    docs = (ROOT / "docs" / "workloads.md").read_text()
-    for line in DOCUMENTED.values():
-        assert line.replace("tests.dict_workload:refusal_by_seed", "mypkg.wl:build") in docs, line
 
 
 # ----------------------------------------------------------------------------- a model people bring
