@@ -538,30 +538,6 @@ def test_ray_job_submit_cli_runs_a_sweep(loopback_cluster):
 
 @pytest.mark.cluster
 @needs_ray_cli
-def test_probe_writes_the_clusters_transport_with_the_hosts_it_ran_on(loopback_cluster, tmp_path):
-    """python -m service.probe: the transport probe as one short job on the cluster, its fit
-    written where report.cluster.transport reads it, naming the hosts it ran on."""
-    from service.step_model.transport import read_file
-
-    c = loopback_cluster
-    out = tmp_path / "transport.json"
-    res = _run([sys.executable, "-m", "service.probe", "--address", c.gcs_address, "--world-size", "2",
-                "--storage-path", str(c.base / "probe-storage"), "--out", str(out)], env=c.env, timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    fit = read_file(str(out))
-    assert fit.world_sizes == [2] and set(fit.kinds) == {"allreduce", "allgather", "all_to_all"}
-    [hosts] = fit.hosts
-    # both ranks on the worker node (the head has no CPUs): one host, loopback, 2 cores there
-    assert (hosts.world_size, hosts.hosts, hosts.ranks_per_host, hosts.loopback) == (2, 1, 2, True)
-    assert hosts.cores >= 1 and hosts.cpu_model
-    assert f"W = 2: probed {hosts.describe()}" in res.stdout
-    assert f"report.cluster.transport: {out}" in res.stdout
-    # a report can take it: the config check reads it back
-    from service.config.loading import report_section
-    cfg = report_section(f"report:\n  cluster: {{world_size: 8, link_gbps: 10, transport: {out}}}\n")
-    assert cfg.cluster.transport == str(out)
-
-
 def test_probe_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = tmp_path / "transport.json"

@@ -6,10 +6,11 @@ namespace, its own 198.18.0.x address on eth0, a veth into one bridge, its egres
 tc tbf to LINK_GBPS):
 
   - host h0 (198.18.0.1): `ray start --head` (no CPUs: it runs the job's driver only);
-  - host h1 (198.18.0.2): a worker node with 1 CPU;
-  - host h2 (198.18.0.3): a worker node with 1 CPU, started in its own mount namespace with a
-    tmpfs over HIDDEN: a directory every other host sees and this one does not (a node-local
-    disk);
+  - host h1 (198.18.0.2): a worker node with 1 CPU, started inside its host's CPU cgroup of
+    HOST_CPUS cores (service/network/host_cpu.py, as network.host_cpus makes one): its raylet and
+    every worker it starts own that share, not the machine's 2 cores (issue 39);
+  - host h2 (198.18.0.3): the same, and started in its own mount namespace with a tmpfs over
+    HIDDEN: a directory every other host sees and this one does not (a node-local disk);
   - `mlflow server` in the root namespace on the bridge's own address (198.18.0.254), which
     every host reaches (the "shared service" of a real cluster).
 
@@ -19,6 +20,7 @@ sweep submitted with `python -m service.submit`, the loopback tracking URI by th
 against the cluster's own `ray.nodes()`; and a sweep whose two ranks must sit on h1 and h2
 (ranks of 0.6 CPU, nodes of 1) trains with its gradients crossing the shaped links: the bytes
 the hosts' qdiscs sent, and the step time against the wire time at the shaped rate, show it.
+`python -m service.probe` run there names what it probed: two hosts of HOST_CPUS cores.
 
 Everything started is stopped by pid, the hosts are removed, and the module checks that no
 namespace or link of ours is left, whatever the outcome.
@@ -53,6 +55,7 @@ pytestmark = [
 ]
 
 LINK_GBPS = 1.0
+HOST_CPUS = 0.8  # cores of each worker node's host: 1.6 of the machine's 2, the rest for the head and MLflow
 BRIDGE_ADDRESS = f"{netem.SUBNET}.254"  # the root namespace's address on the hosts' segment
 CROSS_HOST = "tests/cross_host_sweep.yaml"
 ONE_TRIAL = "tests/one_trial_sweep.yaml"
@@ -75,6 +78,12 @@ class HostCluster:
 
 def _in_host(host: netem.Host, *cmd: str) -> list[str]:
     return ["ip", "netns", "exec", host.namespace, *cmd]
+
+
+def _in_cgroup(host: netem.Host) -> list[str]:
+    """A command prefix that moves the command into ``host``'s CPU cgroup before it runs: what
+    it starts (a raylet, its workers) inherits the host's share."""
+    return ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", host.cgroup]
 
 
 def _ours_left(owner: int) -> tuple[list[str], list[str]]:
@@ -106,7 +115,7 @@ def host_cluster():
     # the hosts are owned by a process of their own that lives as long as the module: this
     # pytest worker may own other tests' networks, and the final check counts only ours
     owner = subprocess.Popen(["sleep", "infinity"])
-    net = netem.Network(3, LINK_GBPS, owner_pid=owner.pid)
+    net = netem.Network(3, LINK_GBPS, owner_pid=owner.pid, host_cpus=HOST_CPUS)
     c = None
     try:
         net.create()
@@ -131,12 +140,12 @@ def host_cluster():
                             "--port", str(gcs_port), "--dashboard-host", head.address,
                             "--dashboard-port", str(dash_port), "--ray-client-server-port", str(_free_port()),
                             "--num-cpus", "0", *common), base / "head", env)
-        _ray_start(_in_host(w1, str(RAY_CLI), "start", "--address", c.gcs_address,
+        _ray_start(_in_host(w1, *_in_cgroup(w1), str(RAY_CLI), "start", "--address", c.gcs_address,
                             "--node-ip-address", w1.address, "--num-cpus", "1", *common), base / "w1", env)
         # h2's own mount namespace, with a tmpfs over HIDDEN: its raylet and every worker it
         # starts see an empty directory there (ip netns exec makes the mounts slaves of the
         # root's, so nothing propagates back)
-        _ray_start(_in_host(w2, "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        _ray_start(_in_host(w2, *_in_cgroup(w2), "unshare", "--mount", "--propagation", "private", "sh", "-c",
                             'mount -t tmpfs node-local "$1" && shift && exec "$@"', "sh", str(hidden),
                             str(RAY_CLI), "start", "--address", c.gcs_address, "--node-ip-address",
                             w2.address, "--num-cpus", "1", *common), base / "w2", env)
@@ -189,6 +198,31 @@ def test_ray_sees_three_hosts_with_their_own_addresses(host_cluster):
     from service.sweep import cluster
 
     assert cluster.cluster_hosts(c.nodes) == addresses
+
+
+def test_probe_on_hosts_that_own_their_cpu_names_them(host_cluster):
+    """python -m service.probe on this cluster (a driver on the head's host, as a user's would be
+    on theirs): one rank per worker node, each inside its host's share, across the hosts' links;
+    transport.json names two hosts of HOST_CPUS cores, not this machine's loopback, and a
+    report.cluster.transport reads it back."""
+    from service.config.loading import report_section
+    from service.step_model.transport import read_file
+
+    c = host_cluster
+    out = c.shared / "transport.json"
+    res = _run(_in_host(c.net.hosts[0], sys.executable, "-m", "service.probe", "--address", c.gcs_address,
+                        "--world-size", "2", "--storage-path", str(c.shared / "probe-storage"), "--out", str(out)),
+               env=c.env, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    fit = read_file(str(out))
+    assert fit.world_sizes == [2] and set(fit.kinds) == {"allreduce", "allgather", "all_to_all"}
+    [hosts] = fit.hosts
+    assert (hosts.world_size, hosts.hosts, hosts.ranks_per_host, hosts.loopback) == (2, 2, 1, False), hosts
+    assert hosts.cores == pytest.approx(HOST_CPUS) and not hosts.time_shared, hosts
+    assert f"W = 2: probed {hosts.describe()}" in res.stdout
+    assert f"report.cluster.transport: {out}" in res.stdout
+    cfg = report_section(f"report:\n  cluster: {{world_size: 8, link_gbps: 10, transport: {out}}}\n")
+    assert cfg.cluster.transport == str(out)
 
 
 def test_sqlite_store_is_refused_by_the_submitted_sweep(host_cluster):
