@@ -374,7 +374,8 @@ def _jobs(c: LoopbackCluster) -> list[dict]:
         from ray.job_submission import JobSubmissionClient
         jobs = JobSubmissionClient("{c.dashboard_url}").list_jobs()
         print(json.dumps([{{"id": j.submission_id, "status": j.status.value,
-                            "entrypoint": j.entrypoint, "driver_node_id": j.driver_node_id}}
+                            "entrypoint": j.entrypoint, "driver_node_id": j.driver_node_id,
+                            "job_id": j.job_id}}
                           for j in jobs]))
     """)
 

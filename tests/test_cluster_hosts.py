@@ -80,10 +80,15 @@ def _in_host(host: netem.Host, *cmd: str) -> list[str]:
     return ["ip", "netns", "exec", host.namespace, *cmd]
 
 
-def _in_cgroup(host: netem.Host) -> list[str]:
-    """A command prefix that moves the command into ``host``'s CPU cgroup before it runs: what
-    it starts (a raylet, its workers) inherits the host's share."""
-    return ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", host.cgroup]
+def _on_host_cpu(host: netem.Host, *cmd: str) -> list[str]:
+    """``cmd`` on ``host`` and inside its CPU cgroup, as a machine of that many cores: joined
+    before ``ip netns exec`` (which mounts a sysfs of its own, without the cgroup hierarchies),
+    and the cpu hierarchy mounted again inside, so that what it starts (a raylet, its workers)
+    inherits the share and can read it as its cores (service/network/host_cpu.machine_cores)."""
+    remount = ('mount -t tmpfs cgroup_root /sys/fs/cgroup && mkdir /sys/fs/cgroup/cpu && '
+               'mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu && exec "$@"')
+    return ["sh", "-c", 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"', "sh", host.cgroup,
+            *_in_host(host, "sh", "-c", remount, "sh", *cmd)]
 
 
 def _ours_left(owner: int) -> tuple[list[str], list[str]]:
@@ -140,12 +145,12 @@ def host_cluster():
                             "--port", str(gcs_port), "--dashboard-host", head.address,
                             "--dashboard-port", str(dash_port), "--ray-client-server-port", str(_free_port()),
                             "--num-cpus", "0", *common), base / "head", env)
-        _ray_start(_in_host(w1, *_in_cgroup(w1), str(RAY_CLI), "start", "--address", c.gcs_address,
+        _ray_start(_on_host_cpu(w1, str(RAY_CLI), "start", "--address", c.gcs_address,
                             "--node-ip-address", w1.address, "--num-cpus", "1", *common), base / "w1", env)
         # h2's own mount namespace, with a tmpfs over HIDDEN: its raylet and every worker it
         # starts see an empty directory there (ip netns exec makes the mounts slaves of the
         # root's, so nothing propagates back)
-        _ray_start(_in_host(w2, *_in_cgroup(w2), "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        _ray_start(_on_host_cpu(w2, "unshare", "--mount", "--propagation", "private", "sh", "-c",
                             'mount -t tmpfs node-local "$1" && shift && exec "$@"', "sh", str(hidden),
                             str(RAY_CLI), "start", "--address", c.gcs_address, "--node-ip-address",
                             w2.address, "--num-cpus", "1", *common), base / "w2", env)
@@ -306,14 +311,15 @@ def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
     assert not list((ROOT / submit.OVERLAY_DIR).glob(f"{Path(CROSS_HOST).stem}-*.yaml"))
 
     # the two ranks ran on the two worker hosts, one each
+    [job_info] = [j for j in _jobs(c) if j["id"] == job]
     placed = _ray_json(c, f"""
         import json
         from ray.util.state import list_actors
         actors = list_actors(address="{c.dashboard_url}", limit=10000, detail=True)
-        print(json.dumps([a.node_id for a in actors if "TrainWorker" in a.class_name]))
+        print(json.dumps([a.node_id for a in actors if "TrainWorker" in a.class_name
+                          and a.job_id == {job_info["job_id"]!r}]))   # this job's, not another's (the probe test's)
     """)
     by_id = {n["NodeID"]: n["NodeManagerAddress"] for n in c.nodes}
-    [job_info] = [j for j in _jobs(c) if j["id"] == job]
     assert by_id[job_info["driver_node_id"]] == c.net.hosts[0].address
     # two worker groups ran, each one rank per host: the transport probe's at W = 2, then the trial's
     workers = sorted(by_id[node] for node in placed)
