@@ -118,10 +118,8 @@ def decide(rows: list[dict], world_size: int) -> dict:
 
     def band_of(a: str, b: str):
         ra, rb = ranked[a], ranked[b]
-        return bands.for_pair(pairs.Configured(ra["hook"], ra["error_feedback"]),
-                              pairs.Configured(rb["hook"], rb["error_feedback"]), world_size,
-                              absolute=(absolute.for_cell(ra["hook"], ra["error_feedback"], world_size),
-                                        absolute.for_cell(rb["hook"], rb["error_feedback"], world_size)))
+        return bands.between(pairs.Configured(ra["hook"], ra["error_feedback"]),
+                             pairs.Configured(rb["hook"], rb["error_feedback"]), world_size, absolute)
 
     d = pairs.decide(contenders, band_of)
     projected = {c: r["projected_s"] for c, r in ranked.items()}

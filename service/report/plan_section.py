@@ -121,15 +121,12 @@ def _margins(chosen: list[Basis], base: Basis, world_size: int, bands: ErrorBand
     bucket it runs must save before it leaves the baseline. The width, not the low end the
     map's rule reads: the pair bands were measured on whole steps of one hook, so their bias says
     nothing of one bucket swapped, their spread does."""
-    def absolute(b: Basis):
-        return bands.for_cell(b.hook, b.error_feedback, world_size)
-
     margins = {}
     for b in chosen:
         if b is base:
             continue
-        band = pairs.for_pair(Configured(b.hook, b.error_feedback), Configured(base.hook, base.error_feedback),
-                              world_size, absolute=(absolute(b), absolute(base)))
+        band = pairs.between(Configured(b.hook, b.error_feedback), Configured(base.hook, base.error_feedback),
+                             world_size, bands)
         margins[b.config] = band.high_pct - band.low_pct
     return margins
 

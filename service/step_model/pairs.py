@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional
 
-from service.step_model.bands import ErrorBand, band_text, label, nearest_checked, pct_range, where_checked
+from service.step_model.bands import ErrorBand, ErrorBands, band_text, label, nearest_checked, pct_range, where_checked
 
 PAIR_FILE = Path(__file__).with_name("projection_pairs_cluster.json")  # from the cells the report's bands come from
 SHAPE_PAIR_FILE = Path(__file__).with_name("projection_pairs.json")   # this machine's shape (W ranks on its cores): benches
@@ -132,6 +132,12 @@ class PairBands:
         band = RatioBand(m.low_pct, m.high_pct, f"measured for {label(*m.a)} against {label(*m.b)}", at,
                          world_size > checked[-1])
         return band.inverse() if flipped else band
+
+
+    def between(self, a: Configured, b: Configured, world_size: int, absolute: ErrorBands) -> RatioBand:
+        """:meth:`for_pair` with ``absolute``'s bands of a and b at ``world_size`` for a pair the
+        bench did not measure."""
+        return self.for_pair(a, b, world_size, (absolute.for_cell(*a, world_size), absolute.for_cell(*b, world_size)))
 
 
 def from_json(data: dict) -> PairBands:
