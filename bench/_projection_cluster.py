@@ -11,7 +11,11 @@ their link, and the report's cluster path priced on them.
   probe), the others are kept to set the ring scaling of W = 2's fixed cost against (:func:`ring_check`);
 * a held-out cell is priced as the report prices a cluster cell: ``TrialTimeline.price(64, W,
   goodput, latency, W = 2's fit, cores=None)`` (``price.Cell(..., cores=None)``: a core, here a
-  share, per rank; ``TransportFit.own_cores`` and the ring's rounds from W = 2's fixed cost).
+  share, per rank; ``TransportFit.own_cores`` and the ring's rounds from W = 2's fixed cost);
+* each held-out cell is priced a second time with the transport probed on the hosts at its own W
+  (:func:`fit_all`: every W's probe in one fit, as ``python -m service.probe --world-size 2 4 8`` on
+  the user's cluster writes it and ``report.cluster.transport`` prices with it), its error beside the
+  first (``probed_error_pct``): what probing the cluster at the target W buys over the ring scaling.
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ def fit_at(worlds: dict, w: int) -> TransportFit | None:
     if not probed:
         return None
     return fit([Sample(**s) for s in probed["samples"]], {})
+
+
+def fit_all(worlds: dict) -> TransportFit | None:
+    """Every world's probe on the hosts as one fit (one per probed W, as transport.json keeps
+    them); None if no world has one."""
+    samples = [Sample(**s) for w in worlds.values() for s in (w.get("transport_probe") or {}).get("samples", [])]
+    return fit(samples, {}) if samples else None
 
 
 def ring_check(worlds: dict) -> list[dict]:

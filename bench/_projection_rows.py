@@ -91,13 +91,15 @@ def transport_of(worlds: dict, only_w: int | None = None) -> TransportFit | None
     return fit(samples, {}) if samples else None
 
 
-def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float, rules: dict):
+def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, latency_ms: float, rules: dict,
+           transport_key: str = "transport"):
     """(projected step ms, projected compute ms), medians over the repeats' bases; or the refusal.
     Priced as this machine's cell: its ranks share ``rules["cores"]`` and the transport is the
     probe's at W (``rules["transport"]``) where the run has one; on the emulated cluster, cores
-    None and W = 2's probe: the report's cluster cell (``price.Cell(W, goodput, latency, fit, None)``)."""
+    None and W = 2's probe: the report's cluster cell (``price.Cell(W, goodput, latency, fit, None)``);
+    ``transport_key="probed_transport"``: the same cell with every W's probe on the hosts."""
     try:
-        prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0, rules.get("transport"), rules["cores"])
+        prices = [b.price(global_batch, w, gbps, latency_ms / 1000.0, rules.get(transport_key), rules["cores"])
                   for b in bases]
     except CellRefused as exc:
         return None, None, str(exc)
@@ -123,12 +125,18 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
         row.update(link_measured_gbps=gbps, latency_ms=latency_ms)
     why = None if calm_bases else "no quiet basis trial"
     if calm_bases:
+        basis = [TrialTimeline.from_json(b["timeline"]) for b in calm_bases]
         row["projected_ms"], row["projected_compute_ms"], why = _price(
-            [TrialTimeline.from_json(b["timeline"]) for b in calm_bases], rules["global_batch"], w, gbps, latency_ms, rules)
+            basis, rules["global_batch"], w, gbps, latency_ms, rules)
+        if rules.get("probed_transport") is not None:
+            row["probed_projected_ms"] = _price(basis, rules["global_batch"], w, gbps, latency_ms, rules,
+                                                "probed_transport")[0]
     if measured is None:
         why = why or f"no quiet measured trial (other processes kept {max(row['other_cores'], default=0):.1f} cores busy)"
     elif row.get("projected_ms") is not None:
         row["error_pct"] = 100.0 * (row["projected_ms"] - measured) / measured
+        if row.get("probed_projected_ms") is not None:
+            row["probed_error_pct"] = 100.0 * (row["probed_projected_ms"] - measured) / measured
     row["why_not"] = _why_not(w, link, gbps, rules, why)
     row["counted"] = row["why_not"] is None
     return row
@@ -148,6 +156,8 @@ def _why_not(w: int, link, gbps: float, rules: dict, why: str | None) -> str | N
 def summarise(worlds: dict, rules: dict) -> dict:
     """Every cell's row, the per-hook bands, and time to target (when a quality run was made)."""
     rules = {**rules, "transport": transport_of(worlds, rules.get("transport_w"))}
+    if rules.get("transport_w"):  # the emulated cluster: also priced with the hosts' probe at each W
+        rules["probed_transport"] = cluster_mod.fit_all(worlds)
     bases, rows = _bases(worlds), []
     for w in sorted(int(k) for k in worlds):
         world, links = _world(worlds, w), _links(_world(worlds, w))
@@ -230,14 +240,10 @@ def print_report(result: dict) -> None:
                   v["counted"], v["excluded"]] for v in b["bands"]]))
     o = b["overall"]
     print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
-    per_w = {}
-    for r in rows:
-        if r["counted"]:
-            per_w.setdefault(r["world_size"], []).append(r["error_pct"])
-    for w, errors in sorted(per_w.items()):
-        b = _band(errors)
-        print(f"W={w}: {b['low_pct']} .. {b['high_pct']} %, median |error| {b['median_abs_pct']} %, "
-              f"{sum(abs(e) <= 10 for e in errors)} of {len(errors)} within +-10 %")
+    print_per_w(rows, "error_pct")
+    if any(r.get("probed_error_pct") is not None for r in rows):
+        print("\npriced with the transport probed on the hosts at each cell's own W (not W = 2's scaled by the ring):")
+        print_per_w(rows, "probed_error_pct")
     scored = result.get("scores") or []
     for ef in dict.fromkeys(c.get("error_feedback", True) for c in scored) or [True]:
         print(f"\n(error feedback {'on' if ef else 'off'} where a hook has it)")
@@ -254,8 +260,20 @@ def print_report(result: dict) -> None:
         print(f"time to target: {ttt['error']}")
 
 
+def print_per_w(rows: list[dict], key: str) -> None:
+    """Per W, the counted cells' ``key`` (an error %): band, median |error|, how many within +-10 %."""
+    per_w = {}
+    for r in rows:
+        if r["counted"] and r.get(key) is not None:
+            per_w.setdefault(r["world_size"], []).append(r[key])
+    for w, errors in sorted(per_w.items()):
+        b = _band(errors)
+        print(f"W={w}: {b['low_pct']} .. {b['high_pct']} %, median |error| {b['median_abs_pct']} %, "
+              f"{sum(abs(e) <= 10 for e in errors)} of {len(errors)} within +-10 %")
+
+
 CELL_KEYS = ("hook", "error_feedback", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
-             "error_pct", "quiet_repeats", "repeats", "counted", "why_not")
+             "error_pct", "quiet_repeats", "repeats", "counted", "why_not", "probed_projected_ms", "probed_error_pct")
 
 
 def print_scores(scored: list[dict]) -> None:

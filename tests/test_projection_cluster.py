@@ -76,6 +76,21 @@ def test_a_held_out_cell_is_priced_as_the_reports_cluster_cell_from_w2s_probe():
     assert t.price(64, 8, 0.48, 0.2e-3, own).step_ms != pytest.approx(expected)
 
 
+def test_a_held_out_cell_is_priced_again_with_the_hosts_probe_at_its_own_w():
+    """Beside the report's default cluster path, the cell priced as ``report.cluster.transport``
+    prices it when the user probed their cluster at every W: W = 8's own fit (3 ms a round), not
+    W = 2's scaled by the ring."""
+    w = worlds()
+    row = next(r for r in rows_mod.summarise(w, cluster_rules())["rows"] if r["world_size"] == 8)
+    both = fit([Sample(**s) for x in (2, 8) for s in w[x]["transport_probe"]["samples"]], {})
+    t = basis()
+    expected = price_cell(t.timeline, t.compute, 64, Cell(8, 0.48, 0.2e-3, both, cores=None)).step_ms
+    assert row["probed_projected_ms"] == pytest.approx(expected)
+    assert row["probed_error_pct"] == pytest.approx(100 * (expected - 90.0) / 90.0)
+    assert row["probed_projected_ms"] > row["projected_ms"] + 10  # W = 8's fixed cost is 30x the ring's
+    assert set(rows_mod.CELL_KEYS) >= {"probed_projected_ms", "probed_error_pct"}
+
+
 def test_the_ring_check_sets_w8s_probe_beside_w2s_fixed_cost_scaled_by_the_ring():
     checks = {c["kind"]: c for c in cluster_mod.ring_check(worlds())}
     ar = checks["allreduce"]
