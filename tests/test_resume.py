@@ -222,3 +222,40 @@ def test_resume_without_an_earlier_sweep_is_one_line(tmp_path):
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: nothing to resume"), proc.stderr
+
+
+def _probe_workers(pid: int) -> set[int]:
+    """The pids of Ray Train workers below ``pid`` now (``ray::RayTrainWorker...`` titles)."""
+    from tests.conftest import _actor_processes_below
+
+    return {p for name, p in _actor_processes_below(pid) if name == "RayTrainWorker"}
+
+
+@pytest.mark.ray
+def test_ctrl_c_while_the_transport_probe_runs_stops_the_sweep_with_130(tmp_path):
+    """SIGINT while the probe's TorchTrainer runs (before any trial): the probe's fit() used to
+    install Ray Train's own SIGINT handler, which aborted the probe quietly (recorded as a failed
+    probe) or exited 1. Now the sweep stops as for any Ctrl-C: 130, its parent run KILLED, the
+    --resume line printed, nothing left running."""
+    config = tmp_path / "resume.yaml"
+    config.write_text(CONFIG.replace("world_size: [1, 2]", "world_size: [2]"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    left = tmp_path / "left-probe.json"
+    proc = subprocess.Popen(reaped(left, sweep_cmd(config)), cwd=tmp_path, env=sweep_env(uri, ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not _probe_workers(proc.pid):  # no trial starts before the probe has ended
+            assert proc.poll() is None and time.monotonic() < deadline, "the probe never started"
+            time.sleep(0.25)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left_running(left) == {}
+    assert proc.returncode == 130, f"{out}\n{err}"
+    assert "Traceback" not in out + err and "transport measured" not in out
+    assert f"{config} --resume" in out
+    runs = all_runs(MlflowClient(tracking_uri=uri), "resume_test")
+    assert [r.info.status for r in parents(runs)] == ["KILLED"] and children(runs) == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -97,17 +97,27 @@ def hosts_for_probe(cfg, world_size: int):
         net.remove()
 
 
-@contextmanager
-def _sweep_signal_handlers():
-    """The sweep's SIGINT and SIGTERM handlers put back after the probe's TorchTrainer.fit(),
-    which installs Ray Train's own and leaves them: afterwards a Ctrl-C no longer stopped the
-    sweep (tests/test_resume.py, test_netem's interrupted sweep caught it)."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+def _off_the_main_thread(fn, *args):
+    """``fn(*args)`` on a daemon thread, waited for here. Ray Train's fit() installs its own
+    SIGINT handler when called on the main thread (as Tune's trials never do), which aborted the
+    probe quietly or exited the sweep with 1 on a Ctrl-C (tests/test_resume.py); off it, the
+    sweep's handler stays, a Ctrl-C raises KeyboardInterrupt here and the sweep stops as from a
+    trial, its Ray instance (or, on a cluster, this driver's exit) ending the probe's actors."""
+    done: dict = {}
+
+    def run():
+        try:
+            done["value"] = fn(*args)
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="transport-probe", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.5)
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
@@ -130,8 +140,9 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
     try:
         for w in sizes:
             started = time.monotonic()  # the trainer's start included: what the sweep pays
-            with _sweep_signal_handlers(), hosts_for_probe(cfg, w) as network:
-                measured, _, where = probe_on_ray(w, storage, cfg.resources.cpus_per_worker, network)
+            with hosts_for_probe(cfg, w) as network:
+                measured, _, where = _off_the_main_thread(probe_on_ray, w, storage, cfg.resources.cpus_per_worker,
+                                                          network)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
