@@ -56,7 +56,8 @@ bands keyed by it; the quality trials take the first setting). --host-cpus Q: th
 cluster instead of this machine's shape (bench/_projection_cluster.py): every host, the basis's
 too, owns Q cores; the basis is W = 2 on such hosts, unshaped; the transport probed on the hosts
 at every W; a held-out cell priced by the report's cluster path (cores None, W = 2's probe scaled
-by the ring). Its files are the ones the report reads: projection_error_cluster.json,
+by the ring); each such cell is priced again with the transport probed on the hosts at its own W
+(``probed_error_pct``, printed per W beside the first). Its files are the ones the report reads: projection_error_cluster.json,
 projection_cells_cluster.json and projection_pairs_cluster.json (a hook they lack gets the
 widest band measured).
 """
