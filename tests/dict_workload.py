@@ -132,3 +132,21 @@ REFUSALS = [random_weights, random_split, mixed_keys, dicts_with_loss_fn, non_sc
 
 def refusal_by_seed(seed: int) -> dict:
     return REFUSALS[seed](seed)
+
+
+HF_SHORT_EVAL = "tests.dict_workload:hf_gpt2_short_eval"
+SHORT_EVAL_SEQUENCES = 8
+
+
+def hf_gpt2_short_eval(seed: int):
+    """hf_gpt2 (the same model, data and eval_fn) with its eval set cut to its first
+    SHORT_EVAL_SEQUENCES sequences: for the bf16 trials of tests/test_workload_contract.py,
+    which test training through bf16 buckets, not the eval. bf16 matmuls on a CPU without native
+    bf16 (AVX2 only) run ~30x fp32's: the full 512-sequence eval of bf16 weights took 165 s there
+    (5.3 s in fp32), and those trials ran 28 evals on rank 0."""
+    from service.workloads import build_workload
+    from service.workloads.batches import DictTensorDataset
+
+    wl = build_workload("hf_gpt2", seed)
+    wl.eval_set = DictTensorDataset(**{k: t[:SHORT_EVAL_SEQUENCES] for k, t in wl.eval_set.tensors.items()})
+    return wl

@@ -20,8 +20,9 @@ STEPS = 12
 
 
 def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), faults=(), on_nan=True,
-             workload: str = TINY, checkpoint=None, **settings) -> SweepConfig:
-    """A sweep config for these tests; ``settings`` go to the workload section."""
+             workload: str = TINY, checkpoint=None, tracking=None, **settings) -> SweepConfig:
+    """A sweep config for these tests; ``settings`` go to the workload section, ``tracking`` to
+    the tracking section."""
     return SweepConfig.model_validate({
         "name": "worker-test",
         "workload": {"name": workload, "steps": steps, "global_batch_size": 32, "lr": 0.05,
@@ -29,7 +30,7 @@ def make_cfg(steps: int = STEPS, hooks=("allreduce",), world_sizes=(1, 2), fault
         "search": {"hooks": list(hooks), "world_size": list(world_sizes), "seed": [0]},
         "stop": {"on_nan": on_nan},
         "faults": list(faults),
-        "tracking": {"flush_seconds": 0.5},
+        "tracking": {"flush_seconds": 0.5, **(tracking or {})},
         "checkpoint": checkpoint or {},
     })
 

@@ -30,7 +30,7 @@ from service.workloads import (
     evaluate_batch_loss,
     evaluate_workload,
 )
-from tests.dict_workload import DICT, DigitsDicts, digits_loss
+from tests.dict_workload import DICT, HF_SHORT_EVAL, DigitsDicts, digits_loss
 from tests.dist_utils import run_distributed
 from tests.test_worker import make_cfg, single_rank_group, trial_of  # noqa: F401 (a fixture)
 
@@ -44,6 +44,11 @@ EVERY_HOOK = [{"name": name, **({"chunk_size": 64} if "chunk_size" in spec.param
               for name, spec in hooks.available().items()]
 HOOK_NAMES = [e["name"] for e in EVERY_HOOK]
 HF = {"workload": "hf_gpt2", "global_batch_size": 8, "optimizer": "adamw", "lr": 0.003}
+# The 2-rank trials: hf_gpt2 with an 8-sequence eval set (tests/dict_workload.py says why: a bf16
+# eval of the full set took 165 s on a CPU without native bf16, and these trials run 28), and
+# neither the paired baseline windows nor the step timeline's extra forward/backward passes, which
+# no test here reads (a bf16 step of hf_gpt2 took 1.65 s there, 16x fp32's)
+HF_TRIALS = {**HF, "workload": HF_SHORT_EVAL, "tracking": {"paired_timing_every": 0, "timeline_steps": 0}}
 DICT_WL = {"workload": DICT, "optimizer": "adamw", "lr": 0.01}
 
 
@@ -323,10 +328,10 @@ def scenario_configs() -> dict[str, SweepConfig]:
     }
     if HAVE_TRANSFORMERS:
         configs.update({
-            "hf_bf16": make_cfg(steps=6, hooks=EVERY_HOOK, world_sizes=(2,), precision="bf16", **HF),
-            "hf_nan": make_cfg(steps=4, hooks=EVERY_HOOK, world_sizes=(2,), precision="bf16", faults=nan, **HF),
+            "hf_bf16": make_cfg(steps=4, hooks=EVERY_HOOK, world_sizes=(2,), precision="bf16", **HF_TRIALS),
+            "hf_nan": make_cfg(steps=4, hooks=EVERY_HOOK, world_sizes=(2,), precision="bf16", faults=nan, **HF_TRIALS),
             "hf_realism": make_cfg(steps=6, world_sizes=(2,), precision="bf16_autocast", grad_clip_norm=0.5,
-                                   lr_schedule="cosine", lr_warmup_steps=2, **HF),
+                                   lr_schedule="cosine", lr_warmup_steps=2, **HF_TRIALS),
         })
     return configs
 
