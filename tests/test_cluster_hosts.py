@@ -205,20 +205,32 @@ def test_ray_sees_three_hosts_with_their_own_addresses(host_cluster):
     assert cluster.cluster_hosts(c.nodes) == addresses
 
 
-def test_probe_on_hosts_that_own_their_cpu_names_them(host_cluster):
-    """python -m service.probe on this cluster (a driver on the head's host, as a user's would be
-    on theirs): one rank per worker node, each inside its host's share, across the hosts' links;
-    transport.json names two hosts of HOST_CPUS cores, not this machine's loopback, and a
-    report.cluster.transport reads it back."""
-    from service.config.loading import report_section
-    from service.step_model.transport import read_file
+@dataclass(frozen=True)
+class ClusterProbe:
+    res: subprocess.CompletedProcess
+    path: Path  # the transport.json it wrote
 
+
+@pytest.fixture(scope="module")
+def cluster_probe(host_cluster) -> ClusterProbe:
+    """`python -m service.probe` on this cluster at W = 2 (a driver on the head's host, as a user's
+    would be on theirs): one rank per worker node, inside its host's share, across the links."""
     c = host_cluster
     out = c.shared / "transport.json"
     res = _run(_in_host(c.net.hosts[0], sys.executable, "-m", "service.probe", "--address", c.gcs_address,
                         "--world-size", "2", "--storage-path", str(c.shared / "probe-storage"), "--out", str(out)),
                env=c.env, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
+    return ClusterProbe(res, out)
+
+
+def test_probe_on_hosts_that_own_their_cpu_names_them(cluster_probe):
+    """transport.json names two hosts of HOST_CPUS cores, not this machine's loopback, and a
+    report.cluster.transport reads it back."""
+    from service.config.loading import report_section
+    from service.step_model.transport import read_file
+
+    res, out = cluster_probe.res, cluster_probe.path
     fit = read_file(str(out))
     assert fit.world_sizes == [2] and set(fit.kinds) == {"allreduce", "allgather", "all_to_all"}
     [hosts] = fit.hosts
@@ -285,8 +297,21 @@ def test_rules_hold_against_the_real_nodes(host_cluster):
     assert "\n" not in result["loopback"]
 
 
-@pytest.mark.timeout(JOB_TIMEOUT_S + 300)
-def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
+@dataclass(frozen=True)
+class CrossHostJob:
+    res: subprocess.CompletedProcess
+    job: str
+    cfg: object  # the sweep's Config
+    sent: list[int]  # bytes each host's shaped link sent while the job ran
+    parent: str  # its sweep's parent run
+    metrics: dict[str, float]  # its one trial's MLflow metrics
+
+
+@pytest.fixture(scope="module")
+def cross_host_job(host_cluster) -> CrossHostJob:
+    """CROSS_HOST submitted with `python -m service.submit`: one trial at W = 2 whose two ranks
+    sit on h1 and h2, so every gradient byte crosses their shaped links (the cell a cluster's
+    report prices, measured there)."""
     from mlflow.tracking import MlflowClient
 
     from service.config import load_config
@@ -295,15 +320,25 @@ def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
     cfg, _ = load_config(ROOT / CROSS_HOST)
     before_runs = set(_parent_runs(c, cfg.name))
     sent_before = c.net.tx_bytes()
-    storage = c.shared / "job-storage"
-    res, job = _submit(c, CROSS_HOST, "--storage-path", str(storage))
+    res, job = _submit(c, CROSS_HOST, "--storage-path", str(c.shared / "job-storage"))
     sent = [after - b for after, b in zip(c.net.tx_bytes(), sent_before)]
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-2000:]
+    [parent] = set(_parent_runs(c, cfg.name)) - before_runs
+    client = MlflowClient(tracking_uri=c.tracking_uri)
+    [run] = client.search_runs([client.get_run(parent).info.experiment_id],
+                               filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    return CrossHostJob(res, job, cfg, sent, parent, dict(run.data.metrics))
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 300)
+def test_submitted_sweep_trains_across_the_shaped_links(host_cluster, cross_host_job):
+    c, res, job, cfg, sent = host_cluster, cross_host_job.res, cross_host_job.job, cross_host_job.cfg, cross_host_job.sent
+    storage = c.shared / "job-storage"
     assert f"dashboard: {c.dashboard_url}/#/jobs/{job}" in res.stdout
     assert f"job {job} SUCCEEDED" in res.stdout
     assert f"Sweep '{cfg.name}'" in res.stdout  # the job's own log was followed
     assert {j["id"]: j for j in _jobs(c)}[job]["status"] == "SUCCEEDED"
-    [parent] = set(_parent_runs(c, cfg.name)) - before_runs
+    parent = cross_host_job.parent
     _assert_sweep_recorded(c, parent, CROSS_HOST)
     # --storage-path reached the sweep: Tune's and Train's state is there, not in the job's
     # temporary directory; the submitter's overlay config was not left behind.
@@ -328,10 +363,7 @@ def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
     # DDP's gradients crossed the links: each worker host's shaped qdisc sent at least the
     # bytes the hook's accounting says a rank sent (tc counts whole frames: more), and the
     # step took at least the wire time of those bytes at the shaped rate
-    client = MlflowClient(tracking_uri=c.tracking_uri)
-    [run] = client.search_runs([client.get_run(parent).info.experiment_id],
-                               filter_string=f"tags.mlflow.parentRunId = '{parent}'")
-    m = run.data.metrics
+    m = cross_host_job.metrics
     per_step = m["comm_bytes_per_step"]
     assert per_step >= 30e6  # mlp_digits' 8.5 M fp32 gradients, 2(W-1)/W of them per rank at W=2
     for host_sent in sent[1:]:
@@ -341,3 +373,55 @@ def test_submitted_sweep_trains_across_the_shaped_links(host_cluster):
     assert m["step_time_ms_median"] >= 0.9 * wire_ms, (m["step_time_ms_median"], wire_ms)
     print(f"cross-host trial: step {m['step_time_ms_median']:.0f} ms median, wire time at "
           f"{LINK_GBPS:g} Gbit/s {wire_ms:.0f} ms; bytes sent per host {sent}")
+
+
+BASIS_LINK_GBPS = 2.5  # the basis sweep's links: not the cluster's, so the projection re-prices the wire
+
+
+@pytest.mark.timeout(JOB_TIMEOUT_S + 900)
+def test_a_report_priced_with_the_clusters_probe_matches_the_cell_measured_on_it(
+        host_cluster, cluster_probe, cross_host_job, tmp_path):
+    """Issue 39 item 3 end to end: a basis sweep run on this machine, on emulated hosts of the
+    cluster's share (HOST_CPUS) but links of BASIS_LINK_GBPS, its report.cluster the cluster's
+    cell (W = 2 on LINK_GBPS) priced with `python -m service.probe`'s transport.json of the
+    cluster; the step that cell projects, by the report's own code, against the step
+    cross_host_job measured on the cluster: within issue 39's +-10 % for a cell."""
+    from service.config import load_config
+    from service.config.loading import report_section
+    from service.report import projection
+    from service.report.data import load_sweep, open_store, recommendations
+    from service.report.projected import cluster_transport
+
+    config = tmp_path / "cluster_basis.yaml"
+    config.write_text((ROOT / CROSS_HOST).read_text().replace("name: cross_host", "name: cluster_basis").replace(
+        "tracking:\n", f"network: {{link_gbps: {BASIS_LINK_GBPS}, host_cpus: {HOST_CPUS}}}\n"
+                       f"report:\n  cluster: {{world_size: 2, link_gbps: {LINK_GBPS}, latency_ms: 0, "
+                       f"transport: {cluster_probe.path}}}\n"
+                       "tracking:\n  transport_probe: false  # the cluster's probe prices the cell\n"))
+    cfg, _ = load_config(config)
+    assert cfg.workload == cross_host_job.cfg.workload  # the cell's own workload, seed and hook
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
+    res = _run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path, timeout=JOB_TIMEOUT_S,
+               env={**env, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"})
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
+
+    reader = open_store(uri)
+    sweep = load_sweep(reader, reader.resolve_parent("cluster_basis"))
+    cluster = report_section(sweep.config_text).cluster
+    [basis] = projection.bases(sweep.trials, recommendations(sweep), reader.step_timeline)
+    cell = projection.project_cell(basis, cluster.world_size, cluster.link_gbps, cluster.latency_ms,
+                                   transport=cluster_transport(cluster, reader.transport(sweep.parent_run_id)))
+    measured = cross_host_job.metrics["step_time_ms_median"]
+    [trial] = sweep.trials
+    basis_step = trial.record.metrics["step_time_ms_median"]
+    error = cell.step_ms / measured - 1
+    print(f"cluster cell W = 2 on {LINK_GBPS:g} Gbit/s: projected {cell.step_ms:.1f} ms/step from a basis at "
+          f"{BASIS_LINK_GBPS:g} Gbit/s ({basis_step:.1f} ms/step), measured on the cluster {measured:.1f} ms/step: "
+          f"error {100 * error:+.1f} %")
+    assert basis_step < 0.75 * measured  # held out: the basis's own step is not the cell's
+    assert abs(error) <= 0.10, (cell.step_ms, measured)
+    # the report says which hosts priced it: the cluster's probe, two hosts of HOST_CPUS cores
+    summary = (tmp_path / "results").rglob("summary.md")
+    headline = next(iter(summary)).read_text()
+    assert f"transport: {cluster_probe.path}, probed W = 2 across 2 hosts" in headline
