@@ -543,7 +543,9 @@ def test_probe_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     out = tmp_path / "transport.json"
     for args, says in ((["--world-size", "2"], "no cluster to probe: give --address"),
-                       (["--address", "127.0.0.1:1", "--world-size", "1"], "--world-size 1: a collective needs 2")):
+                       (["--address", "127.0.0.1:1", "--world-size", "1"], "--world-size 1: a collective needs 2"),
+                       (["--address", "127.0.0.1:1", "--world-size", "2", "--link-gbps", "0"],
+                        "--link-gbps 0: a link rate is above 0 and at most 400 Gbit/s")):
         res = _run([sys.executable, "-m", "service.probe", *args, "--out", str(out)], env=env, timeout=120)
         assert res.returncode == 2 and res.stderr.strip().startswith(f"error: {says}"), res.stderr
         assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

@@ -168,6 +168,33 @@ def test_a_cells_step_follows_its_link_wherever_the_wire_is_slower_than_the_host
     assert comm_ms(t, b, 32, 10.0, 0.0, host(0.0895)) > 2 * comm_ms(t, b, 32, 25.0, 0.0, host(0.0895))
 
 
+def test_a_probe_across_a_real_link_counts_that_links_wire_once():
+    """A cluster's probe (python -m service.probe --link-gbps 1) timed its allgathers across 1 Gbit/s
+    links: the wire is inside each sample. gloo's allgather does not pipeline its transport under the
+    wire (the model adds them), so the cell on that same link costs what the probe measured, not
+    that plus the wire again; on a 10x faster link, the hosts' part plus the faster wire. Allreduce
+    (max of the two) is priced as probed, the link's wire in it or not. The link survives transport.json."""
+    host_ms_per_byte, link = 0.2e-6, 1.0   # the hosts' own work per byte sent, and the probed link
+    b = BucketTiming(ready_ms=20.0, numel=1_000_000, encode_ms=0.0, comm_ms=5.0, decode=LinearCost(0.0))
+    ag = StepTimeline(hook="allgather_then_aggregate", world_size=2, batch=32, forward_ms=10.0, buckets=(b,),
+                      backward_end_ms=20.0, optimizer_ms=3.0)
+    sent = wire_bytes("allgather", 4e6, 2)
+    wire_ms = lambda gbps: 1000 * sent * 8 / (gbps * 1e9)
+    probed_ms_per_byte = host_ms_per_byte + wire_ms(link) / sent   # what the probe's samples show
+    probed = TransportFit({k: (KindFit(2, 0.0, probed_ms_per_byte, 0.0),) for k in ("allgather", "allreduce")},
+                          (), {2: 1.0}, link_gbps=link)
+    assert comm_ms(ag, b, 2, link, 0.0, probed) == pytest.approx(probed_ms_per_byte * sent)
+    assert comm_ms(ag, b, 2, 10.0, 0.0, probed) == pytest.approx(host_ms_per_byte * sent + wire_ms(10.0))
+    same_without_the_link = replace(probed, link_gbps=None)  # how it was priced before: the wire twice
+    assert comm_ms(ag, b, 2, link, 0.0, same_without_the_link) == pytest.approx(probed_ms_per_byte * sent + wire_ms(link))
+    ar = replace(ag, hook="allreduce")
+    assert comm_ms(ar, b, 2, link, 0.0, probed) == comm_ms(ar, b, 2, link, 0.0, same_without_the_link)
+    again = TransportFit.from_json(probed.to_json())
+    assert again.link_gbps == link and again == probed and probed.own_cores().link_gbps == link
+    assert TransportFit.from_json({**probed.to_json(), "link_gbps": None}).link_gbps is None
+    assert "across links of 1 Gbit/s" in replace(probed, hosts=(ProbeHosts(2, 2, 1, 1.0, "Some CPU", False),)).where()
+
+
 def _hosts_of_a_real_group(rank: int, world_size: int):
     from service.train.transport_probe import probe_hosts
 

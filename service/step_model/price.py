@@ -26,7 +26,9 @@ timeline's ready times and backward end leave the measured holds out (the sample
   transport is that fit's at W for the bucket's collectives instead: the machine's, measured
   once, not what the few sampled steps of one trial happened to record; a hook that waits in
   its call keeps the kernels it runs between its collectives (its comm less the fit's transport
-  at the measured W).
+  at the measured W). A fit probed across a real link (``TransportFit.link_gbps``: a cluster's,
+  python -m service.probe --link-gbps) holds that link's wire: where transport and wire add up it
+  is taken out before the cell's own wire is added.
 * decode_i(W): the bucket's ``LinearCost`` at W - 1 peers (service/step_model/timeline.py).
 
 Cost: O(buckets x collectives per bucket) per priced cell.
@@ -89,7 +91,7 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     wire_then = sum(collective_seconds(c.kind, c.nbytes, timeline.world_size, timeline.link_gbps,
                                        timeline.latency_s, c.count) for c in measured)
     if transport is not None:
-        moved = sum(transport.ms(c.kind, c.nbytes, world_size, c.count) for c in target) / 1000.0
+        moved = _moved_s(transport, target, world_size, overlapping)
         kernels = _kernels_between(timeline, bucket, transport, wire_then if not overlapping else 0.0)
         return 1000.0 * (kernels + (max(moved, wire) if overlapping else moved + wire))
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
@@ -110,8 +112,18 @@ def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: Tr
     if not spec(bucket.priced_as(timeline)[0]).waits_in_call:
         return 0.0
     measured = _collectives(timeline, bucket, timeline.world_size)
-    moved = sum(transport.ms(c.kind, c.nbytes, timeline.world_size, c.count) for c in measured) / 1000.0
+    overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
+    moved = _moved_s(transport, measured, timeline.world_size, overlapping)
     return max(bucket.comm_ms / 1000.0 - moved - wire_s, 0.0)
+
+
+def _moved_s(transport: TransportFit, collectives: list, world_size: int, overlapping: bool) -> float:
+    """Seconds the hosts' transport takes for ``collectives`` at ``world_size``. Overlapping (max with
+    the wire): the fit as probed, a probed link's wire inside it or not. Otherwise transport and
+    wire add up: the hosts' own part (``TransportFit.own_ms``: a probed link's wire taken out),
+    to which the caller adds the cell's wire."""
+    ms = transport.ms if overlapping else transport.own_ms
+    return sum(ms(c.kind, c.nbytes, world_size, c.count) for c in collectives) / 1000.0
 
 
 def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) -> list:

@@ -20,8 +20,10 @@ sampled (service/step_model/price.py uses it in place of the trial's own comm wh
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
 
+from hooks.cost import collective_seconds
 from hooks.wire import KINDS, rounds, wire_bytes
 
 ARTIFACT = "transport.json"
@@ -97,6 +99,10 @@ class TransportFit:
     samples: tuple[Sample, ...]
     probe_s: dict[int, float]   # wall seconds the probe took per world size
     hosts: tuple[ProbeHosts, ...] = ()
+    # the link, Gbit/s, the probed collectives crossed: its wire time is inside the samples
+    # (python -m service.probe --link-gbps on a cluster); None: the hosts' own work only
+    # (loopback, or emulated hosts probed with their links unshaped)
+    link_gbps: Optional[float] = None
 
     def ms(self, kind: str, nbytes: float, world_size: int, count: float = 1.0) -> float:
         """The transport of ``count`` collectives of ``kind`` carrying ``nbytes`` in all at
@@ -106,18 +112,29 @@ class TransportFit:
         nearest = min(self.kinds[kind], key=lambda f: (abs(f.world_size - world_size), -f.world_size))
         return nearest.ms(kind, nbytes, world_size, count)
 
+    def own_ms(self, kind: str, nbytes: float, world_size: int, count: float = 1.0) -> float:
+        """:meth:`ms` less the wire time of the link it was probed across (``link_gbps``): what the
+        hosts themselves spend moving the bytes. Where transport and wire add up (gloo's allgather
+        and all_to_all) the model adds each cell's own wire to this; a probe's time that already
+        held its link's wire would count it twice. :meth:`ms` itself where no link is recorded."""
+        probed = self.ms(kind, nbytes, world_size, count)
+        if self.link_gbps is None:
+            return probed
+        return max(probed - 1000.0 * collective_seconds(kind, nbytes, world_size, self.link_gbps, 0.0, count), 0.0)
+
     def own_cores(self) -> "TransportFit":
         """The fit for a cluster cell, where every rank has a core: per kind only the world sizes
         probed without sharing cores (their fixed cost is not this machine's time-sharing),
         scaled by the ring to other W; a kind probed only shared keeps what it has."""
         kinds = {k: tuple(f for f in fits if not f.shared) or fits for k, fits in self.kinds.items()}
-        return TransportFit(kinds, self.samples, self.probe_s, self.hosts)
+        return replace(self, kinds=kinds)
 
     def where(self) -> str:
         """Which hosts this transport was measured on, in one phrase (for the report)."""
         if not self.hosts:
             return "hosts not recorded (a transport.json from before they were)"
-        return "; ".join(h.describe() for h in self.hosts)
+        link = "" if self.link_gbps is None else f", across links of {self.link_gbps:g} Gbit/s (their wire taken out)"
+        return "; ".join(h.describe() for h in self.hosts) + link
 
     @property
     def world_sizes(self) -> list[int]:
@@ -131,7 +148,7 @@ class TransportFit:
     def to_json(self) -> dict:
         return {"format": FORMAT, "kinds": {k: [asdict(f) for f in fits] for k, fits in self.kinds.items()},
                 "samples": [asdict(s) for s in self.samples], "probe_s": {str(w): s for w, s in self.probe_s.items()},
-                "hosts": [asdict(h) for h in self.hosts]}
+                "hosts": [asdict(h) for h in self.hosts], "link_gbps": self.link_gbps}
 
     @classmethod
     def from_json(cls, data: dict) -> "TransportFit":
@@ -139,7 +156,8 @@ class TransportFit:
             raise ValueError(f"transport.json format {data.get('format')!r}, this reader reads {FORMAT}")
         return cls({k: tuple(KindFit(**f) for f in fits) for k, fits in data["kinds"].items()},
                    tuple(Sample(**s) for s in data["samples"]), {int(w): float(s) for w, s in data["probe_s"].items()},
-                   tuple(ProbeHosts(**h) for h in data.get("hosts", ())))  # optional: format 2 before hosts
+                   tuple(ProbeHosts(**h) for h in data.get("hosts", ())),  # optional: format 2 before hosts
+                   data.get("link_gbps"))  # optional: format 2 before a probe recorded its link
 
 
 def read_file(path: str) -> TransportFit:

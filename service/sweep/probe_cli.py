@@ -20,8 +20,10 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+from service.config.limits import MAX_LINK_GBPS
 from service.text import one_line
 
 
@@ -46,6 +48,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="CPUs each worker reserves (default 1: a core per rank, as a cluster cell is priced)")
     p.add_argument("--storage-path", default=None,
                    help="Ray Train's storage_path for the probe (default: a temporary directory here)")
+    p.add_argument("--link-gbps", type=float, default=None, metavar="G",
+                   help="the link between the cluster's hosts, Gbit/s: its wire time is inside what the probe "
+                        "measures, and the report takes it out where transport and wire add up (allgather, "
+                        "all_to_all) before adding each cell's own; without it a probe across hosts counts that "
+                        "wire twice for those kinds (default: none, as on one host)")
     p.add_argument("--out", default="transport.json", help="where to write the fit (default: ./transport.json)")
     return p.parse_args(argv)
 
@@ -62,6 +69,8 @@ def run(args: argparse.Namespace, out=sys.stdout):
     bad = [w for w in args.world_size if w < 2]
     if bad:
         raise ProbeError(f"--world-size {bad[0]}: a collective needs 2 or more ranks")
+    if args.link_gbps is not None and not 0 < args.link_gbps <= MAX_LINK_GBPS:
+        raise ProbeError(f"--link-gbps {args.link_gbps:g}: a link rate is above 0 and at most {MAX_LINK_GBPS:g} Gbit/s")
     try:
         ray.init(address=args.address, log_to_driver=False)
     except Exception as exc:  # ray raises ConnectionError, ValueError or a bare Exception
@@ -78,7 +87,7 @@ def run(args: argparse.Namespace, out=sys.stdout):
         raise ProbeError(f"the probe failed ({one_line(exc)})") from None
     finally:
         ray.shutdown()
-    return fit(samples, cost, tuple(hosts))
+    return replace(fit(samples, cost, tuple(hosts)), link_gbps=args.link_gbps)
 
 
 def main(argv: list[str] | None = None) -> int:
