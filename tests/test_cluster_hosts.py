@@ -430,7 +430,8 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
               f"twice: {twice.step_ms:.1f}) from a basis at {BASIS_LINK_GBPS:g} Gbit/s ({basis_steps[basis.config]:.1f} "
               f"ms/step), measured on the cluster {measured:.1f} ms/step: error {100 * errors[basis.config]:+.1f} % "
               f"({100 * twice_errors[basis.config]:+.1f} % twice)")
-        assert basis_steps[basis.config] < 0.8 * measured  # held out: the basis's own step is not the cell's
+        # held out: the cell is not the basis's own step, and the projection is nearer to it than that step
+        assert abs(cell.step_ms - measured) < abs(basis_steps[basis.config] - measured)
     assert set(errors) == {"allreduce", "quantization_pertensor"}
     assert all(abs(e) <= 0.20 for e in errors.values()), errors
     assert abs(errors["quantization_pertensor"]) < abs(twice_errors["quantization_pertensor"]), (errors, twice_errors)
