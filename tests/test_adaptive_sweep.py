@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.stores import store_uri
 from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.timeout(1800)
@@ -92,7 +93,7 @@ def _wait_until_finished(proc: subprocess.Popen, client: MlflowClient, count: in
 def _config(tmp: Path) -> tuple[Path, str]:
     config = tmp / "adaptive.yaml"
     config.write_text(CONFIG)
-    return config, f"sqlite:///{tmp / 'mlflow.db'}"
+    return config, store_uri(tmp)
 
 
 def _read_back(tmp: Path, client: MlflowClient) -> dict:

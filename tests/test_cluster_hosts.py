@@ -41,6 +41,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stores import store_uri
+
 from service.network import netem
 
 from service.sweep import submit
@@ -406,7 +408,7 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     cfg, _ = load_config(config)
     assert cfg.workload == cross_host_job.cfg.workload and cfg.trials() and \
         [t.hook for t in cfg.trials()] == [t.hook for t in cross_host_job.cfg.trials()]  # the cells' own trials
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     res = _run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp_path, timeout=JOB_TIMEOUT_S,
                env={**env, "MLFLOW_TRACKING_URI": uri, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"})

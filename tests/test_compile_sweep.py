@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.stores import store_uri
 from mlflow.tracking import MlflowClient
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(1200)]
@@ -41,7 +42,7 @@ CONFIGS = ["allreduce", "allreduce-compiled", "fp16_compress", "fp16_compress-co
 def swept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compile_sweep")
     (tmp / "compile.yaml").write_text(CONFIG)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_uri(tmp)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # always a local Ray
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))  # tests.tiny_workload

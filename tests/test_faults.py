@@ -15,6 +15,8 @@ import json
 import os
 
 import pytest
+
+from tests.stores import store_uri
 import torch
 import torch.distributed as dist
 
@@ -155,7 +157,7 @@ def test_provenance_is_recorded_on_the_trials_mlflow_run(tmp_path):
 
     from service import tracking
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri(tmp_path)
     cfg = make_cfg(steps=6, world_sizes=(1,), faults=[{"kind": "nan_grad", "step": 3, "rank": 0}])
     trial = trial_of(cfg, 1)
     run_id = tracking.start_child_run(tracking.start_parent_run(cfg, None, tracking_uri=uri), trial, cfg,
@@ -196,7 +198,7 @@ def test_a_crashed_worker_restarts_from_its_checkpoint_and_continues_its_run(tmp
 
     from service.sweep import run_sweep
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = store_uri(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)  # always a local Ray
     # run_sweep sets these for Tune's console output and signal handling: undone after the test

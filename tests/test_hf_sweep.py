@@ -8,6 +8,8 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+
+from tests.stores import store_uri
 import yaml
 
 from tests.test_sweep_e2e import run_sweep_cli
@@ -28,7 +30,7 @@ def test_a_short_hf_gpt2_preset_sweep_trains_and_records_every_trial(tmp_path):
     raw.setdefault("tracking", {})["transport_probe"] = False  # (the smoke sweep probes it)
     config = tmp_path / "hf_short.yaml"
     config.write_text(yaml.safe_dump(raw))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
 
     proc = run_sweep_cli(config, tmp_path, uri)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stores import store_uri
+
 from service.network import link_measure
 
 from service.network import host_cpu, names, netem
@@ -401,7 +403,7 @@ def test_a_two_link_sweep_on_hosts_of_their_own_cpu_interrupted_then_resumed(tmp
                       .replace("name: network_one", "name: network_split")
                       .replace("link_gbps: 1\n", "link_gbps: [0.2, 0.5]\n  timing_steps: 4\n  host_cpus: 0.8\n")
                       .replace("transport_probe: false", "transport_probe: true"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
 
     def sweep(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "service.sweep", str(config), *args], cwd=tmp_path,

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stores import store_uri
+
 from service.network import netem
 from tests.docker_engine import docker_engine
 
@@ -76,7 +78,7 @@ def test_network_sweep_runs_beside_docker_and_leaves_the_firewall_as_found(tmp_p
     from mlflow.tracking import MlflowClient
 
     before = _firewall()
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env.update(MLFLOW_TRACKING_URI=uri, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     proc = subprocess.Popen([sys.executable, "-m", "service.sweep", str(NETWORK_SWEEP)], cwd=tmp_path, env=env,

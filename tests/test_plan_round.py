@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.stores import store_uri
 from mlflow.tracking import MlflowClient
 
 from hooks.plan import NAME as PLAN
@@ -67,7 +68,7 @@ def swept(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan_round")
     config = tmp / "plan_round.yaml"
     config.write_text(CONFIG)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_uri(tmp)
     done = subprocess.run([sys.executable, "-m", "service.sweep", str(config)], cwd=tmp, env=_env(uri),
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"

@@ -14,6 +14,8 @@ import datetime
 import json
 
 import pytest
+
+from tests.stores import store_uri
 import torch
 import torch.distributed as dist
 
@@ -319,7 +321,7 @@ def store(tmp_path_factory):
     from service.train import TrainingContext, run_training
 
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri, path = f"sqlite:///{tmp}/mlflow.db", tmp / "projection.yaml"
+    uri, path = store_uri(tmp), tmp / "projection.yaml"
     path.write_text(CONFIG)
     cfg, _ = load_config(str(path))
     torch.set_num_threads(1)
@@ -462,7 +464,7 @@ def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_s
     from service.report.projected import projected
     from service.report.render import render_html
 
-    uri, path = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "projection.yaml"
+    uri, path = store_uri(tmp_path), tmp_path / "projection.yaml"
     path.write_text(CONFIG)
     cfg, _ = load_config(str(path))
     parent = tracking.start_parent_run(cfg, str(path), tracking_uri=uri)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stores import store_uri
+
 from tests.reaper import left_running
 
 import service
@@ -159,7 +161,7 @@ def refusals_sweep(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("refusals")
     config = tmp / "refusals.yaml"
     config.write_text(REFUSALS_CONFIG.format(seeds=list(THROUGH_RAY)))
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_uri(tmp)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return run_sweep_cli(config, tmp, uri, reaper_out=tmp / "left.json"), uri, tmp / "left.json"
 
@@ -209,7 +211,7 @@ def moe_sweep(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("moe")
     (tmp / "moe.yaml").write_text(MOE_CONFIG)
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    uri = store_uri(tmp)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return run_sweep_cli(tmp / "moe.yaml", tmp, uri, reaper_out=tmp / "left.json"), uri, tmp / "left.json"
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.stores import store_uri
 from mlflow.tracking import MlflowClient
 
 from tests.reaper import left_running, reaped
@@ -132,7 +133,7 @@ def interrupt(tmp_path: Path, sig: signal.Signals, code: Path | None = None, *ex
     config = tmp_path / "resume.yaml"
     if not config.exists():
         config.write_text(CONFIG)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     client = MlflowClient(tracking_uri=uri)
     left = tmp_path / f"left-{sig.name}.json"
     proc = subprocess.Popen(reaped(left, sweep_cmd(config, *extra)), cwd=tmp_path,
@@ -216,7 +217,7 @@ def test_sigint_then_sigterm_mid_trial_then_resume_finishes_the_rest_without_dup
 def test_resume_without_an_earlier_sweep_is_one_line(tmp_path):
     config = tmp_path / "resume.yaml"
     config.write_text(CONFIG)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # no store at all yet
     proc = subprocess.run(sweep_cmd(config, "--resume"), cwd=tmp_path, env=sweep_env(uri),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, f"{proc.stdout}\n{proc.stderr}"
@@ -239,7 +240,7 @@ def test_ctrl_c_while_the_transport_probe_runs_stops_the_sweep_with_130(tmp_path
     --resume line printed, nothing left running."""
     config = tmp_path / "resume.yaml"
     config.write_text(CONFIG.replace("world_size: [1, 2]", "world_size: [2]"))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     left = tmp_path / "left-probe.json"
     proc = subprocess.Popen(reaped(left, sweep_cmd(config)), cwd=tmp_path, env=sweep_env(uri, ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

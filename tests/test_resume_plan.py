@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.stores import store_uri
+
 from service import tracking
 from service.config import SweepConfig
 from service.sweep.errors import SweepError
@@ -37,7 +39,7 @@ def interrupted_sweep(cfg: SweepConfig, uri: str, finished: int) -> tuple[str, l
 
 @pytest.fixture
 def uri(tmp_path):
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return store_uri(tmp_path)
 
 
 def test_fingerprint_ignores_speed_settings_but_not_what_trials_compute():

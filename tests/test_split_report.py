@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.stores import store_uri
+
 mlflow = pytest.importorskip("mlflow")
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, RunTag  # noqa: E402
@@ -46,7 +48,7 @@ def _metrics(summary: dict, step_ms: list[float], eval_loss: dict[int, float]) -
 @pytest.fixture(scope="module")
 def split(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("split")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = store_uri(tmp)
     client = MlflowClient(uri)
     exp_id = client.create_experiment("split", artifact_location=(tmp / "artifacts").as_uri())
     parent_id = client.create_run(exp_id, run_name="sweep-split").info.run_id

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.stores import store_uri
 from mlflow.tracking import MlflowClient
 
 from service import report
@@ -207,7 +208,7 @@ def test_a_crashed_trial_out_of_retries_fails_a_nan_trial_does_not_and_the_sweep
                                                  "  - {kind: crash, step: 12, rank: 0}\n"
                                                  "  - {kind: nan_grad, step: 5, rank: 1}")
                       + "stop: {on_nan: true}\n")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = store_uri(tmp_path)
     proc = run_sweep_cli(config, tmp_path, uri)
     assert proc.returncode == 1, f"{proc.stdout}\n{proc.stderr}"  # 1: some trial failed
     assert "Traceback" not in proc.stdout + proc.stderr
