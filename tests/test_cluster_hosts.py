@@ -394,7 +394,7 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     the probe's wire is counted once for the allgather hook (below the price with the wire twice;
     allreduce, the slower of transport and wire, the same either way). The projection against the
     step measured on the cluster is printed, not asserted: -1.1 ... -8.4 % (allreduce) and -9.8 ...
-    -13.0 % (quantization_pertensor, +20.6 ... +28.6 % with the wire twice) with the module alone,
+    -17.7 % (quantization_pertensor, +9.3 ... +28.6 % with the wire twice) with the module alone,
     but -13.9 ... -18.4 and -23.0 ... -41.4 % inside `make test`, where the basis and the cell ran
     minutes apart under the other test worker's varying load (the cluster's 0.8-core hosts are
     capped, not guaranteed, their share): docs/performance.md."""
