@@ -92,7 +92,7 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
                                        timeline.latency_s, c.count) for c in measured)
     if transport is not None:
         moved = _moved_s(transport, target, world_size, overlapping)
-        kernels = _kernels_between(timeline, bucket, transport, wire_then if not overlapping else 0.0)
+        kernels = _kernels_between(timeline, bucket, transport, overlapping, wire_then if not overlapping else 0.0)
         return 1000.0 * (kernels + (max(moved, wire) if overlapping else moved + wire))
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
     # the others: measured = transport + wire.
@@ -103,7 +103,8 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     return 1000.0 * (max(transport, wire) if overlapping else transport + wire)
 
 
-def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: TransportFit, wire_s: float) -> float:
+def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: TransportFit, overlapping: bool,
+                     wire_s: float) -> float:
     """Seconds of a hook's own kernels inside its measured comm: a hook that waits in its call
     (``HookSpec.waits_in_call``: PowerSGD's P, orthogonalisation, Q; quantized_allreduce's
     rescale) runs them between its collectives, so its comm_ms holds them beside the transport.
@@ -112,7 +113,6 @@ def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: Tr
     if not spec(bucket.priced_as(timeline)[0]).waits_in_call:
         return 0.0
     measured = _collectives(timeline, bucket, timeline.world_size)
-    overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
     moved = _moved_s(transport, measured, timeline.world_size, overlapping)
     return max(bucket.comm_ms / 1000.0 - moved - wire_s, 0.0)
 

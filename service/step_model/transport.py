@@ -133,7 +133,7 @@ class TransportFit:
         """Which hosts this transport was measured on, in one phrase (for the report)."""
         if not self.hosts:
             return "hosts not recorded (a transport.json from before they were)"
-        link = "" if self.link_gbps is None else f", across links of {self.link_gbps:g} Gbit/s (their wire taken out)"
+        link = "" if self.link_gbps is None else f", across links of {self.link_gbps:g} Gbit/s (their wire taken out of allgather and all_to_all)"
         return "; ".join(h.describe() for h in self.hosts) + link
 
     @property

@@ -23,7 +23,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from service.config.limits import MAX_LINK_GBPS
 from service.text import one_line
 
 
@@ -61,6 +60,7 @@ def run(args: argparse.Namespace, out=sys.stdout):
     """Probe each world size on the cluster; the fit (service.step_model.transport.TransportFit)."""
     import ray
 
+    from service.config.limits import MAX_LINK_GBPS
     from service.step_model.transport import fit
     from service.sweep.transport import probe_on_ray
 
