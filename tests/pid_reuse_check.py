@@ -30,11 +30,11 @@ def main() -> None:
     before = processes.children()
     first = _spawn()
     local_ray = processes.LocalRay(processes.children() - before)  # as ray_runtime.init_local records
-    left_first = local_ray.stop(grace_s=0.2)  # ray.shutdown() leaves `sleep` alone: killed after the grace
+    left_first = local_ray.stop()  # killed: the sleep is the instance's process
     first.wait()  # reaped: its pid is free
     second = _spawn(at_pid=first.pid)
-    left_again = local_ray.stop(grace_s=0.2)  # Ctrl-C's path stopped it, then the sweep's end asks again
-    left_fresh = processes.LocalRay(local_ray.roots).stop(grace_s=0.2)  # the recorded identity alone
+    left_again = local_ray.stop()  # Ctrl-C's path stopped it, then the sweep's end asks again
+    left_fresh = processes.LocalRay(local_ray.roots).stop()  # the recorded identity alone
     print(json.dumps({"roots": sorted(p.pid for p in local_ray.roots), "first_pid": first.pid,
                       "first_returncode": first.returncode, "second_pid": second.pid,
                       "second_alive": second.poll() is None,

@@ -32,8 +32,7 @@ time.sleep(120)
 """
 
 
-def test_a_tree_that_ignores_the_shutdown_and_sigterm_is_killed_after_the_grace():
-    grace = 1.5
+def test_a_tree_that_takes_no_sigterm_is_killed_every_process_of_it():
     before = processes.children()
     parent = subprocess.Popen([sys.executable, "-c", TREE, "parent", TREE], stdout=subprocess.PIPE, text=True)
     pids = {int(parent.stdout.readline()) for _ in range(2)}
@@ -46,16 +45,41 @@ def test_a_tree_that_ignores_the_shutdown_and_sigterm_is_killed_after_the_grace(
             os.kill(pid, signal.SIGTERM)
         time.sleep(0.3)
         assert processes.alive(tree) == tree, "the tree was meant to ignore SIGTERM"
-        started = time.monotonic()
-        left = local_ray.stop(grace_s=grace)
-        took = time.monotonic() - started
+        left = local_ray.stop()
     finally:
         processes.kill(tree)  # the test's own processes, whatever happened
     assert left == set()
-    assert took >= grace  # alive through the grace: only then killed
     assert parent.wait(timeout=5) == -signal.SIGKILL
     assert not processes.alive(tree)  # the child too (reparented to init, which reaps it)
-    assert local_ray.stop(grace_s=grace) == set()  # stopped once: a second call does nothing
+    assert local_ray.stop() == set()  # stopped once: a second call does nothing
+
+
+# A parent that starts a short-lived sleeper every 20 ms and writes each one's pid to a file.
+SPAWNER = r"""
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1], "a") as pids:
+    while True:
+        pids.write(f"{subprocess.Popen(['sleep', '30']).pid}\n")
+        pids.flush()
+        time.sleep(0.02)
+"""
+
+
+def test_a_tree_still_starting_processes_is_stopped_with_every_process_it_started(tmp_path):
+    started = tmp_path / "pids"
+    before = processes.children()
+    parent = subprocess.Popen([sys.executable, "-c", SPAWNER, str(started)])
+    try:
+        while not started.exists() or len(started.read_text().split()) < 5:
+            time.sleep(0.05)
+        assert LocalRay(processes.children() - before).stop() == set()
+        assert parent.wait(timeout=5) == -signal.SIGKILL
+        sleepers = [Proc.of(int(pid)) for pid in started.read_text().split()]
+        assert [p for p in sleepers if p is not None and processes.alive([p])] == []
+    finally:
+        parent.kill()
+        parent.wait()
 
 
 def test_proc_of_names_a_live_process_by_pid_and_start_time_and_an_ended_one_by_none():
@@ -74,7 +98,7 @@ def test_a_recorded_pid_that_now_names_another_process_is_left_alone():
         # the record of an earlier holder of the pid: it ended, and `other` took the pid after it
         earlier = Proc(other.pid, now.start - 1)
         assert processes.alive([earlier]) == set() and processes.descendants([earlier]) == set()
-        assert LocalRay([earlier]).stop(grace_s=0.3) == set()
+        assert LocalRay([earlier]).stop() == set()
         processes.kill([earlier])
         time.sleep(0.2)
         assert other.poll() is None, "another process's pid was signalled"
@@ -101,7 +125,22 @@ def test_a_pid_reused_after_a_stop_survives_a_second_stop():
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["roots"] == [got["first_pid"]]
-    assert got["first_returncode"] == -signal.SIGKILL  # killed after the grace, by the first stop
+    assert got["first_returncode"] == -signal.SIGKILL  # killed by the first stop
     assert got["second_pid"] == got["first_pid"], "the namespace did not hand the pid on"
     assert got["second_alive"], "a process that took a stopped process's pid was killed"
     assert got["left"] == [[], [], []]
+
+
+@pytest.mark.ray
+def test_a_sigterm_to_the_sweeps_process_group_leaves_its_ray_instance_to_the_sweep():
+    """tests/group_signal_check.py: a local instance's processes (GCS, raylet, workers) take no
+    SIGTERM sent to the sweep's group; the sweep, which handles it, still reaches the GCS and then
+    stops every one of them itself."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "group_signal_check.py")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=180, start_new_session=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["processes"] >= 2  # at least a GCS and a raylet
+    assert got["survived_the_group_signal"], "a Ray process of the sweep's instance died of the group's SIGTERM"
+    assert got["gcs_answered"]
+    assert got["left"] == [] and got["alive_after_stop"] == 0

@@ -2,10 +2,14 @@
 ones ``ray.init`` started (GCS, raylet, their workers: Tune trials, Train controllers and
 workers), and stopped, every one of them, however the sweep ends.
 
-``ray.shutdown()`` alone asks the raylet to end its workers; a worker that does not answer (a
-Train controller seen here, reparented to init and still holding 450 MB an hour and a half
-later) outlives it. So the tree is read *before* the shutdown, and what is still alive after a
-grace period is killed. Linux /proc; elsewhere nothing is found and only ray.shutdown() runs.
+The instance is the sweep's to stop, not a signal's: its processes take no SIGTERM
+(ray_runtime.init_local), so the sweep's own SIGTERM handler can still reach its GCS after a
+scheduler signalled the whole process group. Ray's ``ray.shutdown()`` would end them with SIGTERM
+and a second's wait each; here the driver only disconnects, and the tree, read before that and
+frozen (SIGSTOP) so no process can start another unseen, is killed. ``ray.shutdown()`` alone
+would not do either: a worker that does not answer the raylet (a Train controller seen here,
+reparented to init and still holding 450 MB an hour and a half later) outlives it. Linux /proc;
+elsewhere nothing is found and only ray.shutdown() runs.
 
 Only a process the service started is ever signalled. A pid alone does not say that: once a
 process ends, the kernel may give its pid to any other program. So every process is known by
@@ -133,23 +137,43 @@ class LocalRay:
         self._lock = threading.Lock()
         self._stopped = False
 
-    def stop(self, grace_s: float = 10.0) -> set[int]:
-        """ray.shutdown(), then SIGKILL for whatever of the instance is alive ``grace_s`` later.
+    def stop(self) -> set[int]:
+        """The driver disconnected (``_disconnect``), then every process of the instance killed.
         Returns the pids still alive after that (empty: everything stopped, or stopped before)."""
         with self._lock:  # Ctrl-C's path and the sweep's end both stop it: the first one does
             if self._stopped:
                 return set()
             self._stopped = True
-        import ray
-
-        tree = descendants(self.roots)  # before the shutdown: orphans lose their parent
-        ray.shutdown()
-        deadline = time.monotonic() + grace_s
-        while alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        tree |= descendants(alive(tree))  # and what a survivor started meanwhile
+        tree = descendants(self.roots)  # before the disconnect: orphans lose their parent
+        _disconnect()
+        tree = _frozen(tree)
         kill(tree)
         deadline = time.monotonic() + 5.0
         while alive(tree) and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
         return {p.pid for p in alive(tree)}
+
+
+def _disconnect() -> None:
+    """This driver off its Ray instance, leaving the instance's processes to ``LocalRay.stop``:
+    ray.shutdown() without the node ray.init started, whose processes it would otherwise end one
+    by one with SIGTERM, which they do not take, and a second's wait each. Where Ray has no such
+    node (no Ray started, or a later Ray without ``_global_node``) it is a plain ray.shutdown()."""
+    import ray
+    from ray._private import worker
+
+    if getattr(worker, "_global_node", None) is not None:
+        worker._global_node = None
+    ray.shutdown()
+
+
+def _frozen(tree: set[Proc]) -> set[Proc]:
+    """``tree`` and every process below it, each stopped (SIGSTOP, which no process can block or
+    ignore): a process stopped cannot start another, so the set returned is the whole tree."""
+    while True:
+        for p in tree:
+            _signal(p, signal.SIGSTOP)
+        below = descendants(alive(tree))
+        if below <= tree:
+            return tree
+        tree = tree | below

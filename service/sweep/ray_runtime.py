@@ -15,6 +15,8 @@ cluster too. A variable the user already set wins (``setdefault``).
 from __future__ import annotations
 
 import os
+import signal
+from contextlib import contextmanager
 from typing import Any
 
 from service.sweep.processes import LocalRay, children
@@ -83,13 +85,33 @@ def init_local(num_cpus: int, num_gpus: int | None = None, worker_niceness: int 
     for attempt in range(1, INIT_ATTEMPTS + 1):
         before = children()  # each as first seen: pid and start time (service/sweep/processes.py)
         try:
-            ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness, system_config))
+            with _sigterm_blocked():  # in every process ray.init starts, and theirs (processes.py)
+                ray.init(**local_init_kwargs(num_cpus, num_gpus, worker_niceness, system_config))
             return LocalRay(children() - before)
         except Exception as exc:  # ray raises a bare Exception for this timeout
             # The timed-out node (GCS, raylet, monitors) was started as our children and is not
             # ours to reach through ray.shutdown(): left alive, each retry would add a whole Ray
             # instance to an already loaded machine. Stopped as a started instance is (its tree
             # read before the shutdown, only its own processes killed), at once: it never served.
-            LocalRay(children() - before).stop(grace_s=0)
+            LocalRay(children() - before).stop()
             if "timed out during startup" not in str(exc) or attempt == INIT_ATTEMPTS:
                 raise
+
+
+@contextmanager
+def _sigterm_blocked():
+    """SIGTERM blocked in this thread meanwhile; a process started meanwhile inherits the block
+    (as it does Ray's own block of SIGINT) and passes it on to the processes it starts.
+
+    A scheduler stops a job by signalling its whole process group (``kill -TERM -PGID``), or
+    every process of its cgroup (Slurm, systemd). The sweep handles that SIGTERM, closing its
+    runs through its Ray instance; a GCS that took the signal too is gone, and a driver's call to
+    a dead GCS blocks until Ray ends the process, exit 1, 60 s later (CI, stop 47). Blocked, the
+    instance's processes leave the stop to the sweep, as they already do with Ctrl-C's SIGINT.
+    A pending SIGTERM of this process's own is delivered when the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
