@@ -552,6 +552,31 @@ def test_probe_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.cluster
+@needs_ray_cli
+def test_a_probe_interrupted_mid_run_exits_130_in_one_line_and_writes_nothing(loopback_cluster, tmp_path):
+    """Ctrl-C once the probe's Train run has started on the cluster (its storage written)."""
+    c = loopback_cluster
+    out, storage = tmp_path / "transport.json", tmp_path / "storage"
+    proc = subprocess.Popen([sys.executable, "-m", "service.probe", "--address", c.gcs_address, "--world-size", "2",
+                             "--storage-path", str(storage), "--out", str(out)],
+                            cwd=ROOT, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not (storage.is_dir() and any(storage.iterdir())) and proc.poll() is None:
+            assert time.monotonic() < deadline, "the probe's run never started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _error_lines(err)[-1] == f"interrupted: nothing written to {out}", err
+    assert not out.exists()
+
+
 def test_gloo_is_bound_to_the_node_interface_only_across_hosts(monkeypatch):
     """Across hosts a trial's gloo binds to the interface of its node's address (a hostname
     resolving to loopback otherwise strands every rank on 127.0.0.1; tests/test_cluster_hosts.py

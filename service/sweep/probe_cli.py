@@ -10,7 +10,8 @@ Train workers, and writes the fit (service/step_model/transport.py) with the hos
 Give it to the report as ``report.cluster.transport: PATH``: the cluster answer, the decision map
 and the per-bucket plan are then priced with that cluster's transport.
 
-Exit status: 0 written; 2 nothing written (bad option, no cluster at the address, the probe failed).
+Exit status: 0 written; 2 nothing written (bad option, no cluster at the address, the probe failed);
+130 interrupted (Ctrl-C), nothing written.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace, out=sys.stdout):
 
     from service.config.limits import MAX_LINK_GBPS
     from service.step_model.transport import fit
-    from service.sweep.transport import probe_on_ray
+    from service.sweep.transport import off_the_main_thread, probe_on_ray
 
     if not args.address:
         raise ProbeError("no cluster to probe: give --address HEAD:6379 (or set RAY_ADDRESS)")
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace, out=sys.stdout):
     samples, cost, hosts = [], {}, []
     try:
         for w in sorted(set(args.world_size)):
-            measured, seconds, where = probe_on_ray(w, storage, args.cpus_per_worker)
+            # off the main thread, where Ray Train's fit would take Ctrl-C for its own
+            measured, seconds, where = off_the_main_thread(probe_on_ray, w, storage, args.cpus_per_worker)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(seconds, 1)
             print(f"W = {w}: probed {where.describe()} in {seconds:.1f} s", file=out, flush=True)
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # this driver's exit ends the probe's actors on the cluster
+        print(f"interrupted: nothing written to {args.out}", file=sys.stderr)
+        return 130
     path = Path(args.out)
     path.write_text(json.dumps(result.to_json(), indent=1))
     print(f"wrote {path} (give it to the report as report.cluster.transport: {path.resolve()})")

@@ -97,12 +97,13 @@ def hosts_for_probe(cfg, world_size: int):
         net.remove()
 
 
-def _off_the_main_thread(fn, *args):
+def off_the_main_thread(fn, *args):
     """``fn(*args)`` on a daemon thread, waited for here. Ray Train's fit() installs its own
     SIGINT handler when called on the main thread (as Tune's trials never do), which aborted the
     probe quietly or exited the sweep with 1 on a Ctrl-C (tests/test_resume.py); off it, the
-    sweep's handler stays, a Ctrl-C raises KeyboardInterrupt here and the sweep stops as from a
-    trial, its Ray instance (or, on a cluster, this driver's exit) ending the probe's actors."""
+    caller's handler stays, a Ctrl-C raises KeyboardInterrupt here and the sweep (or
+    ``python -m service.probe``) stops as from a trial, its Ray instance (or, on a cluster, this
+    driver's exit) ending the probe's actors."""
     done: dict = {}
 
     def run():
@@ -141,8 +142,8 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
         for w in sizes:
             started = time.monotonic()  # the trainer's start included: what the sweep pays
             with hosts_for_probe(cfg, w) as network:
-                measured, _, where = _off_the_main_thread(probe_on_ray, w, storage, cfg.resources.cpus_per_worker,
-                                                          network)
+                measured, _, where = off_the_main_thread(probe_on_ray, w, storage, cfg.resources.cpus_per_worker,
+                                                         network)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
