@@ -87,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import math
 
-    import ray
-
     from service import sweep
 
     from service.sweep import ray_runtime
@@ -100,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         paths[c].write_text(sweep_yaml(c, hooks, seeds, args.steps, args.world_size, str(workdir / "ray")))
     started = time.time()
     # Room for two trials (as the sweep itself would size it for max_concurrent_trials 2).
-    ray_runtime.init_local(num_cpus=math.ceil(2 * (args.world_size * CPUS_PER_WORKER + sweep.TRIAL_DRIVER_CPUS)))
+    local_ray = ray_runtime.init_local(num_cpus=math.ceil(2 * (args.world_size * CPUS_PER_WORKER + sweep.TRIAL_DRIVER_CPUS)))
     ray_init_s = time.time() - started
     runs = {}
     try:
@@ -108,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             runs[c] = run_one(c, paths[c])
             print(f"max_concurrent_trials {c}: {runs[c]['trials']} trials in {runs[c]['wall_s']:.1f} s", flush=True)
     finally:
-        ray.shutdown()
+        local_ray.stop()  # all of it: its processes take no SIGTERM (service/sweep/processes.py)
 
     alone, shared = runs[1]["samples_per_s"], runs[2]["samples_per_s"]
     per_config = {name: shared[name] / alone[name] for name in alone if alone[name] and shared.get(name)}

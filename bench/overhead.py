@@ -448,8 +448,6 @@ def main(argv: list[str] | None = None) -> int:
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     os.environ["MLFLOW_TRACKING_URI"] = uri
 
-    import ray
-
     from service.sweep import ray_runtime
     from service.config import load_config
 
@@ -471,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         for profile in (args.profiles if r % 2 == 0 else args.profiles[::-1]):
             t0 = time.time()
-            ray_runtime.init_local(num_cpus=num_cpus, system_config=PROFILES[profile],
-                                   worker_niceness=RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS)
+            niceness = RAY_DEFAULT_NICENESS if args.ray_defaults else ray_runtime.WORKER_NICENESS
+            local_ray = ray_runtime.init_local(num_cpus=num_cpus, system_config=PROFILES[profile],
+                                               worker_niceness=niceness)
             ray_init_s[profile].append(time.time() - t0)
             if PROFILES[profile]:
                 time.sleep(10)  # let the prestarted workers come up and import, as in a sweep's first seconds
@@ -486,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"{result['in_loop_s']:5.2f} s  overhead {result['overhead_s']:6.2f} s  "
                               f"(cpu {result['overhead_cpu_s']:6.2f} s)  load {result['load_1m']}", flush=True)
             finally:
-                ray.shutdown()
+                local_ray.stop()  # all of it: its processes take no SIGTERM (service/sweep/processes.py)
 
     by_profile = {p: {ws: summarise(samples[p][ws], args.marginal_trials) for ws in args.world_sizes}
                   for p in args.profiles}
