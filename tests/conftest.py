@@ -141,7 +141,7 @@ LONGEST_FILES = ("test_bench_smoke.py", "test_cluster.py", "test_resume.py", "te
                  "test_netem.py", "test_workload_contract.py", "test_adaptive_sweep.py", "test_sweep_e2e.py",
                  "test_plan_round.py", "test_refusals.py", "test_compose.py", "test_compile_sweep.py",
                  "test_hooks_dist.py", "test_hf_sweep.py", "test_netem_docker.py", "test_faults.py",
-                 "test_paired_timing.py", "test_cli.py", "test_code_hygiene.py")
+                 "test_paired_timing.py", "test_cli.py")
 
 
 def _file_rank(item) -> int:
