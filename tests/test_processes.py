@@ -54,12 +54,14 @@ def test_a_tree_that_takes_no_sigterm_is_killed_every_process_of_it():
     assert local_ray.stop() == set()  # stopped once: a second call does nothing
 
 
-# A parent that starts a short-lived sleeper every 20 ms and writes each one's pid to a file.
+# A parent that starts a sleeper every 20 ms and writes each one's pid to a file, for a minute at
+# most: a test killed before its `finally` must not leave it forking (one did, for an hour).
 SPAWNER = r"""
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
+ends = time.monotonic() + 60
 with open(sys.argv[1], "a") as pids:
-    while True:
+    while time.monotonic() < ends:
         pids.write(f"{subprocess.Popen(['sleep', '30']).pid}\n")
         pids.flush()
         time.sleep(0.02)
