@@ -114,4 +114,3 @@ def _sigterm_blocked():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
