@@ -151,7 +151,8 @@ def _file_rank(item) -> int:
 
 def pytest_collection_modifyitems(config, items) -> None:
     """``slow``: what the inner loop skips (``-m "not slow"``): every test that starts Ray, a
-    cluster or Docker, and those marked slow by hand (benches that run sweeps). Then the longest
+    cluster or Docker, and those marked slow by hand (benches that run sweeps, the tests of
+    test_workload_contract's 2-rank bf16 trials). Then the longest
     files first (a stable sort: each file's tests keep their order)."""
     for item in items:
         if any(item.get_closest_marker(m) for m in ("ray", "cluster", "docker")):

@@ -55,6 +55,10 @@ HF_TRIALS = {**HF, "workload": HF_SHORT_EVAL, "tracking": {"paired_timing_every"
 # test (the buckets' dtype and bytes, the loss going down, the NaN found) does not depend on it
 HF_EVERY_HOOK = {**HF_TRIALS, "global_batch_size": 4}
 DICT_WL = {"workload": DICT, "optimizer": "adamw", "lr": 0.01}
+# The tests that read the module's 2-rank trials (the ``two_ranks`` fixture: every hook in bf16 on
+# hf_gpt2 and the dict workload, 4-6 min of two processes' CPU on this machine): the inner loop
+# (``-m "not slow"``) skips them, as it does the sweeps.
+slow_two_ranks = pytest.mark.slow
 
 
 # ----------------------------------------------------------------------------- the contract
@@ -351,6 +355,7 @@ def _n_params(name: str) -> int:
     return sum(p.numel() for p in build_workload(name, 0).model.parameters())
 
 
+@slow_two_ranks
 def test_a_dict_batch_workload_at_two_ranks_trains_the_same_model_as_one(single_rank_group, two_ranks):
     cfg = make_cfg(steps=6, world_sizes=(1,), **DICT_WL)
     one = run_training(trial_of(cfg, 1), cfg, TrainingContext(rank=0, world_size=1, device="cpu"))
@@ -360,6 +365,7 @@ def test_a_dict_batch_workload_at_two_ranks_trains_the_same_model_as_one(single_
     assert set(one.summary) >= {"final_eval_loss"} and "final_eval_accuracy" not in one.summary  # default eval
 
 
+@slow_two_ranks
 @pytest.mark.parametrize("workload", ["dict", "hf"])
 @pytest.mark.parametrize("hook", HOOK_NAMES)
 def test_every_hook_trains_bf16_weights_through_bf16_buckets(two_ranks, workload, hook):
@@ -374,6 +380,7 @@ def test_every_hook_trains_bf16_weights_through_bf16_buckets(two_ranks, workload
     assert result.summary["raw_bytes_per_step"] == 2 * _n_params(name)
 
 
+@slow_two_ranks
 @pytest.mark.parametrize("workload", ["dict", "hf"])
 @pytest.mark.parametrize("hook", HOOK_NAMES)
 def test_a_nan_in_a_bf16_gradient_is_found_at_its_step_rank_and_bucket(two_ranks, workload, hook):
@@ -388,6 +395,7 @@ def test_a_nan_in_a_bf16_gradient_is_found_at_its_step_rank_and_bucket(two_ranks
         assert report.per_rank[0]["flags"]["model_grad"] == 0
 
 
+@slow_two_ranks
 @pytest.mark.skipif(not HAVE_TRANSFORMERS, reason="the .[hf] extra")
 def test_hf_gpt2_with_autocast_clipping_and_a_cosine_schedule_learns(two_ranks):
     result = two_ranks[0]["hf_realism", "allreduce"]
@@ -396,6 +404,7 @@ def test_hf_gpt2_with_autocast_clipping_and_a_cosine_schedule_learns(two_ranks):
     assert {"final_eval_loss", "final_eval_accuracy"} <= set(result.summary)  # hf_gpt2's eval_fn
 
 
+@slow_two_ranks
 def test_a_workload_not_deterministic_across_ranks_is_refused_at_the_start(two_ranks):
     for rank in (0, 1):
         weights = two_ranks[rank]["random_weights", "allreduce"]
