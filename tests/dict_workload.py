@@ -136,17 +136,22 @@ def refusal_by_seed(seed: int) -> dict:
 
 HF_SHORT_EVAL = "tests.dict_workload:hf_gpt2_short_eval"
 SHORT_EVAL_SEQUENCES = 8
+SHORT_CONTEXT = 16  # tokens per sequence, of hf_gpt2's 64
 
 
 def hf_gpt2_short_eval(seed: int):
     """hf_gpt2 (the same model, data and eval_fn) with its eval set cut to its first
-    SHORT_EVAL_SEQUENCES sequences: for the bf16 trials of tests/test_workload_contract.py,
-    which test training through bf16 buckets, not the eval. bf16 matmuls on a CPU without native
-    bf16 (AVX2 only) run ~30x fp32's: the full 512-sequence eval of bf16 weights took 165 s there
-    (5.3 s in fp32), and those trials ran 28 evals on rank 0."""
+    SHORT_EVAL_SEQUENCES sequences and every sequence to its first SHORT_CONTEXT tokens: for the
+    bf16 trials of tests/test_workload_contract.py, which test training through bf16 buckets (their
+    dtype and bytes, a falling loss, a NaN found), not the eval or the context length; the model and
+    its parameters are hf_gpt2's. bf16 matmuls on a CPU without native bf16 (AVX2 only) run ~30x
+    fp32's: the full 512-sequence eval of bf16 weights took 165 s there (5.3 s in fp32), and those
+    trials ran 28 evals on rank 0; a step's cost is its tokens'."""
     from service.workloads import build_workload
     from service.workloads.batches import DictTensorDataset
 
     wl = build_workload("hf_gpt2", seed)
-    wl.eval_set = DictTensorDataset(**{k: t[:SHORT_EVAL_SEQUENCES] for k, t in wl.eval_set.tensors.items()})
+    wl.train_set = DictTensorDataset(**{k: t[:, :SHORT_CONTEXT] for k, t in wl.train_set.tensors.items()})
+    wl.eval_set = DictTensorDataset(**{k: t[:SHORT_EVAL_SEQUENCES, :SHORT_CONTEXT]
+                                       for k, t in wl.eval_set.tensors.items()})
     return wl
