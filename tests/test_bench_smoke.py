@@ -199,10 +199,15 @@ def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_
 @pytest.mark.slow
 def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path):
     """bench/trees.py with this checkout as both arms: each repeat runs both, the first arm
-    alternates, and the ratio is read from the script's own JSON (through a list, by index).
+    alternates, and the ratio is read from the script's own JSON (through a list, by index). The
+    other arm runs with --other-python (here a wrapper of this interpreter that logs each call).
     The bench it alternates is the quickest one's --quick (four runs of it)."""
-    out = tmp_path / "trees.json"
+    out, calls = tmp_path / "trees.json", tmp_path / "other_python_calls"
+    other_python = tmp_path / "other-python"
+    other_python.write_text(f'#!/bin/sh\necho "$2" >> {calls}\nexec {sys.executable} "$@"\n')
+    other_python.chmod(0o755)
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "trees.py"), str(ROOT), "--repeat", "2",
+                           "--other-python", str(other_python),
                            "--key", "summary.0.allreduce", "--out", str(out), "--", "error_feedback.py", "--quick"],
                           cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                           timeout=900)
@@ -213,3 +218,5 @@ def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path)
     for _, _, this, other, ratio in data["rows"]:
         assert positive(this) and positive(other) and ratio == pytest.approx(this / other - 1)
     assert "median of 2 paired repeats" in proc.stdout
+    assert calls.read_text().split() == ["--quick", "--quick"]  # the other arm's two runs, and only those
+    assert data["pythons"] == {"this": sys.executable, "other": str(other_python)}
