@@ -134,12 +134,12 @@ def refusal_by_seed(seed: int) -> dict:
     return REFUSALS[seed](seed)
 
 
-HF_SHORT_EVAL = "tests.dict_workload:hf_gpt2_short_eval"
+HF_SHORT = "tests.dict_workload:hf_gpt2_short"
 SHORT_EVAL_SEQUENCES = 8
 SHORT_CONTEXT = 16  # tokens per sequence, of hf_gpt2's 64
 
 
-def hf_gpt2_short_eval(seed: int):
+def hf_gpt2_short(seed: int):
     """hf_gpt2 (the same model, data and eval_fn) with its eval set cut to its first
     SHORT_EVAL_SEQUENCES sequences and every sequence to its first SHORT_CONTEXT tokens: for the
     bf16 trials of tests/test_workload_contract.py, which test training through bf16 buckets (their

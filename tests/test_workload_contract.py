@@ -30,7 +30,7 @@ from service.workloads import (
     evaluate_batch_loss,
     evaluate_workload,
 )
-from tests.dict_workload import DICT, HF_SHORT_EVAL, DigitsDicts, digits_loss
+from tests.dict_workload import DICT, HF_SHORT, DigitsDicts, digits_loss
 from tests.dist_utils import run_distributed
 from tests.test_worker import make_cfg, single_rank_group, trial_of  # noqa: F401 (a fixture)
 
@@ -48,7 +48,7 @@ HF = {"workload": "hf_gpt2", "global_batch_size": 8, "optimizer": "adamw", "lr":
 # eval of the full set took 165 s on a CPU without native bf16, and these trials run 28), and
 # neither the paired baseline windows nor the step timeline's extra forward/backward passes, which
 # no test here reads (a bf16 step of hf_gpt2 took 1.65 s there, 16x fp32's)
-HF_TRIALS = {**HF, "workload": HF_SHORT_EVAL, "tracking": {"paired_timing_every": 0, "timeline_steps": 0}}
+HF_TRIALS = {**HF, "workload": HF_SHORT, "tracking": {"paired_timing_every": 0, "timeline_steps": 0}}
 # The every-hook bf16 trials at 2 sequences per rank and 3 steps (powersgd compresses from its
 # step 3, start_iter 2): each of their steps is hf_gpt2's bf16 matmuls on torch's fallback kernels
 # where the CPU lacks native bf16 (~2.5 s a step at 4 sequences per rank, 24 trials); what they
