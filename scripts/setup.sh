@@ -87,16 +87,46 @@ pipq() {
   PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install --quiet "$@" \
     2> >(grep -v "^WARNING: Location" >&2)
 }
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  echo "setup: installing into .venv (first time: about 4 minutes)" >&2
+# The packages go in with uv when it installs (pip fetches it in ~2 s): the same versions pip
+# resolves, in a quarter of pip's time (a fresh .venv with the tests' extra: ~30 s against ~100 s,
+# docs/performance.md section 8c), which every fresh clone's `make sweep` and CI pay. uv reads
+# neither pip's config nor PIP_FIND_LINKS, so pip's find-links (where torch's CPU wheel lies) are
+# passed on. Byte-compiled as pip does: without .pyc every Ray worker would compile torch on import.
+# pip does it all when uv cannot be had (no index reachable) or fails.
+find_links() {
+  .venv/bin/python -m pip config list 2>/dev/null | sed -n "s/^[^=]*find-links='\(.*\)'$/\1/p" \
+    | tr ' ' '\n' | sort -u | while read -r dir; do [ -d "$dir" ] && printf -- '--find-links\n%s\n' "$dir"; done
+}
+install() {  # install SPEC...: the project's packages into .venv
+  if [ -x .venv/bin/uv ] || pipq uv 2>/dev/null; then
+    local links=()
+    mapfile -t links < <(find_links)
+    if PYTHONWARNINGS="ignore:Editable installation" .venv/bin/uv pip install --quiet \
+        --python .venv/bin/python --compile-bytecode "${links[@]}" --upgrade-package pip pip "$@"; then
+      return 0
+    fi
+    echo "setup: uv could not install; pip will" >&2
+  fi
   pipq --upgrade pip
-  # torch first, pinned: the CPU wheel this machine keeps on disk (installs in seconds).
-  pipq "torch==2.13.0"
-  pipq -e ".[service,dev]"
+  pipq "$@"
+}
+# The tests (--test) train the hf_gpt2 workload too: its optional extra (pinned in pyproject.toml),
+# installed in the same pass (each pass byte-compiles the whole environment again).
+digest=$(sha256sum pyproject.toml | cut -c1-16)
+stamp=.venv/.installed-$digest hf_stamp=.venv/.installed-hf-$digest
+extras=service,dev
+[ "${1:-}" = "--test" ] && extras=service,dev,hf
+if [ ! -f "$stamp" ] || { [ "$extras" = service,dev,hf ] && [ ! -f "$hf_stamp" ]; }; then
+  echo "setup: installing .[$extras] into .venv (first time: under a minute with uv, about 2 with pip)" >&2
+  # torch pinned: the CPU wheel this machine keeps on disk (an unpinned torch is a multi-GB CUDA build).
+  install "torch==2.13.0" -e ".[$extras]"
   .venv/bin/python -c "import torch, ray, mlflow, hooks" # fail loudly if the install did not take
   rm -f .venv/.installed-*
   touch "$stamp"
+  if [ "$extras" = service,dev,hf ]; then
+    .venv/bin/python -c "import transformers"
+    touch "$hf_stamp"
+  fi
 fi
 # iproute2's `ip` and `tc` build the emulated hosts and links of a config's network: section
 # (service/network/netem.py); minimal images lack them. Only root can use them, so only root installs.
@@ -109,15 +139,6 @@ if ! command -v tc >/dev/null 2>&1 || ! command -v ip >/dev/null 2>&1; then
   fi
 fi
 if [ "${1:-}" = "--test" ]; then
-  # The tests train the hf_gpt2 workload: its optional extra (pinned in pyproject.toml).
-  hf_stamp=.venv/.installed-hf-$(sha256sum pyproject.toml | cut -c1-16)
-  if [ ! -f "$hf_stamp" ]; then
-    echo "setup: installing the .[hf] extra (transformers) into .venv" >&2
-    pipq -e ".[service,dev,hf]"
-    .venv/bin/python -c "import transformers"
-    rm -f .venv/.installed-hf-*
-    touch "$hf_stamp"
-  fi
   # System tools the tests use for real: headless Chromium renders report.html; Debian's Docker
   # engine (docker.io, with iptables) and Compose v1 (docker-compose: bookworm has no v2 plugin)
   # build docker/ and run the stack; debootstrap makes the air-gapped base image
