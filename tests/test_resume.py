@@ -36,15 +36,15 @@ pytestmark = pytest.mark.timeout(3600)
 ROOT = Path(__file__).resolve().parent.parent
 BEFORE_THE_MOVE = "07d42ab"  # the last commit with the loose service/ modules
 
-STEPS = 200
+STEPS = 120  # ~8 s of training per trial: time to interrupt it mid-way, little to wait for
 CONFIG = f"""
 name: resume_test
 workload:
   name: mlp_digits
   steps: {STEPS}
-  global_batch_size: 128
+  global_batch_size: 64
   lr: 0.05
-  eval_every: 100
+  eval_every: 60
   warmup_steps: 5
 search:
   hooks: [allreduce]
@@ -53,7 +53,7 @@ search:
 resources:
   cpus_per_worker: 0.5
 checkpoint:
-  every: 50
+  every: 30
 tracking:
   flush_seconds: 1.0
 """
