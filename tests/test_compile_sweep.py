@@ -34,6 +34,7 @@ search:
 tracking:
   flush_seconds: 1.0
   paired_timing_every: 2
+  transport_probe: false   # nothing here reads the transport: one Train start-up and probe fewer
 """
 CONFIGS = ["allreduce", "allreduce-compiled", "fp16_compress", "fp16_compress-compiled"]
 

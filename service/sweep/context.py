@@ -18,7 +18,9 @@ class SweepContext:
     runs (service/sweep/trial_runs.py); ``train_loop``: the per-worker function TorchTrainer runs;
     ``reusable_runs``: {trial key: run id} of interrupted trials that --resume continues;
     ``network``: {"links": {link_gbps: LinkMeasurement}, "owner_pid": the driver's pid} with a
-    network: section, else None."""
+    network: section, else None; ``autoscaling_requests``: whether the trials' trainers tell Ray's
+    autoscaling coordinator what they need (False on the local instance the sweep started:
+    service/sweep/lean_trainer.py)."""
 
     cfg: SweepConfig
     tracking_uri: str
@@ -28,3 +30,4 @@ class SweepContext:
     train_loop: Callable[[dict], None]
     reusable_runs: dict[str, str] = field(default_factory=dict)
     network: Optional[dict] = None
+    autoscaling_requests: bool = True

@@ -152,14 +152,15 @@ class _SweepRun:
                             else f"{len(self.trials)} trials")
                     print(f"Sweep {cfg.name!r}: {size}; MLflow parent run {self.parent_run_id} at {uri}",
                           file=out, flush=True)
-                measure_transport(cfg, self.trials, self.parent_run_id, uri, self.storage, out)
+                measure_transport(cfg, self.trials, self.parent_run_id, uri, self.storage, out,
+                                  autoscaling_requests=local_ray is None)
                 # Started before Tune, so its process start and MLflow import overlap Tune's own start.
                 trial_runs = TrialRuns.remote(self.parent_run_id, uri)
                 board = ProgressBoard.remote(len(self.trials), already_done=len(self.trials) - len(self.pending))
                 printer = ProgressPrinter(board, out=out).start()
                 search = (SeedSearcher(seed_rounds(cfg, self.trials), done, board)
                           if cfg.search.adaptive is not None else None)
-                sweep, tune_name = self._context(train_loop, board, trial_runs, resume)
+                sweep, tune_name = self._context(train_loop, board, trial_runs, resume, local_ray is None)
                 if self.pending:  # --resume of a sweep whose plan round is all that is left: none
                     _make_tuner(sweep, self.pending, tune_name, self.storage, search).fit()
                 if cfg.search.plan is not None:
@@ -201,14 +202,15 @@ class _SweepRun:
             board.add_trials.remote(len(todo))
             _make_tuner(sweep, todo, f"{tune_name}-plan", self.storage).fit()
 
-    def _context(self, train_loop: Callable[[dict], None], board, trial_runs, resume: bool) -> tuple[SweepContext, str]:
+    def _context(self, train_loop: Callable[[dict], None], board, trial_runs, resume: bool,
+                 autoscaling_requests: bool) -> tuple[SweepContext, str]:
         """What every trial of this sweep runs with, and the Tune experiment's name."""
         # Train's per-trial directories hang off the parent run: a resumed trial finds its
         # checkpoints there, a new sweep never picks up an old sweep's.
         sweep_dir = f"{safe_name(self.cfg.name)}-{self.parent_run_id[:8]}"
         network = None if self.links is None else {"links": self.links, "owner_pid": os.getpid()}
         sweep = SweepContext(self.cfg, self.tracking_uri, join(self.storage, sweep_dir, "trials"), board, trial_runs,
-                             train_loop, self.reusable_runs, network)
+                             train_loop, self.reusable_runs, network, autoscaling_requests)
         return sweep, sweep_dir if not resume else f"{sweep_dir}-resumed-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
@@ -327,6 +329,7 @@ def _trainer(sweep: SweepContext, trial: TrialSpec, run_cfg: SweepConfig, run_id
                                                resources_per_worker=resources),
         # across hosts gloo must not bind to a loopback hostname (service/sweep/cluster.py)
         torch_config=cluster_torch_config("nccl" if use_gpu else "gloo", ray.nodes()),
+        autoscaling_requests=sweep.autoscaling_requests,
         run_config=ray.train.RunConfig(
             name=trial.run_name, storage_path=sweep.trials_storage,
             # no TuneReportCallback: Tune reads only _run_trial's own report (service/sweep/lean_trainer.py)

@@ -51,10 +51,12 @@ def _probe_loop(config: dict) -> None:
 
 
 def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float,
-                 network: Optional[dict] = None) -> tuple[list[Sample], float, ProbeHosts]:
+                 network: Optional[dict] = None, autoscaling_requests: bool = True,
+                 ) -> tuple[list[Sample], float, ProbeHosts]:
     """The probe on ``world_size`` Ray Train workers of the Ray instance this process is
     connected to (a local one, or a cluster's): its samples, wall seconds and hosts. ``network``:
-    {"hosts": [...]}, one emulated host per rank (:func:`hosts_for_probe`), as a trial's."""
+    {"hosts": [...]}, one emulated host per rank (:func:`hosts_for_probe`), as a trial's;
+    ``autoscaling_requests``: False on an instance of fixed size (service/sweep/lean_trainer.py)."""
     import ray
     import ray.train
 
@@ -65,6 +67,7 @@ def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float,
         # across hosts gloo must not bind to a loopback hostname, as the trials' (service/sweep/cluster.py)
         _probe_loop, train_loop_config={"network": network}, torch_config=torch_config("gloo", ray.nodes()),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
+        autoscaling_requests=autoscaling_requests,
         run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}-{time.strftime('%Y%m%d-%H%M%S')}",
                                        storage_path=storage))
     result = trainer.fit()
@@ -122,9 +125,10 @@ def off_the_main_thread(fn, *args):
 
 
 def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
-                      out: TextIO) -> Optional[TransportFit]:
+                      out: TextIO, autoscaling_requests: bool = True) -> Optional[TransportFit]:
     """transport.json for the sweep's parent run (kept when a resumed sweep has one already);
-    None where the sweep runs no world size above 1, or on GPUs (NCCL's transport is not gloo's)."""
+    None where the sweep runs no world size above 1, or on GPUs (NCCL's transport is not gloo's).
+    ``autoscaling_requests``: as :func:`probe_on_ray`'s."""
     from service import tracking
 
     sizes = sorted({t.world_size for t in trials if t.world_size > 1})
@@ -143,7 +147,7 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
             started = time.monotonic()  # the trainer's start included: what the sweep pays
             with hosts_for_probe(cfg, w) as network:
                 measured, _, where = off_the_main_thread(probe_on_ray, w, storage, cfg.resources.cpus_per_worker,
-                                                         network)
+                                                         network, autoscaling_requests)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm
