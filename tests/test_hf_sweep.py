@@ -25,7 +25,8 @@ def test_a_short_hf_gpt2_preset_sweep_trains_and_records_every_trial(tmp_path):
     from mlflow.tracking import MlflowClient
 
     raw = yaml.safe_load((ROOT / "tune_configs" / "hf_gpt2.yaml").read_text())
-    raw["workload"].update(steps=8, eval_every=4, warmup_steps=2, lr_warmup_steps=2)
+    # one eval, at the end (an hf_gpt2 eval is ~3 s here: 9 of a trial's 25 s with three)
+    raw["workload"].update(steps=8, eval_every=8, warmup_steps=2, lr_warmup_steps=2)
     raw["search"]["hooks"] = ["allreduce", {"name": "quantized_allreduce", "chunk_size": 512}]
     raw.setdefault("tracking", {})["transport_probe"] = False  # (the smoke sweep probes it)
     config = tmp_path / "hf_short.yaml"
