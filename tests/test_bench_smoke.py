@@ -168,6 +168,21 @@ def test_projection_quick_prices_the_basis_at_every_cell_and_writes_the_band(tmp
         k: v for k, v in band.items() if k != "measured"}
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="emulated hosts need root (CI runs as root)")
+def test_probe_cpu_quick_splits_each_collective_into_cpu_and_waiting(tmp_path):
+    data = run_bench("probe_cpu.py", tmp_path / "probe_cpu.json", timeout=600)
+    rows, printed = data["rows"], data["_stdout"]
+    assert "fixed cost per collective (4 KiB)" in printed and "waiting ms (wall - CPU / q)" in printed
+    assert {(r["world_size"], r["kind"]) for r in rows} == {(2, k) for k in ("allreduce", "allgather", "all_to_all")}
+    for r in rows:
+        assert positive(r["wall_ms"]) and positive(r["cpu_ms"]), r
+        assert r["cpu_at_share_ms"] == pytest.approx(r["cpu_ms"] / data["settings"]["q"], abs=0.01)  # each rounded to 1 µs
+        assert r["waiting_ms"] == pytest.approx(r["wall_ms"] - r["cpu_at_share_ms"], abs=0.01)
+    [hosts] = data["hosts"]  # the probe ran on two hosts of q cores, one rank each, not on loopback
+    assert (hosts["hosts"], hosts["ranks_per_host"], hosts["loopback"]) == (2, 1, False)
+    assert hosts["cores"] == pytest.approx(data["settings"]["q"])
+
+
 def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_path):
     """bench/projection.py --summarise on a projection_cells.json: the bands per hook, error
     feedback and W again, in the format the report reads."""

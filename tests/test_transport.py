@@ -215,3 +215,39 @@ def test_a_real_groups_hosts_as_its_ranks_see_them():
     assert here.cores >= 1 and here.cpu_model
     assert here.time_shared == (2 > here.cores) and not emulated.time_shared
     assert not replace(emulated, cores=0.2).time_shared and replace(emulated, ranks_per_host=2, cores=0.4).time_shared
+
+
+def _probe_and_a_late_rank(rank: int, world_size: int):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from service.train.transport_probe import _time, probe
+
+    samples, _ = probe(sizes=(4096, 1 << 20), repeats=3, kinds=("allreduce",))
+    buf = torch.ones(1024)
+
+    def late_allreduce():  # rank 1 arrives 50 ms after rank 0, which waits in the collective
+        if rank == 1:
+            time.sleep(0.05)
+        dist.all_reduce(buf)
+
+    return samples, _time(late_allreduce, 3)
+
+
+def test_the_probe_records_each_collectives_cpu_beside_its_wall_time_and_waiting_is_not_cpu():
+    """A real 2-rank gloo group: every sample carries the CPU time a collective cost a rank's
+    process; a collective that waits 50 ms for a late rank takes the slowest rank's 50 ms of wall
+    time and almost none of their CPU (the ranks' mean), so waiting and work can be told apart."""
+    from tests.dist_utils import run_distributed
+
+    samples, (times, cpu) = run_distributed(_probe_and_a_late_rank, 2, timeout_s=120)[0]
+    assert [(s.kind, s.nbytes) for s in samples] == [("allreduce", 4096), ("allreduce", 1 << 20)]
+    assert all(s.cpu_ms is not None and s.cpu_ms > 0 for s in samples), samples
+    assert samples[1].cpu_ms > samples[0].cpu_ms  # 256x the bytes to add and copy
+    assert all(t >= 50 for t in times) and all(c < 15 for c in cpu), (times, cpu)
+    again = TransportFit.from_json(json.loads(json.dumps(fit(samples, {2: 1.0}).to_json())))
+    assert [s.cpu_ms for s in again.samples] == [s.cpu_ms for s in samples]
+    old = {k: v for k, v in vars(samples[0]).items() if k != "cpu_ms"}  # a sample probed before cpu_ms
+    assert Sample(**old).cpu_ms is None

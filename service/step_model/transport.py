@@ -33,7 +33,9 @@ FORMAT = 2  # 1: one fit per kind across world sizes
 @dataclass(frozen=True)
 class Sample:
     """One probe measurement: the median ms of ``repeats`` collectives of ``kind`` carrying
-    ``nbytes`` of payload per rank at ``world_size`` (the slowest rank's)."""
+    ``nbytes`` of payload per rank at ``world_size`` (the slowest rank's). ``cpu_ms``: the median
+    CPU time one collective cost a rank's process (every thread, gloo's included; the ranks'
+    mean), what a host's cores spend where ``ms`` is also waiting; None in probes before it."""
 
     kind: str
     world_size: int
@@ -41,6 +43,7 @@ class Sample:
     ms: float
     repeats: int
     shared: bool = False   # more ranks than cores on a host: this machine's time-sharing is in it
+    cpu_ms: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,9 @@ def _worst(kind: str, samples: list[Sample], f: KindFit) -> float:
     return max(abs(f.ms(kind, s.nbytes, s.world_size) - s.ms) / s.ms for s in samples)
 
 
-def medians(kind: str, world_size: int, nbytes: int, times_ms: list[float], shared: bool = False) -> Sample:
-    """One :class:`Sample` from a probe's repeated times (the median: one slow repeat is noise)."""
-    return Sample(kind, world_size, nbytes, statistics.median(times_ms), len(times_ms), shared)
+def medians(kind: str, world_size: int, nbytes: int, times_ms: list[float], shared: bool = False,
+            cpu_ms: Optional[list[float]] = None) -> Sample:
+    """One :class:`Sample` from a probe's repeated times and CPU times (the medians: one slow
+    repeat is noise)."""
+    return Sample(kind, world_size, nbytes, statistics.median(times_ms), len(times_ms), shared,
+                  None if not cpu_ms else statistics.median(cpu_ms))

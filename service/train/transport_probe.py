@@ -4,7 +4,10 @@ repeated, and return the samples service/step_model/transport.py fits. Plain tor
 the sweep runs it once per world size on Ray Train workers (service/sweep/transport.py).
 
 Each repeat starts from a barrier; its time is the slowest rank's (a collective ends for all when
-the last rank's part arrives), and a sample is the median over repeats, after one warm-up.
+the last rank's part arrives), and a sample is the median over repeats, after one warm-up. Beside
+it, the CPU time the repeat cost each rank's process (all its threads: gloo runs a collective on its
+own), the ranks' mean: where the wall time is waiting (a neighbour not yet scheduled, the wire) and
+where it is work on the host's cores.
 """
 
 from __future__ import annotations
@@ -44,18 +47,21 @@ def _collective(kind: str, n: int, world_size: int, group=None):
     return lambda: dist.all_to_all_single(out, buf, group=group)
 
 
-def _time(run, repeats: int, group=None) -> list[float]:
-    """ms of each repeat, the slowest rank's."""
+def _time(run, repeats: int, group=None) -> tuple[list[float], list[float]]:
+    """ms of each repeat, the slowest rank's; and the CPU ms it cost a rank's process, the ranks' mean."""
     run()  # warm-up: gloo's first call on a size sets up its buffers
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
         dist.barrier(group=group)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         run()
         times.append(1000.0 * (time.perf_counter() - t0))
+        cpu.append(1000.0 * (time.process_time() - c0))
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    return slowest.tolist()
+    spent = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(spent, op=dist.ReduceOp.SUM, group=group)
+    return slowest.tolist(), (spent / dist.get_world_size(group)).tolist()
 
 
 def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS,
@@ -71,7 +77,8 @@ def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[s
     for kind in kinds:
         for nbytes in sizes:
             n = _elements(nbytes, w)
-            out.append(medians(kind, w, 4 * n, _time(_collective(kind, n, w, group), repeats, group), shared))
+            times, cpu = _time(_collective(kind, n, w, group), repeats, group)
+            out.append(medians(kind, w, 4 * n, times, shared, cpu))
     return out, where
 
 
