@@ -50,6 +50,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: float) -> dict:
+    """``target(rank, world_size, port, net, *extra, queue)`` in ``world_size`` spawned processes,
+    one per emulated host (service/network/netem.py, links unshaped; each host a CPU cgroup of
+    ``host_cpus`` cores where given); each puts (rank, result, traceback or None) on the queue.
+    Rank 0's result; a rank's traceback is raised."""
+    import multiprocessing as mp
+
+    from service.network import netem
+
+    ctx = mp.get_context("spawn")
+    with netem.Network(world_size, None, host_cpus=host_cpus) as net:
+        queue, port = ctx.Queue(), free_port()
+        procs = [ctx.Process(target=target, args=(r, world_size, port, net, *extra, queue), daemon=True)
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        out = {}
+        try:
+            for _ in procs:
+                rank, result, err = queue.get(timeout=timeout_s)
+                if err:
+                    raise RuntimeError(f"W={world_size} rank {rank} failed:\n{err}")
+                out[rank] = result
+        finally:
+            for p in procs:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.kill()
+    return out[0]
+
+
 class TreeCpu:
     """CPU seconds (user + system) that this process and every process below it use between
     ``start()`` and ``stop()``, short-lived children included.

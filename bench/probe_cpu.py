@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _common import free_port, load_average, machine, table, write_json  # noqa: E402
+from _common import load_average, machine, run_on_hosts, table, write_json  # noqa: E402
 
 from hooks.wire import rounds  # noqa: E402
 from service.network import netem  # noqa: E402
@@ -64,28 +64,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, queue) -> None:
 
 def run_world(world_size: int, q: float) -> dict:
     """The probe on ``world_size`` hosts of ``q`` cores each (rank 0's result)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with netem.Network(world_size, None, host_cpus=q) as net:
-        queue, port = ctx.Queue(), free_port()
-        procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, net, queue), daemon=True)
-                 for r in range(world_size)]
-        for p in procs:
-            p.start()
-        out = {}
-        try:
-            for _ in procs:
-                rank, result, err = queue.get(timeout=1800)
-                if err:
-                    raise RuntimeError(f"W={world_size} rank {rank} failed:\n{err}")
-                out[rank] = result
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-    return out[0]
+    return run_on_hosts(_rank_main, world_size, q, (), timeout_s=1800)
 
 
 def rows_of(runs: list[dict], q: float) -> list[dict]:

@@ -69,7 +69,7 @@ import os
 import sys
 import time
 
-from _common import ROOT, free_port, load_average, machine, table, write_json  # noqa: F401  (ROOT: sys.path)
+from _common import ROOT, load_average, machine, run_on_hosts, table, write_json  # noqa: F401  (ROOT: sys.path)
 
 import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
@@ -258,28 +258,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
 
 def run_world(world_size: int, args) -> dict:
     """Every arm of one world size: W processes, one per emulated host (rank 0's results)."""
-    import multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with netem.Network(world_size, None, host_cpus=args.host_cpus) as net:
-        queue, port = ctx.Queue(), free_port()
-        procs = [ctx.Process(target=_rank_main, args=(r, world_size, port, net, args, queue), daemon=True)
-                 for r in range(world_size)]
-        for p in procs:
-            p.start()
-        out = {}
-        try:
-            for _ in procs:
-                rank, result, err = queue.get(timeout=3 * 3600)
-                if err:
-                    raise RuntimeError(f"W={world_size} rank {rank} failed:\n{err}")
-                out[rank] = result
-        finally:
-            for p in procs:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-    return out[0]
+    return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600)
 
 
 def parse(argv) -> argparse.Namespace:
