@@ -245,9 +245,21 @@ def test_the_probe_records_each_collectives_cpu_beside_its_wall_time_and_waiting
     samples, (times, cpu) = run_distributed(_probe_and_a_late_rank, 2, timeout_s=120)[0]
     assert [(s.kind, s.nbytes) for s in samples] == [("allreduce", 4096), ("allreduce", 1 << 20)]
     assert all(s.cpu_ms is not None and s.cpu_ms > 0 for s in samples), samples
-    assert samples[1].cpu_ms > samples[0].cpu_ms  # 256x the bytes to add and copy
+    assert all(0 < s.p25_ms <= s.ms for s in samples), samples  # the repeats' lower quartile
     assert all(t >= 50 for t in times) and all(c < 15 for c in cpu), (times, cpu)
     again = TransportFit.from_json(json.loads(json.dumps(fit(samples, {2: 1.0}).to_json())))
-    assert [s.cpu_ms for s in again.samples] == [s.cpu_ms for s in samples]
-    old = {k: v for k, v in vars(samples[0]).items() if k != "cpu_ms"}  # a sample probed before cpu_ms
-    assert Sample(**old).cpu_ms is None
+    assert [(s.cpu_ms, s.p25_ms) for s in again.samples] == [(s.cpu_ms, s.p25_ms) for s in samples]
+    old = {k: v for k, v in vars(samples[0]).items() if k not in ("cpu_ms", "p25_ms")}  # probed before them
+    assert Sample(**old).cpu_ms is None and Sample(**old).p25_ms is None
+
+
+def test_a_bimodal_probe_keeps_its_fast_mode_beside_the_median():
+    """11 repeats, five in a fast mode and six in a slow one (a rank descheduled for a time slice):
+    the median is the slow mode's, the lower quartile the fast one's; one more fast repeat flips
+    the median, not the quartile."""
+    from service.step_model.transport import medians
+
+    slow = medians("allreduce", 2, 4096, [0.3] * 5 + [3.0] * 6, cpu_ms=[0.2] * 11)
+    fast = medians("allreduce", 2, 4096, [0.3] * 6 + [3.0] * 5, cpu_ms=[0.2] * 11)
+    assert (slow.ms, fast.ms) == (3.0, 0.3)
+    assert slow.p25_ms == fast.p25_ms == 0.3 and slow.cpu_ms == 0.2 and slow.repeats == 11

@@ -35,7 +35,10 @@ class Sample:
     """One probe measurement: the median ms of ``repeats`` collectives of ``kind`` carrying
     ``nbytes`` of payload per rank at ``world_size`` (the slowest rank's). ``cpu_ms``: the median
     CPU time one collective cost a rank's process (every thread, gloo's included; the ranks'
-    mean), what a host's cores spend where ``ms`` is also waiting; None in probes before it."""
+    mean), what a host's cores spend where ``ms`` is also waiting. ``p25_ms``: the repeats' lower
+    quartile beside their median: where the repeats are bimodal (ranks time-sharing cores, a
+    host's quota), the median is either mode by chance and this one is not (docs/performance.md
+    section 8c); the fit reads ``ms``. Both None in probes before them."""
 
     kind: str
     world_size: int
@@ -44,6 +47,7 @@ class Sample:
     repeats: int
     shared: bool = False   # more ranks than cores on a host: this machine's time-sharing is in it
     cpu_ms: Optional[float] = None
+    p25_ms: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +211,7 @@ def _worst(kind: str, samples: list[Sample], f: KindFit) -> float:
 def medians(kind: str, world_size: int, nbytes: int, times_ms: list[float], shared: bool = False,
             cpu_ms: Optional[list[float]] = None) -> Sample:
     """One :class:`Sample` from a probe's repeated times and CPU times (the medians: one slow
-    repeat is noise)."""
+    repeat is noise; and the times' lower quartile)."""
     return Sample(kind, world_size, nbytes, statistics.median(times_ms), len(times_ms), shared,
-                  None if not cpu_ms else statistics.median(cpu_ms))
+                  None if not cpu_ms else statistics.median(cpu_ms),
+                  statistics.quantiles(times_ms, n=4)[0] if len(times_ms) > 1 else None)
