@@ -14,10 +14,10 @@ Printed per W, kind and size: wall ms, CPU ms, the wall time that CPU needs at t
 a host of 0.2 cores runs 1 ms of CPU in 5 ms once its quota is spent), and the rest, waiting (wall
 less that; negative where a short collective ran on quota left in its 10 ms period). Then every
 sample at W > 2 priced from W = 2's probe as a cluster cell is, from W = 2's wall times (what the
-report does) and from its CPU times at the share, against the wall measured at W. Then per W and kind, the fixed cost per collective (the probe's 4 KiB sample: bytes are
-negligible there) split the same way, against W = 2's scaled by the ring's rounds, which is what
-a cluster cell is priced with (docs/performance.md section 9, "The cluster probed at each W": the
-fixed cost at W = 4 and 8 is 15-16x that scaling on such hosts). Results go to
+report does) and from its CPU times at the share, against the wall measured at W. And per W and
+kind, the fixed cost per collective (the probe's 4 KiB sample: bytes are negligible there) split
+the same way, against W = 2's scaled by the ring's rounds, which is what a cluster cell is priced
+with. docs/performance.md section 9, "Work or waiting", has the figures. Results go to
 bench/results/probe_cpu.json.
 """
 
@@ -31,7 +31,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import load_average, machine, run_on_hosts, table, write_json  # noqa: E402
 
 from hooks.wire import rounds  # noqa: E402
@@ -85,8 +84,8 @@ def rows_of(runs: list[dict], q: float) -> list[dict]:
 
 
 def fixed_costs(rows: list[dict]) -> list[list]:
-    """Per W above 2 and kind, the 4 KiB collective's wall, CPU / q and waiting, against W = 2's
-    scaled by the ring's rounds."""
+    """Per W and kind, the 4 KiB collective's wall, CPU / q and waiting, against W = 2's scaled by
+    the ring's rounds."""
     small = {(r["world_size"], r["kind"]): r for r in rows if r["nbytes"] == SMALL}
     out = []
     for (w, kind), r in sorted(small.items()):

@@ -88,7 +88,7 @@ pipq() {
     2> >(grep -v "^WARNING: Location" >&2)
 }
 # The packages go in with uv when it installs (pip fetches it in ~2 s): the same versions pip
-# resolves, in a quarter of pip's time (a fresh .venv with the tests' extra: ~30 s against ~100 s,
+# resolves, in a quarter of pip's time (a fresh .venv with the tests' extra: ~40 s against ~90 s,
 # docs/performance.md section 8c), which every fresh clone's `make sweep` and CI pay. uv reads
 # neither pip's config nor PIP_FIND_LINKS, so pip's find-links (where torch's CPU wheel lies) are
 # passed on. Byte-compiled as pip does: without .pyc every Ray worker would compile torch on import.
