@@ -171,7 +171,7 @@ def time_collective(kind: str, x, group, world_size: int, repeats: int) -> float
         if kind == "allreduce":
             dist.all_reduce(x, group=group)
         elif kind == "allgather":
-            dist.all_gather_into_tensor(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
+            dist.all_gather_single(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
         else:
             dist.all_to_all_single(torch.empty_like(x), x, group=group)
         t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)

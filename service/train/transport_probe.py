@@ -42,7 +42,7 @@ def _collective(kind: str, n: int, world_size: int, group=None):
         return lambda: dist.all_reduce(buf, group=group)
     if kind == ALLGATHER:
         out = torch.empty(n * world_size, dtype=torch.float32)
-        return lambda: dist.all_gather_into_tensor(out, buf, group=group)
+        return lambda: dist.all_gather_single(out, buf, group=group)
     out = torch.empty_like(buf)
     return lambda: dist.all_to_all_single(out, buf, group=group)
 
