@@ -19,7 +19,7 @@ from service.report.recommend import time_to_target
 from service.step_model.bands import FORMAT, RAW_FILE, error_feedback_of
 from service.step_model.price import CellRefused
 from service.step_model.transport import Sample, TransportFit, fit
-from service.step_model.trial import TrialTimeline
+from service.step_model.trial import TrialTimeline, pooled_compute
 
 LOOPBACK = "loopback"
 BASES = (LOOPBACK, cluster_mod.BASIS_ARM)  # the basis arm: loopback, or the emulated cluster's unshaped hosts
@@ -106,13 +106,21 @@ def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, l
     return _median(p.step_ms for p in prices), _median(p.compute_ms for p in prices), None
 
 
-def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, bases: list[dict],
+def pooled_bases(bases: dict[tuple, list[dict]], rules: dict) -> dict[tuple, list[TrialTimeline]]:
+    """Per (hook, error feedback), its quiet basis trials' timelines with their compute points
+    pooled over every configuration's (``trial.pooled_compute``, as the report pools its bases)."""
+    calm = {key: quiet(runs, quiet_limit(rules, 2)) for key, runs in bases.items()}
+    pooled = iter(pooled_compute(TrialTimeline.from_json(r["timeline"]) for runs in calm.values() for r in runs))
+    return {key: [next(pooled) for _ in runs] for key, runs in calm.items()}
+
+
+def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, basis: list[TrialTimeline],
              rules: dict, ef=None) -> dict:
-    """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and of the basis:
-    measured and projected (medians), error, counted or why not (``rules``: global_batch, carried,
-    cores, quiet)."""
+    """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and its quiet
+    basis trials' timelines (:func:`pooled_bases`): measured and projected (medians), error,
+    counted or why not (``rules``: global_batch, carried, cores, quiet)."""
     ok = [r for r in runs if r["status"] == "ok"]
-    calm, calm_bases = quiet(ok, quiet_limit(rules, w)), quiet(bases, quiet_limit(rules, 2))
+    calm = quiet(ok, quiet_limit(rules, w))
     measured = _median(r["step_ms"] for r in calm)
     timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
     row = {"hook": hook, "error_feedback": ef, "world_size": w, "link_gbps": link, "measured_ms": measured,
@@ -123,9 +131,8 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
     gbps, latency_ms = (float("inf"), 0.0) if link in BASES else (link_fig["gbps"], link_fig["latency_ms"])
     if link not in BASES:
         row.update(link_measured_gbps=gbps, latency_ms=latency_ms)
-    why = None if calm_bases else "no quiet basis trial"
-    if calm_bases:
-        basis = [TrialTimeline.from_json(b["timeline"]) for b in calm_bases]
+    why = None if basis else "no quiet basis trial"
+    if basis:
         row["projected_ms"], row["projected_compute_ms"], why = _price(
             basis, rules["global_batch"], w, gbps, latency_ms, rules)
         if rules.get("probed_transport") is not None:
@@ -158,7 +165,7 @@ def summarise(worlds: dict, rules: dict) -> dict:
     rules = {**rules, "transport": transport_of(worlds, rules.get("transport_w"))}
     if rules.get("transport_w"):  # the emulated cluster: also priced with the hosts' probe at each W
         rules["probed_transport"] = cluster_mod.fit_all(worlds)
-    bases, rows = _bases(worlds), []
+    bases, rows = pooled_bases(_bases(worlds), rules), []
     for w in sorted(int(k) for k in worlds):
         world, links = _world(worlds, w), _links(_world(worlds, w))
         configs = list(dict.fromkeys((r["hook"], setting(r)) for r in world["runs"]))

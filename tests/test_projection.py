@@ -30,7 +30,7 @@ from service.step_model.bands import ErrorBand, ErrorBands, MeasuredBand
 from service.step_model.pairs import Configured, MeasuredPair, PairBands
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from service.step_model.transport import KindFit, TransportFit
-from service.step_model.trial import ComputePoint, TrialTimeline
+from service.step_model.trial import ComputePoint, TrialTimeline, pooled_compute
 from tests.dist_utils import free_port
 
 N = 250_000  # fp32 values: 1e6 bytes; allreduce at W on G Gbit/s: 2(W-1)/W * 1e6 * 8 / (G * 1e9) s
@@ -373,9 +373,12 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
     trial = next(t for t in sweep.trials if t.config == "allreduce")
     transport = reader.transport(store["parent"])
     assert transport == TRANSPORT  # transport.json read back from the parent run
-    # report.project's 50 µs, the collectives' transport from transport.json
-    priced = reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3, transport).step_ms
-    assert priced != pytest.approx(reader.step_timeline(trial.run_id).price(32, 8, 10.0, 0.05e-3).step_ms)
+    # report.project's 50 µs, the collectives' transport from transport.json, the compute points
+    # pooled over the three configurations' trials (trial.pooled_compute)
+    pooled = pooled_compute(reader.step_timeline(t.run_id) for t in sweep.trials)
+    own = pooled[[t.run_id for t in sweep.trials].index(trial.run_id)]
+    priced = own.price(32, 8, 10.0, 0.05e-3, transport).step_ms
+    assert priced != pytest.approx(own.price(32, 8, 10.0, 0.05e-3).step_ms)
     row = next(r for r in rows if r["config"] == "allreduce" and r["world_size"] == "8" and r["link_gbps"] == "10.0")
     assert float(row["projected_step_ms"]) == pytest.approx(priced, rel=1e-5)
     if trial.time_to_target.step is not None:

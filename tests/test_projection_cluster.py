@@ -121,3 +121,21 @@ def test_rows_and_bands_are_keyed_by_error_feedback():
     assert set(bands) == {("topk", True, 8), ("topk", False, 8)}
     assert bands[("topk", False, 8)]["high_pct"] < bands[("topk", True, 8)]["low_pct"]  # measured twice as slow
     assert {r["error_feedback"] for r in rows_mod.view(result["rows"], False)} == {False}
+
+
+def test_every_cell_is_priced_with_the_compute_points_pooled_over_every_configurations_basis():
+    # two configurations' bases at W = 2: topk's timed its 16-sample point on a throttled moment (as
+    # slow as its 32): alone it would price W = 8's 8 samples as 32's; pooled with allreduce's (and
+    # a third) the median is the quiet point, as the report pools its bases (trial.pooled_compute)
+    from service.step_model.trial import pooled_compute
+
+    noisy = TrialTimeline(basis("topk").timeline, (6, 7, 8), (ComputePoint(32, 30.0, 60.0), ComputePoint(16, 30.0, 60.0)))
+    w = worlds()
+    w[2]["runs"] = [run(cluster_mod.BASIS_ARM, 120.0, timeline=basis()), run(cluster_mod.BASIS_ARM, 120.0, timeline=basis()),
+                    dict(run(cluster_mod.BASIS_ARM, 120.0, timeline=noisy), hook="topk")]
+    w[8]["runs"] = [run(0.5, 90.0), dict(run(0.5, 90.0), hook="topk")]
+    rows = {r["hook"]: r for r in rows_mod.summarise(w, cluster_rules())["rows"] if r["world_size"] == 8}
+    expected = pooled_compute([basis(), basis(), noisy])[2].price(64, 8, 0.48, 0.2e-3, cluster_mod.fit_at(w, 2)).step_ms
+    assert rows["topk"]["projected_ms"] == pytest.approx(expected)
+    alone = noisy.price(64, 8, 0.48, 0.2e-3, cluster_mod.fit_at(w, 2)).step_ms
+    assert alone - rows["topk"]["projected_ms"] > 10  # the noisy point's extrapolation, gone

@@ -163,6 +163,25 @@ def test_ranks_sharing_the_machines_cores_stretch_every_cpu_phase_not_the_wire()
     assert slow.buckets[1].encode_ms == 2.0 and slow.optimizer_ms == 10.0
 
 
+def test_compute_points_are_pooled_over_every_trial_at_the_same_world_size_and_batches():
+    from service.step_model.trial import ComputePoint, TrialTimeline, pooled_compute
+
+    def trial(w, points, forward=20.0):
+        return TrialTimeline(timeline([bucket(10.0)], backward_end=40.0, forward=forward, world_size=w), (5,), points)
+
+    # three W = 2 trials timed the bare module at 32 and 16 samples, one of them on a throttled
+    # moment (its 16-sample point as slow as its 32): alone it prices W = 8 (8 samples) as 32's
+    quiet = (ComputePoint(32, 20.0, 40.0), ComputePoint(16, 11.0, 21.0))
+    noisy = (ComputePoint(32, 20.0, 40.0), ComputePoint(16, 20.0, 40.0))
+    at4 = (ComputePoint(16, 30.0, 60.0), ComputePoint(8, 16.0, 31.0))  # another W: pooled apart
+    trials = [trial(2, quiet), trial(2, noisy, forward=25.0), trial(2, quiet), trial(4, at4), trial(2, ())]
+    pooled = pooled_compute(trials)
+    assert [t.compute_points for t in pooled] == [quiet, quiet, quiet, at4, ()]  # the medians, point by point
+    assert pooled[1].timeline == trials[1].timeline  # each trial's own step stays its own
+    assert pooled[1].compute.forward.at(8) == pytest.approx(6.5)  # 2 + 0.5625 x 8, from the quiet points
+    assert trials[1].compute.forward.at(8) == pytest.approx(20.0)  # alone: flat, the noise extrapolated
+
+
 def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason():
     assert rank_batch(128, 128) == 1
     assert rank_batch(100, 8) == 13  # the largest share sets the step

@@ -10,8 +10,9 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
     projected time (s)  = mean crossing step over the seeds x projected step ms / 1000
 
 * The global batch is kept (``workload.global_batch_size``): a rank's forward and backward shrink
-  as the batch splits over more ranks, by the fixed + per-sample cost each trial measured at two
-  micro-batch sizes; a cell with more ranks than samples is refused with its reason.
+  as the batch splits over more ranks, by the fixed + per-sample cost the trials measured at two
+  micro-batch sizes (the medians over every basis trial at the same W: ``trial.pooled_compute``);
+  a cell with more ranks than samples is refused with its reason.
 * Quality (crossing steps, verdict) at a W the sweep ran is that W's own: a measured verdict wins
   over another W's. At any other W it is W_m's, assumed there: every projected figure says which
   W its quality is from.
@@ -43,7 +44,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
@@ -54,7 +55,7 @@ from service.step_model.bands import band_text as one_band
 from service.step_model.pairs import Configured, Contender, PairBands, RatioBand, decide, pair_bands
 from service.step_model.price import CellRefused
 from service.step_model.transport import TransportFit
-from service.step_model.trial import TrialTimeline
+from service.step_model.trial import TrialTimeline, pooled_compute
 
 CSV = "projection.csv"
 DEFAULT_LINKS_GBPS = (10.0, 25.0, 100.0)
@@ -238,7 +239,14 @@ def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialT
                          tuple(q for w, q in sorted(quality.items()) if w != top.world_size),
                          error_feedback_of(first.hook, first.hook_params)))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
-    return out
+    return _pooled(out)
+
+
+def _pooled(bases: list[Basis]) -> list[Basis]:
+    """The bases with their compute points pooled over every basis's trials at the same W
+    (``trial.pooled_compute``: the bare module's forward and backward, the same in every trial)."""
+    pooled = iter(pooled_compute(t for b in bases for t in b.timelines))
+    return [replace(b, timelines=tuple(next(pooled) for _ in b.timelines)) for b in bases]
 
 
 def _quality(by_config: dict, recs: list, config: str, world_size: int) -> QualityAt:

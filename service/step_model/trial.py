@@ -9,8 +9,9 @@ Written by the training loop (service/train/step_sampling.py), read by the proje
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Optional
+import statistics
+from dataclasses import asdict, dataclass, replace
+from typing import Iterable, Optional
 
 from hooks.cost import DEFAULT_LATENCY_S
 from service.step_model.price import Cell, CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
@@ -98,6 +99,31 @@ class TrialTimeline:
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
                    tuple(ComputePoint(**p) for p in data["compute_points"]))
+
+
+def pooled_compute(timelines: Iterable[TrialTimeline]) -> list[TrialTimeline]:
+    """Each timeline with its compute points replaced by the medians, point by point, of every
+    timeline's measured at the same world size and micro-batch sizes. The points time the bare
+    module (no hook, no collective: service/train/step_sampling.py), so every trial of a sweep at
+    one W measures the same thing; one trial's two points are a few steps each, and the fit
+    extrapolates their difference to other batches, so their noise (a loaded machine, a host's
+    CPU quota) grew into the projected compute: on hosts of 0.2 cores one trial's W = 8 compute
+    was priced from -49 to +90 % of the measured (docs/performance.md "Compute from every trial").
+    A timeline's own step (its forward, backward and buckets) stays its own."""
+    timelines = list(timelines)
+    groups: dict[tuple, list[TrialTimeline]] = {}
+    for t in timelines:
+        if t.compute_points:
+            groups.setdefault(_point_key(t), []).append(t)
+    pooled = {key: tuple(ComputePoint(p.samples, statistics.median(g.compute_points[i].forward_ms for g in group),
+                                      statistics.median(g.compute_points[i].backward_ms for g in group))
+                         for i, p in enumerate(group[0].compute_points))
+              for key, group in groups.items()}
+    return [replace(t, compute_points=pooled[_point_key(t)]) if t.compute_points else t for t in timelines]
+
+
+def _point_key(t: TrialTimeline) -> tuple:
+    return (t.timeline.world_size, tuple(p.samples for p in t.compute_points))
 
 
 def _fit_or_flat(a: tuple[float, float], b: tuple[float, float]) -> LinearCost:
