@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import datetime
 import json
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,7 +23,7 @@ import torch.distributed as dist
 
 from service import report
 from service.report import decision_map
-from service.report import projection
+from service.report import cluster_answer, projection
 from service.config import ConfigError, load_config
 from service.config.loading import report_section
 from service.report.projection import Basis
@@ -490,3 +492,45 @@ def test_a_sweep_without_step_timelines_says_there_is_nothing_to_project():
 
     md = Projected([]).markdown()
     assert EMPTY in md and "## Projected time to target at scale" in md
+
+
+def _probe(allreduce_fixed_ms: float, allreduce_p25_ms: float) -> TransportFit:
+    """A W = 2 probe: allreduce's fixed cost per collective read at its median and its lower
+    quartile; allgather's 0.3 ms both ways; 1 ms per MB sent."""
+    from hooks.wire import KINDS, wire_bytes
+    from service.step_model.transport import Sample, fit
+
+    def ms(kind, nbytes, fixed):
+        return fixed + 1e-6 * wire_bytes(kind, nbytes, 2)
+
+    return fit([Sample(k, 2, b, ms(k, b, allreduce_fixed_ms if k == "allreduce" else 0.3), 11,
+                       p25_ms=ms(k, b, allreduce_p25_ms if k == "allreduce" else 0.3))
+                for k in KINDS for b in (4096, 65536, 1 << 20, 8 << 20)], {2: 1.0})
+
+
+def test_a_cell_is_decided_only_where_both_readings_of_the_transport_probe_agree():
+    """The probe's repeats on 2 shared cores are bimodal (docs/performance.md 8c): its median reads
+    allreduce's fixed cost at either mode by chance. A cell whose winner changes between the
+    median's reading and the lower quartile's is too close to call, whatever the bands say; one
+    both readings agree on is decided."""
+    ar, gather = basis("allreduce", crossings=(100.0,)), basis("allgather_then_aggregate", crossings=(100.0,))
+    exact = bands_at(8, allreduce=(0.0, 0.0), allgather_then_aggregate=(0.0, 0.0))
+
+    def cell(transport):
+        return projection.winner(projection.project([ar, gather], [8], [1000.0], LATENCY_MS, exact, transport), NO_PAIRS)
+
+    bimodal, steady = _probe(3.0, 0.05), _probe(3.0, 3.0)
+    assert bimodal.ms("allreduce", 0, 2) == pytest.approx(3.0) and bimodal.quartile().ms("allreduce", 0, 2) == pytest.approx(0.05)
+    decided, close = cell(steady), cell(bimodal)
+    assert decided.winner.config == close.winner.config == "allgather_then_aggregate"  # the medians' pick
+    assert not decided.too_close
+    assert close.too_close and close.runner_up.config == "allreduce"
+    # the quartile's reading alone picks the other one: that is the spread the call must survive
+    low = projection.winner(projection.project([ar, gather], [8], [1000.0], LATENCY_MS, exact,
+                                               bimodal.quartile()), NO_PAIRS)
+    assert low.winner.config == "allreduce"
+    text = cluster_answer.cluster_text(SimpleNamespace(world_size=8, link_gbps=1000.0, latency_ms=LATENCY_MS), close)
+    assert "too close to call" in text and "the seeds' and the transport probe's spread" in text
+    # a probe from before the quartile was recorded: the seeds' spread alone, as before
+    old = replace(bimodal, samples=tuple(replace(s, p25_ms=None) for s in bimodal.samples))
+    assert old.quartile() is None and not cell(old).too_close

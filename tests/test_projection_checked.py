@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from service.report import projection
+from service.report import cluster_answer, projection
 from service.report.projection import Basis, QualityAt
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBands, MeasuredBand, error_feedback_of
@@ -57,7 +57,7 @@ def test_the_table_and_the_cluster_answer_say_beyond_the_checked_world_size(tmp_
     cells = projection.project([b], [4, 64], [10.0], 0.025, bands)
     _, (row,) = projection.table(cells)
     assert row[3] == "-5 to +1 % (checked at W = 4); -7 to +4 % (checked at W = 8, used beyond it at W = 64)"
-    answer = projection.cluster_answer([b], SimpleNamespace(world_size=64, link_gbps=10.0, latency_ms=0.025), bands)
+    answer = cluster_answer.cluster_answer([b], SimpleNamespace(world_size=64, link_gbps=10.0, latency_ms=0.025), bands)
     assert "error band -7 to +4 % (checked at W = 8, used beyond it)" in answer and "at 25 µs per message" in answer
 
 

@@ -116,7 +116,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
     handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
     handles += [Patch(facecolor="0.88", edgecolor="grey", hatch="///",
-                      label="too close to call: the two named (their ratio's error band, seeds' spread)"),
+                      label="too close to call: the two named (their ratio's error band, the seeds' and the probe's spread)"),
                 plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if cluster is not None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service.report import decision_map, plan_section, transport_table
+from service.report import cluster_answer, decision_map, plan_section, transport_table
 
 from service.report import projection
 from service.report.projection import Basis, CellProjection
@@ -71,8 +71,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     at_cluster = cluster_transport(report_cfg.cluster, transport)
-    answered, refused = projection.cluster_cell(bases, report_cfg.cluster, transport=at_cluster)
-    out.cluster = projection.cluster_text(report_cfg.cluster, answered, refused)
+    answered, refused = cluster_answer.cluster_cell(bases, report_cfg.cluster, transport=at_cluster)
+    out.cluster = cluster_answer.cluster_text(report_cfg.cluster, answered, refused)
     if out.cluster:
         out.cluster += " " + priced_on(transport, at_cluster, report_cfg.cluster)
     cell = out.plan_at[0]

@@ -30,7 +30,9 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
 * Which configuration wins a cell, and whether the measurement can tell (:func:`winner`): the
   rule of service/step_model/pairs.py, on the error of the *ratio* of two configurations'
   projected steps that bench/projection_pairs.py measured for that pair (two absolute bands taken
-  as independent where the pair was not measured). The same rule everywhere a cell is decided:
+  as independent where the pair was not measured), each seed priced with the transport probe's
+  median and with its lower quartile (``TransportFit.quartile``: where the probe's repeats are
+  bimodal the median is either mode by chance). The same rule everywhere a cell is decided:
   projection.csv (``cell_winner``, ``cell_runner_up``, ``cell_decided``), the decision map and
   the cluster's answer.
 
@@ -125,6 +127,8 @@ class CellProjection:
     band: Optional[ErrorBand]
     refused: str = ""
     seed_steps_ms: tuple[float, ...] = ()   # each basis trial's timeline priced here (step_ms: their median)
+    # the same priced with the probe's lower quartile (TransportFit.quartile): the probe's spread
+    quartile_steps_ms: tuple[float, ...] = ()
 
     @property
     def config(self) -> str:
@@ -155,15 +159,19 @@ def project_cell(basis: Basis, world_size: int, link_gbps: float, latency_ms: fl
     """``basis`` priced at (``world_size``, ``link_gbps``, ``latency_ms``) (the module doc's
     formulas), its collectives' transport from the sweep's ``transport`` where measured."""
     band = (bands or error_bands()).for_cell(basis.hook, basis.error_feedback, world_size)
+    quartile = transport.quartile() if transport is not None else None
     try:
         steps = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0, transport).step_ms
                  for t in basis.timelines]
+        low = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0, quartile).step_ms
+               for t in basis.timelines] if quartile is not None else []
     except CellRefused as e:
         return CellProjection(basis, world_size, link_gbps, None, None, band, str(e))
     step = statistics.median(steps)
     crossing = basis.quality_at(world_size).crossing_step
     seconds = None if crossing is None else crossing * step / 1000.0
-    return CellProjection(basis, world_size, link_gbps, step, seconds, band, seed_steps_ms=tuple(steps))
+    return CellProjection(basis, world_size, link_gbps, step, seconds, band, seed_steps_ms=tuple(steps),
+                          quartile_steps_ms=tuple(low))
 
 
 def project(bases: Iterable[Basis], world_sizes: Iterable[int], links_gbps: Iterable[float], latency_ms: float,
@@ -299,10 +307,11 @@ class CellWinner:
 
 
 def _contender(p: CellProjection) -> Contender:
-    """``p`` as pairs.decide weighs it: its projected time, its fastest and slowest seed's."""
+    """``p`` as pairs.decide weighs it: its projected time, its fastest and slowest seed's, each
+    seed priced with the probe's median and its lower quartile (a decision survives both)."""
     crossing = p.quality.crossing_step
-    return Contender(p.config, p.time_to_target_s, crossing * min(p.seed_steps_ms) / 1000.0,
-                     crossing * max(p.seed_steps_ms) / 1000.0)
+    steps = p.seed_steps_ms + p.quartile_steps_ms
+    return Contender(p.config, p.time_to_target_s, crossing * min(steps) / 1000.0, crossing * max(steps) / 1000.0)
 
 
 def winner(at_cell: list[CellProjection], pairs: Optional[PairBands] = None) -> CellWinner:
@@ -402,47 +411,3 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
             "measured) / measured for the hook with its error-feedback setting at the nearest checked world "
             f"size, over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets "
             "the widest band measured. docs/results.md says how to read it.")
-
-
-def cluster_cell(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
-                 transport: Optional[TransportFit] = None,
-                 pairs: Optional[PairBands] = None) -> tuple[Optional[CellWinner], str]:
-    """``report.cluster``'s cell as the headline answers it: (its :func:`winner`, ''), or (None,
-    why it was not priced); (None, '') without a cluster. The plan section names this winner."""
-    if cluster is None or not bases_:
-        return None, ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
-    refused = next((p.refused for p in at if p.refused), "")
-    return (None, refused) if refused else (winner(at, pairs), "")
-
-
-def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
-                   transport: Optional[TransportFit] = None, pairs: Optional[PairBands] = None) -> str:
-    """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
-    return cluster_text(cluster, *cluster_cell(bases_, cluster, bands, transport, pairs))
-
-
-def cluster_text(cluster, cell: Optional[CellWinner], refused: str = "") -> str:
-    """:func:`cluster_cell`'s answer as the headline says it."""
-    if cell is None and not refused:
-        return ""
-    where = (f"Projected for W={cluster.world_size} on {cluster.link_gbps:g} Gbit/s at "
-             f"{1000 * cluster.latency_ms:g} µs per message (report.cluster)")
-    if refused:
-        return f"{where}: not priced: {refused}."
-    return _cluster_text(where, cell)
-
-
-def _cluster_text(where: str, cell: CellWinner) -> str:
-    if cell.winner is None:
-        return f"{where}: no configuration that matched the baseline's quality reached the target."
-    w = cell.winner
-    band = "unmeasured" if w.band is None else w.band.described()
-    text = f"{where}: {w.config}, {cell_text(w)} to the target, error band {band}"
-    if cell.runner_up is not None:
-        r = cell.runner_up
-        text += f"; runner-up {r.config} {r.time_to_target_s / w.time_to_target_s - 1:+.0%}"
-        if cell.band is not None:
-            text += (f" ({'too close to call' if cell.too_close else 'decided'}: the pair's ratio error "
-                     f"{cell.band.described()}, {'measured' if cell.band.measured else 'not measured'}, and the seeds' spread)")
-    return text + f"; quality from W={w.quality.world_size}."

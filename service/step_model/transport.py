@@ -129,6 +129,18 @@ class TransportFit:
             return probed
         return max(probed - 1000.0 * collective_seconds(kind, nbytes, world_size, self.link_gbps, 0.0, count), 0.0)
 
+    def quartile(self) -> Optional["TransportFit"]:
+        """The same probe read at its repeats' lower quartile (``Sample.p25_ms``) instead of their
+        median, fitted alike; None where a sample lacks it (a probe before it). Where the repeats
+        are bimodal (ranks time-sharing cores, a host's quota) the median is either mode by chance,
+        so the report prices a cell with both readings and decides only what survives the two."""
+        if not self.samples or any(s.p25_ms is None or s.p25_ms <= 0 for s in self.samples):
+            return None
+        again = fit([replace(s, ms=s.p25_ms) for s in self.samples], self.probe_s, self.hosts)
+        kinds = {k: tuple(f for f in again.kinds[k] if f.world_size in {g.world_size for g in fits})
+                 for k, fits in self.kinds.items()}
+        return replace(again, kinds=kinds, link_gbps=self.link_gbps)
+
     def own_cores(self) -> "TransportFit":
         """The fit for a cluster cell, where every rank has a core: per kind only the world sizes
         probed without sharing cores (their fixed cost is not this machine's time-sharing),
