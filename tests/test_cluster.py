@@ -555,17 +555,20 @@ def test_probe_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path):
 @pytest.mark.cluster
 @needs_ray_cli
 def test_a_probe_interrupted_mid_run_exits_130_in_one_line_and_writes_nothing(loopback_cluster, tmp_path):
-    """Ctrl-C once the probe's Train run has started on the cluster (its storage written)."""
+    """Ctrl-C once the probe has started its Train run on the cluster (it says so), well before
+    the run can end (its workers' start alone takes seconds). Waiting for the run's storage to
+    fill instead raced the run's end: in a full suite (2026-12-05) the SIGINT landed after the
+    probe had finished, exit 0."""
     c = loopback_cluster
     out, storage = tmp_path / "transport.json", tmp_path / "storage"
     proc = subprocess.Popen([sys.executable, "-m", "service.probe", "--address", c.gcs_address, "--world-size", "2",
                              "--storage-path", str(storage), "--out", str(out)],
                             cwd=ROOT, env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 180
-        while not (storage.is_dir() and any(storage.iterdir())) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the probe's run never started"
-            time.sleep(0.2)
+        line = proc.stdout.readline()  # blocks until the probe says it starts, or exits
+        assert line.startswith("W = 2: probing"), (line, proc.poll())
+        time.sleep(1.0)
+        assert proc.poll() is None, "the probe ended before it could be interrupted"
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
     finally:

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace, out=sys.stdout):
     samples, cost, hosts = [], {}, []
     try:
         for w in sorted(set(args.world_size)):
+            print(f"W = {w}: probing (Ray Train starts {w} workers on the cluster) ...", file=out, flush=True)
             # off the main thread, where Ray Train's fit would take Ctrl-C for its own
             measured, seconds, where = off_the_main_thread(probe_on_ray, w, storage, args.cpus_per_worker)
             samples, hosts = samples + measured, hosts + [where]
