@@ -62,8 +62,7 @@ def run(args: argparse.Namespace, out=sys.stdout):
     import ray
 
     from service.config.limits import MAX_LINK_GBPS
-    from service.step_model.transport import fit
-    from service.sweep.transport import off_the_main_thread, probe_on_ray
+    from service.sweep.signals import signals_raise_keyboard_interrupt
 
     if not args.address:
         raise ProbeError("no cluster to probe: give --address HEAD:6379 (or set RAY_ADDRESS)")
@@ -77,6 +76,19 @@ def run(args: argparse.Namespace, out=sys.stdout):
     except Exception as exc:  # ray raises ConnectionError, ValueError or a bare Exception
         raise ProbeError(f"cannot reach a Ray cluster at {args.address} ({one_line(exc)})") from None
     storage = args.storage_path or tempfile.mkdtemp(prefix="commhooks-probe-")
+    # the sweep's own signal path, installed after ray.init: Ctrl-C (or SIGTERM) is a
+    # KeyboardInterrupt here whatever handler connecting to the cluster left behind
+    with signals_raise_keyboard_interrupt():
+        return _probe_all(args, storage, out)
+
+
+def _probe_all(args: argparse.Namespace, storage: str, out):
+    """Each world size in turn, on the main thread's watch (``off_the_main_thread``)."""
+    import ray
+
+    from service.step_model.transport import fit
+    from service.sweep.transport import off_the_main_thread, probe_on_ray
+
     samples, cost, hosts = [], {}, []
     try:
         for w in sorted(set(args.world_size)):

@@ -27,7 +27,7 @@ def signals_raise_keyboard_interrupt():
         received["at_ms"] = int(time.time() * 1000)
         for s in watched:
             signal.signal(s, signal.SIG_IGN)
-        log.warning("received %s: stopping the sweep", signal.Signals(signum).name)
+        log.warning("received %s: stopping", signal.Signals(signum).name)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     for s in watched:
