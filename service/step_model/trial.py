@@ -102,14 +102,12 @@ class TrialTimeline:
 
 
 def pooled_compute(timelines: Iterable[TrialTimeline]) -> list[TrialTimeline]:
-    """Each timeline with its compute points replaced by the medians, point by point, of every
-    timeline's measured at the same world size and micro-batch sizes. The points time the bare
-    module (no hook, no collective: service/train/step_sampling.py), so every trial of a sweep at
-    one W measures the same thing; one trial's two points are a few steps each, and the fit
-    extrapolates their difference to other batches, so their noise (a loaded machine, a host's
-    CPU quota) grew into the projected compute: on hosts of 0.2 cores one trial's W = 8 compute
-    was priced from -49 to +90 % of the measured (docs/performance.md "Compute from every trial").
-    A timeline's own step (its forward, backward and buckets) stays its own."""
+    """Each timeline with its compute points replaced by the medians, point by point, of the
+    points of every timeline measured at the same world size and micro-batch sizes. The points
+    time the bare module (no hook, no collective: service/train/step_sampling.py), so every trial
+    of a sweep at one W measures the same thing, while one trial's two points are a few steps
+    each and the fit extrapolates their difference to other batches (docs/performance.md
+    "Compute from every trial"). A timeline's own step (forward, backward, buckets) stays its own."""
     timelines = list(timelines)
     groups: dict[tuple, list[TrialTimeline]] = {}
     for t in timelines:
