@@ -174,15 +174,12 @@ def knobs_through_the_worker(rank: int, world_size: int, dumps: dict) -> dict:
 def bucket_sizes(workload: str, cap_mb: float) -> list[int]:
     """The elements of each bucket DDP makes of a workload's gradient after its rebuild, found
     by DDP itself: a one-process group of its own, three steps with a counting hook."""
-    import os
-
     from service.workloads import build_workload
-    from tests.dist_utils import free_port
+    from tests.dist_utils import init_single_rank_group
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     group_was_up = dist.is_initialized()
     if not group_was_up:
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        init_single_rank_group()
     try:
         wl = build_workload(workload, 0)
         ddp = DDP(wl.model, bucket_cap_mb=cap_mb)

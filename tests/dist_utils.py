@@ -26,10 +26,21 @@ import torch.multiprocessing as mp
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it). Only for a server
+    that binds it itself at once (an MLflow server); a process group's rendezvous uses a store
+    that holds its socket (``run_distributed``, ``init_single_rank_group``): a port free a moment
+    ago was taken by another test's process before its ranks bound it (CI, 2026-12-05)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def init_single_rank_group(backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """A real process group of one rank in this process; its rendezvous is in memory (no port)."""
+    import datetime
+
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
@@ -42,13 +53,10 @@ def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
     try:
         import datetime
 
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        # the parent's store listens on ``port`` for the whole run; every rank is its client
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         result = fn(rank, world_size, *args)
         queue.put((rank, True, result))
     except BaseException:  # report everything, including assertion errors, to the parent
@@ -63,9 +71,15 @@ def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo"
 
     Raises RuntimeError naming the failing rank(s) with their tracebacks.
     """
+    import datetime
+
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
+    # The rendezvous store listens in this process from before the ranks start to after they end:
+    # no port is chosen free and bound later, when another process may hold it.
+    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    port = store.port
     procs = [
         ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, backend, timeout_s), daemon=True)
         for r in range(world_size)
@@ -100,6 +114,7 @@ def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo"
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
+    del store  # its server stops with the last reference
     if failures:
         raise RuntimeError("distributed run failed\n" + "\n".join(failures))
     return [results[r] for r in range(world_size)]

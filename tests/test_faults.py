@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import datetime
 import json
 import os
 
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from service.config import SweepConfig
 from service.train import Start, TrainingContext, load_checkpoint_dir, run_training, save_checkpoint_dir
-from tests.dist_utils import free_port, run_distributed
+from tests.dist_utils import init_single_rank_group, run_distributed
 from tests.test_worker import make_cfg, trial_of
 
 EVERY_HOOK = [
@@ -143,8 +142,7 @@ def _roundtrip(state, tmp_path):
 class single_rank_group:
     def __enter__(self):
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                world_size=1, timeout=datetime.timedelta(seconds=60))
+        init_single_rank_group()
 
     def __exit__(self, *exc):
         dist.destroy_process_group()

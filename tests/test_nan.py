@@ -4,7 +4,6 @@ test_worker.py and test_faults.py)."""
 
 from __future__ import annotations
 
-import datetime
 
 import pytest
 import torch
@@ -13,14 +12,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 from service.train.nan import NanMonitor, nonfinite
-from tests.dist_utils import free_port
+from tests.dist_utils import init_single_rank_group
 
 
 @pytest.fixture(scope="module", autouse=True)
 def single_rank_group():
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    init_single_rank_group()
     yield
     dist.destroy_process_group()
 

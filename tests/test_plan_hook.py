@@ -13,7 +13,7 @@ import torch
 
 import hooks
 from service.config import ConfigError, load_config
-from tests.dist_utils import free_port, run_distributed
+from tests.dist_utils import init_single_rank_group, run_distributed
 from tests.hooks_checks import Bucket
 from tests.plan_checks import run_plan_checks
 
@@ -108,7 +108,7 @@ def test_each_bucket_has_its_own_state_and_the_residuals_are_saved_once():
     state, hook = hooks.build("plan", buckets={1: {"name": "fp16_compress", "error_feedback": True}},
                               default="quantization_pertensor(error_feedback=true)")
     buckets = [Bucket(torch.randn(50, generator=torch.Generator().manual_seed(i)), index=i) for i in range(3)]
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    init_single_rank_group()
     try:
         for step in range(2):
             for b in reversed(buckets):

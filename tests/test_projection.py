@@ -10,7 +10,6 @@ MLflow alone."""
 from __future__ import annotations
 
 import csv
-import datetime
 import json
 from dataclasses import replace
 from types import SimpleNamespace
@@ -33,7 +32,7 @@ from service.step_model.pairs import Configured, MeasuredPair, PairBands
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
 from service.step_model.transport import KindFit, TransportFit
 from service.step_model.trial import ComputePoint, TrialTimeline, pooled_compute
-from tests.dist_utils import free_port
+from tests.dist_utils import init_single_rank_group
 
 N = 250_000  # fp32 values: 1e6 bytes; allreduce at W on G Gbit/s: 2(W-1)/W * 1e6 * 8 / (G * 1e9) s
 
@@ -327,8 +326,7 @@ def store(tmp_path_factory):
     path.write_text(CONFIG)
     cfg, _ = load_config(str(path))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    init_single_rank_group()
     try:
         parent = tracking.start_parent_run(cfg, str(path), tracking_uri=uri)
         for trial in cfg.trials():

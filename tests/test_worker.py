@@ -4,7 +4,6 @@ read back with MlflowClient. No Ray here (the sweep's end-to-end tests cover Ray
 
 from __future__ import annotations
 
-import datetime
 import math
 
 import pytest
@@ -13,7 +12,7 @@ import torch.distributed as dist
 
 from service.config import SweepConfig
 from service.train import GlobalBatches, TrainingContext, run_training
-from tests.dist_utils import free_port, run_distributed
+from tests.dist_utils import init_single_rank_group, run_distributed
 from tests.tiny_workload import TINY
 
 STEPS = 12
@@ -43,8 +42,7 @@ def trial_of(cfg: SweepConfig, world_size: int, hook: str = "allreduce"):
 def single_rank_group():
     """A real gloo process group of one rank in this process."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=60))
+    init_single_rank_group()
     yield
     dist.destroy_process_group()
 
