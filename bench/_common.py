@@ -44,10 +44,32 @@ def median(xs: Iterable[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Rendezvous:
+    """Where a run's ranks meet: a c10d store listening on 127.0.0.1 in this (the parent) process
+    from before they start until this object goes. A port picked free and bound later by rank 0
+    can be taken in between by another process (the suite failed so in CI, 2026-12-05)."""
+
+    def __init__(self, world_size: int, timeout_s: float = 300.0):
+        import datetime
+
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        self.port = self._store.port
+
+
+def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", timeout_s: float = 300.0,
+               **group_kwargs) -> None:
+    """A rank's half of ``Rendezvous``: the default process group, met at the parent's store."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                            **group_kwargs)
 
 
 def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: float) -> dict:
@@ -61,8 +83,8 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
 
     ctx = mp.get_context("spawn")
     with netem.Network(world_size, None, host_cpus=host_cpus) as net:
-        queue, port = ctx.Queue(), free_port()
-        procs = [ctx.Process(target=target, args=(r, world_size, port, net, *extra, queue), daemon=True)
+        queue, meet = ctx.Queue(), Rendezvous(world_size)
+        procs = [ctx.Process(target=target, args=(r, world_size, meet.port, net, *extra, queue), daemon=True)
                  for r in range(world_size)]
         for p in procs:
             p.start()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from _common import free_port, load_average, time_collective  # noqa: F401  (sys.path)
+from _common import Rendezvous, join_group, load_average, time_collective  # noqa: F401  (sys.path)
 
 import hooks  # noqa: E402
 from service.network import link_measure  # noqa: E402
@@ -44,7 +44,7 @@ def _rank(rank, w, port, net, links, repeats, queue):
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w)
+        join_group(port, rank, w)
         group = netem.process_group_on_host(net.hosts[rank])
         out = []
         for link, label, kind, nbytes, dtype in [(link, *c) for link in links for c in cases(w)]:
@@ -77,8 +77,8 @@ def main(argv=None) -> int:
     ctx = mp.get_context("spawn")
     for w in args.world_sizes:
         with netem.Network(w, None) as net:
-            q, port = ctx.Queue(), free_port()
-            procs = [ctx.Process(target=_rank, args=(r, w, port, net, [None, args.link], args.repeats, q), daemon=True) for r in range(w)]
+            q, meet = ctx.Queue(), Rendezvous(w)
+            procs = [ctx.Process(target=_rank, args=(r, w, meet.port, net, [None, args.link], args.repeats, q), daemon=True) for r in range(w)]
             for pr in procs:
                 pr.start()
             res = {}

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, median, table, write_json  # noqa: E402
 
 WORKLOADS = ("char_lm", "cnn_digits")
 HOOKS = ("allreduce", "fp16_compress", "quantization_perchannel")
@@ -112,7 +112,7 @@ def _worker(rank: int, port: int, settings: dict, out: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    join_group(port, rank, 2)
     runs = []
     for r in range(settings["rounds"]):
         for workload in settings["workloads"]:
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = load_average()
     out = Path(tempfile.mkdtemp(prefix="bench-compile-")) / "runs.json"
-    mp.spawn(_worker, args=(free_port(), settings, str(out)), nprocs=2, join=True)
+    meet = Rendezvous(2)
+    mp.spawn(_worker, args=(meet.port, settings, str(out)), nprocs=2, join=True)
     runs = json.loads(out.read_text())
     rows = summarise(runs, settings)
     load_after = load_average()

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, load_average, machine, median, free_port, table, write_json  # noqa: E402
+from _common import ROOT, Rendezvous, join_group, load_average, machine, median, table, write_json  # noqa: E402
 
 M = 1 << 20
 GPU_SIZES = (1 * M, 4 * M, 16 * M, 64 * M)
@@ -264,8 +264,6 @@ def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[d
 def _rank_entry(rank, w, port, backend, device_kind, sizes, queue):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        import datetime
-
         import torch
         import torch.distributed as dist
 
@@ -273,8 +271,7 @@ def _rank_entry(rank, w, port, backend, device_kind, sizes, queue):
         if device_kind == "cuda":
             torch.cuda.set_device(0)
         kwargs = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=w,
-                                timeout=datetime.timedelta(seconds=120), **kwargs)
+        join_group(port, rank, w, backend, timeout_s=120, **kwargs)
         rows = check_hooks(rank, w, device_kind, sizes)
         queue.put((rank, True, rows))
         dist.destroy_process_group()
@@ -288,8 +285,8 @@ def run_hook_checks(w: int, backend: str, device_kind: str, sizes: list[int], ti
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_entry, args=(r, w, port, backend, device_kind, sizes, queue), daemon=True)
+    meet = Rendezvous(w)
+    procs = [ctx.Process(target=_rank_entry, args=(r, w, meet.port, backend, device_kind, sizes, queue), daemon=True)
              for r in range(w)]
     for p in procs:
         p.start()

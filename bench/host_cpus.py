@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, load_average, machine, TreeCpu, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, TreeCpu, write_json  # noqa: E402
 
 LINK_MB = 8  # the link phase's buffer
 
@@ -52,7 +52,7 @@ def _rank(rank: int, world: int, port: int, host: dict, args, queue) -> None:
 
     torch.set_num_threads(1)
     with host_cpu.joined(host["cgroup"]) if host["cgroup"] else contextlib.nullcontext():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        join_group(port, rank, world)
         group = netem.process_group_on_host(host)
         wl = build_workload("mlp_digits", 0)
         x, y = (torch.stack([wl.train_set[i][k] for i in range(args.batch)]) for k in (0, 1))
@@ -100,8 +100,8 @@ def run_arm(world: int, cgroups: bool, args) -> dict:
 
     ctx = mp.get_context("fork")  # the parent's imports are the ranks' (no torch import per rank)
     with netem.Network(world, link_gbps=args.link_gbps, host_cpus=args.q if cgroups else None) as net:
-        queue, port = ctx.Queue(), free_port()
-        procs = [ctx.Process(target=_rank, args=(r, world, port, vars(h), args, queue)) for r, h in enumerate(net.hosts)]
+        queue, meet = ctx.Queue(), Rendezvous(world)
+        procs = [ctx.Process(target=_rank, args=(r, world, meet.port, vars(h), args, queue)) for r, h in enumerate(net.hosts)]
         before, wall0 = _stat(), time.monotonic()
         for p in procs:
             p.start()

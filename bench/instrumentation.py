@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, median, table, write_json  # noqa: E402
 
 # on/off is the figure; the "only_*" modes turn one part on at a time to say which part costs.
 MODES = ("on", "off")
@@ -203,8 +203,7 @@ def _worker(rank: int, port: int, sweep: dict, rounds: int, modes: list[str], ru
 
     torch.set_num_threads(1)
     cfg = SweepConfig.model_validate(sweep)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.search.world_size[0])
+    join_group(port, rank, cfg.search.world_size[0])
     trial = cfg.trials()[0]
     results = []
     for r in range(rounds):
@@ -256,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     run_ids = [tracking.client(uri).create_run(experiment, run_name=f"run{i}").info.run_id
                for i in range(args.rounds * len(modes))]
     out = workdir / "results.json"
-    mp.spawn(_worker, args=(free_port(), sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
+    meet = Rendezvous(sweep.search.world_size[0])
+    mp.spawn(_worker, args=(meet.port, sweep.model_dump(), args.rounds, modes, run_ids, uri, str(out)),
              nprocs=args.world_size, join=True)
     per_rank = [json.loads(Path(f"{out}-rank{rank}").read_text()) for rank in range(args.world_size)]
     results = per_rank[0]

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load_average, machine, median, free_port, table, TreeCpu, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, median, table, TreeCpu, write_json  # noqa: E402
 
 MARKS_ENV = "BENCH_OVERHEAD_MARKS_DIR"
 RAY_DEFAULT_NICENESS = 15  # Ray's worker_niceness default
@@ -95,8 +95,7 @@ def _bare_worker(rank: int, world_size: int, port: int, trial: dict, sweep: dict
 
     torch.set_num_threads(1)
     imported = time.time()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    join_group(port, rank, world_size)
     grouped = time.time()
     t0, c0 = time.time(), time.process_time()
     run_training(TrialSpec.from_dict(trial), SweepConfig.model_validate(sweep), TrainingContext(rank=rank,
@@ -112,8 +111,9 @@ def run_bare(cfg, trial, workdir: Path) -> dict:
     import torch.multiprocessing as mp
 
     marks = workdir / f"bare-{time.monotonic_ns()}"
+    meet = Rendezvous(trial.world_size)
     meter, started = TreeCpu().start(), time.time()
-    mp.spawn(_bare_worker, args=(trial.world_size, free_port(), trial.to_dict(), cfg.model_dump(), str(marks)),
+    mp.spawn(_bare_worker, args=(trial.world_size, meet.port, trial.to_dict(), cfg.model_dump(), str(marks)),
              nprocs=trial.world_size, join=True)
     ended, cpu = time.time(), meter.stop()
     ranks = [json.loads(Path(f"{marks}-rank{r}").read_text()) for r in range(trial.world_size)]

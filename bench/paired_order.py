@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, median, table, write_json  # noqa: E402
 
 ARMS = {"aa": "fp16_compress", "fp16_compress": "fp16_compress", "quantization_pertensor": "quantization_pertensor"}
 KEYS = ("paired_ratio_before", "paired_ratio_after", "paired_order_effect", "step_ratio_vs_baseline",
@@ -65,7 +65,7 @@ def _worker(rank: int, port: int, steps: int, warmup: int, rounds: int, out: str
     from service.train.context import TrainingContext
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    join_group(port, rank, 2)
     results = []
     for r in range(rounds):
         for arm in (list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]):
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     load_before = load_average()
     out = Path(tempfile.mkdtemp(prefix="bench-paired-order-")) / "results.json"
-    mp.spawn(_worker, args=(free_port(), args.steps, args.warmup, args.rounds, str(out)), nprocs=2, join=True)
+    meet = Rendezvous(2)
+    mp.spawn(_worker, args=(meet.port, args.steps, args.warmup, args.rounds, str(out)), nprocs=2, join=True)
     runs = json.loads(out.read_text())
     summary = {arm: {k: median(x[k] for x in runs if x["arm"] == arm) for k in KEYS} for arm in ARMS}
     load_after = load_average()

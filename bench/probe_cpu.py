@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load_average, machine, run_on_hosts, table, write_json  # noqa: E402
+from _common import join_group, load_average, machine, run_on_hosts, table, write_json  # noqa: E402
 
 from hooks.wire import rounds  # noqa: E402
 from service.network import netem  # noqa: E402
@@ -50,7 +50,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, queue) -> None:
 
         torch.set_num_threads(1)
         with on_host(net.hosts[rank]):  # the whole rank, its gloo threads too, in its host's share
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+            join_group(port, rank, world_size)
             group = netem.process_group_on_host(net.hosts[rank])
             samples, where = probe(group=group, host=net.hosts[rank].namespace)
             dist.destroy_process_group()

@@ -69,7 +69,7 @@ import os
 import sys
 import time
 
-from _common import ROOT, load_average, machine, run_on_hosts, table, write_json  # noqa: F401  (ROOT: sys.path)
+from _common import join_group, ROOT, load_average, machine, run_on_hosts, table, write_json  # noqa: F401  (ROOT: sys.path)
 
 import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
@@ -246,7 +246,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
         import torch.distributed as dist
 
         with cluster_mod.on_host(net.hosts[rank]):  # the whole rank in its host's share (--host-cpus)
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+            join_group(port, rank, world_size)
             out = _arms(rank, world_size, net, args)
         dist.destroy_process_group()
         queue.put((rank, out, None))

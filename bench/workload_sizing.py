@@ -17,14 +17,13 @@ transformers (the ``.[hf]`` extra) is not installed.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, load_average, machine, median, table, write_json  # noqa: E402
+from _common import Rendezvous, join_group, load_average, machine, median, table, write_json  # noqa: E402
 
 # Global batch (samples) per workload: what the presets train with (hf_gpt2: tune_configs/hf_gpt2.yaml).
 BATCH = {"mlp_digits": 64, "cnn_digits": 64, "char_lm": 64, "hf_gpt2": 32}
@@ -63,8 +62,7 @@ def _spawned(rank: int, world_size: int, port: int, args: tuple, queue) -> None:
     import torch.distributed as dist
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=600))
+    join_group(port, rank, world_size, timeout_s=600)
     try:
         result = run_all(rank, world_size, *args)
         queue.put((rank, result))
@@ -77,15 +75,15 @@ def at_world_size(world_size: int, args: tuple) -> dict:
     import torch.multiprocessing as mp
 
     if world_size == 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         try:
             return run_all(0, 1, *args)
         finally:
             dist.destroy_process_group()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    port = free_port()
-    procs = [ctx.Process(target=_spawned, args=(r, world_size, port, args, queue)) for r in range(world_size)]
+    meet = Rendezvous(world_size)
+    procs = [ctx.Process(target=_spawned, args=(r, world_size, meet.port, args, queue)) for r in range(world_size)]
     for p in procs:
         p.start()
     results = dict(queue.get() for _ in procs)
