@@ -182,6 +182,29 @@ def test_compute_points_are_pooled_over_every_trial_at_the_same_world_size_and_b
     assert trials[1].compute.forward.at(8) == pytest.approx(20.0)  # alone: flat, the noise extrapolated
 
 
+def test_a_batch_the_trial_measured_is_priced_at_its_measurement_not_extrapolated():
+    from service.step_model.trial import ComputePoint, TrialTimeline
+
+    def trial(points):
+        return TrialTimeline(timeline([bucket(10.0)], backward_end=40.0, forward=20.0), (5,), points)
+
+    # W = 2's rank timed at 32, 16 and 8 samples; the compute is not a line (a cache effect):
+    # 32 -> 20 ms, 16 -> 12 ms, 8 -> 4 ms. The line through 32 and 16 says 8 ms at 8 samples.
+    three = trial((ComputePoint(32, 20.0, 40.0), ComputePoint(16, 12.0, 22.0), ComputePoint(8, 4.0, 9.0)))
+    two = trial(three.compute_points[:2])
+    assert two.compute.forward.at(8) == pytest.approx(8.0)  # extrapolated
+    assert three.compute.forward.at(8) == pytest.approx(4.0)  # measured: W = 8's batch
+    assert [three.compute.backward.at(n) for n in (32, 16, 8)] == [pytest.approx(v) for v in (40.0, 22.0, 9.0)]
+    assert three.compute.forward.at(24) == pytest.approx(16.0)  # between 16 and 32: their line
+    assert three.compute.forward.at(12) == pytest.approx(8.0)  # between 8 and 16: theirs
+    assert three.compute.forward.at(4) == pytest.approx(0.0)  # below 8: the end pair's line (floored at 0)
+    assert three.compute.forward.at(64) == pytest.approx(36.0)  # above 32: the other end pair's
+    # a segment whose cost fell as the batch grew (noise) is flat at its larger batch's measurement
+    noisy = trial((ComputePoint(32, 20.0, 40.0), ComputePoint(16, 12.0, 22.0), ComputePoint(8, 14.0, 9.0)))
+    assert noisy.compute.forward.at(8) == pytest.approx(12.0) and noisy.compute.forward.at(32) == pytest.approx(20.0)
+    assert trial(three.compute_points[:1]).compute is None  # one point: no scaling
+
+
 def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason():
     assert rank_batch(128, 128) == 1
     assert rank_batch(100, 8) == 13  # the largest share sets the step

@@ -78,10 +78,9 @@ def test_the_combined_timeline_has_every_ddp_bucket_in_order_and_the_compute_spl
                                               b.decode.per_unit_ms)]
     assert all(math.isfinite(v) and v >= 0 for v in phases), phases
     assert t.forward_ms > 0 and t.buckets[0].decode.per_unit_ms > 0  # its decode grows per peer
-    # the compute at the rank's micro-batch and at half of it, on the bare module
-    full, half = recorded.compute_points
-    assert (full.samples, half.samples) == (16, 8)
-    assert min(full.forward_ms, full.backward_ms, half.forward_ms, half.backward_ms) > 0
+    # the compute at the rank's micro-batch, at half and at a quarter of it, on the bare module
+    assert [p.samples for p in recorded.compute_points] == [16, 8, 4]
+    assert min(v for p in recorded.compute_points for v in (p.forward_ms, p.backward_ms)) > 0
     summary = result.summary
     assert summary["timeline_steps"] == 3 and summary["timeline_step_ms"] == pytest.approx(recorded.own_step_ms())
     assert summary["timeline_vs_measured"] > 0

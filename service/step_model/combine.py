@@ -63,7 +63,7 @@ def combine_ranks(per_rank: list[tuple[list[StepTimeline], list[tuple[ComputePoi
     windows = [w for _, w in per_rank]
     points: tuple[ComputePoint, ...] = ()
     if all(windows):
-        sizes = len(windows[0][0])
+        sizes = min(len(w) for rank in windows for w in rank)  # the points every window has
         points = tuple(
             ComputePoint(windows[0][0][i].samples,
                          max(statistics.median(w[i].forward_ms for w in rank) for rank in windows),

@@ -154,10 +154,10 @@ class CellRefused(ValueError):
 
 @dataclass(frozen=True)
 class ComputeScaling:
-    """A rank's forward and backward ms against its samples per step, each fixed + per sample
-    (:func:`fit_linear` from two micro-batch sizes)."""
+    """A rank's forward and backward ms against its samples per step: each a cost with ``at(samples)``
+    (a :class:`LinearCost`, or the measured points' ``trial.PointsCost``)."""
 
-    forward: LinearCost
+    forward: LinearCost  # or trial.PointsCost: anything with at(samples) -> ms
     backward: LinearCost
 
 

@@ -1,6 +1,6 @@
 """A trial's recorded DDP step: the ranks' sampled step timelines combined into one
-``StepTimeline`` (service/step_model/combine.py), the rank's compute at two micro-batch sizes (the
-model's ``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run
+``StepTimeline`` (service/step_model/combine.py), the rank's compute at its micro-batch, half and
+a quarter of it (the model's ``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run
 (``step_timeline.json``, read back by ``service.tracking.SweepReader.step_timeline``).
 
 Written by the training loop (service/train/step_sampling.py), read by the projection.
@@ -35,8 +35,9 @@ class ComputePoint:
 @dataclass(frozen=True)
 class TrialTimeline:
     """What a trial recorded of its step: ``timeline`` (``combine`` of every rank's sampled
-    steps), the steps sampled, and the compute at the rank's batch and at a smaller one
-    (``compute_points``: empty where the micro-batch has one sample)."""
+    steps), the steps sampled, and the compute at the rank's batch and at smaller ones
+    (``compute_points``, largest first: the batch, its half and, from 4 samples, its quarter;
+    empty where the micro-batch has one sample)."""
 
     timeline: StepTimeline
     sampled_steps: tuple[int, ...]
@@ -44,15 +45,13 @@ class TrialTimeline:
 
     @property
     def compute(self) -> Optional[ComputeScaling]:
-        """Forward and backward as fixed + per sample (``fit_linear`` through the two points);
-        None without two points. Where a cost fell as the batch grew (its per-sample cost below
-        the timer's noise: a tiny model, or a loaded machine) it is priced as fixed, at the
-        larger batch's measurement, rather than refusing every cell that changes the batch."""
-        if len(self.compute_points) != 2:
+        """Forward and backward against the samples per step through the measured points
+        (:class:`PointsCost`); None without two points."""
+        if len(self.compute_points) < 2:
             return None
-        a, b = self.compute_points
-        return ComputeScaling(_fit_or_flat((a.samples, a.forward_ms), (b.samples, b.forward_ms)),
-                              _fit_or_flat((a.samples, a.backward_ms), (b.samples, b.backward_ms)))
+        points = sorted(self.compute_points, key=lambda p: p.samples)
+        return ComputeScaling(PointsCost.through([(p.samples, p.forward_ms) for p in points]),
+                              PointsCost.through([(p.samples, p.backward_ms) for p in points]))
 
     def own_step_ms(self) -> float:
         """The timeline priced where it was measured (its W, link and latency): the model's step,
@@ -118,6 +117,30 @@ def pooled_compute(timelines: Iterable[TrialTimeline]) -> list[TrialTimeline]:
                          for i, p in enumerate(group[0].compute_points))
               for key, group in groups.items()}
     return [replace(t, compute_points=pooled[_point_key(t)]) if t.compute_points else t for t in timelines]
+
+
+@dataclass(frozen=True)
+class PointsCost:
+    """ms against samples through measured points: between two neighbouring points the line
+    through them, beyond the ends the end pair's line. A cell's compute at a batch the trial
+    measured is that measurement, where one line through the largest two would extrapolate
+    their difference (the emulated cluster's W = 8 compute from W = 2's 32 and 16 samples:
+    docs/performance.md, "A third compute point"). Where a cost fell as the batch grew (its
+    per-sample cost below the timer's noise: a tiny model, or a loaded machine) that segment is
+    priced as fixed, at the larger batch's measurement, rather than refusing every cell that
+    changes the batch."""
+
+    lines: tuple[tuple[float, LinearCost], ...]  # (the segment's upper end in samples, its line)
+
+    @classmethod
+    def through(cls, points: list[tuple[float, float]]) -> "PointsCost":
+        """``points`` (samples, ms), sorted by samples, at least two."""
+        pairs = list(zip(points, points[1:]))
+        return cls(tuple((b[0] if i < len(pairs) - 1 else math.inf, _fit_or_flat(a, b))
+                         for i, (a, b) in enumerate(pairs)))
+
+    def at(self, units: float) -> float:
+        return next(line for upper, line in self.lines if units <= upper).at(units)
 
 
 def _point_key(t: TrialTimeline) -> tuple:

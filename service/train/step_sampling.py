@@ -5,11 +5,13 @@ paired-timing step: those run extra hooks and collectives) are sampled by
 ``hooks.step_sampling.StepSampler``: ``perf_counter`` stamps at the step's phases and each hook
 call, no sync (an unsampled step pays a set lookup and an ``is not None`` per phase). Right after
 a sampled step (outside its measured time), a compute window times the rank's forward and backward
-on the bare module (no hook, no collective, no DDP) at its micro-batch and at half of it, the
-trajectory kept (``paired_timing.SideModule``: with ``find_unused_parameters`` a re-synced copy
-of the module, whose backward no reducer of the trial's sees): the two points of the model's
-``ComputeScaling``; on every other sampled step only (:func:`window_steps`: each window costs about
-two training steps' compute, which bench/instrumentation.py --timeline counts against the budget).
+on the bare module (no hook, no collective, no DDP) at its micro-batch, at half and (from 4
+samples) a quarter of it, the trajectory kept (``paired_timing.SideModule``: with
+``find_unused_parameters`` a re-synced copy of the module, whose backward no reducer of the
+trial's sees): the points of the model's ``ComputeScaling`` (the quarter is W = 8's batch where
+W = 2 was measured: priced from a measurement, not extrapolated); on every other sampled step only
+(:func:`window_steps`: each window costs about two training steps' compute, which
+bench/instrumentation.py --timeline counts against the budget).
 At the end of the trial :meth:`TimelineSampler.gather` sends every rank's samples to every rank
 with ONE ``all_gather_object`` and combines them (``service.step_model.combine.combine_ranks``)
 into the trial's ``TrialTimeline``; the loop's rank 0 records it.
@@ -74,23 +76,24 @@ class TimelineSampler:
         self.accumulation = wl_cfg.grad_accumulation
         self.link_gbps = math.inf if trial.link_gbps is None else trial.link_gbps
         self.latency_s = cfg.network.latency_ms / 1000.0 if trial.link_gbps is not None else 0.0
-        self.windows: list[tuple[ComputePoint, ComputePoint]] = []
+        self.windows: list[tuple[ComputePoint, ...]] = []
         self.forward, self.backward = self.sampler.forward, self.sampler.backward
         self.optimizer = self.sampler.optimizer
 
     def step_done(self, step: int, micro_batches) -> None:
         """A sampled step's end (``StepSampler.done``), then, on a window step, its compute window:
-        the rank's forward and backward of the step's last micro-batch and of its first half, on
-        the bare module or its copy (local, the trajectory kept; none where the micro-batch has
-        one sample)."""
+        the rank's forward and backward of the step's last micro-batch, of its first half and (from
+        4 samples) its first quarter, on the bare module or its copy (local, the trajectory kept;
+        none where the micro-batch has one sample)."""
         if step not in self.steps:
             return
         self.sampler.done()
         indices = micro_batches[-1]
         if len(indices) < 2 or step not in self.window_steps:
             return
+        sizes = [len(indices), len(indices) // 2] + ([len(indices) // 4] if len(indices) >= 4 else [])
         with self.side.window() as module:
-            self.windows.append((self._timed(module, indices), self._timed(module, indices[:len(indices) // 2])))
+            self.windows.append(tuple(self._timed(module, indices[:n]) for n in sizes))
 
     def _timed(self, module: torch.nn.Module, indices) -> ComputePoint:
         batch = to_device(self.wl.fetch(self.wl.train_set, indices), self.device, self.precision.input_dtype)
