@@ -97,8 +97,8 @@ def test_compute_that_fell_as_the_batch_grew_is_priced_as_fixed_not_refused():
     tl = trial_timeline()
     noisy = TrialTimeline(tl.timeline, (5,), (ComputePoint(32, 10.0, 20.0), ComputePoint(16, 11.0, 19.0)))
     scaling = noisy.compute
-    assert (scaling.forward.fixed_ms, scaling.forward.per_unit_ms) == (10.0, 0.0)   # flat at the measured batch's 10 ms
-    assert scaling.backward.per_unit_ms == pytest.approx(1 / 16)                 # this one grew: fitted as before
+    assert [scaling.forward.at(n) for n in (8, 16, 32)] == [10.0] * 3            # flat at the measured batch's 10 ms
+    assert scaling.backward.at(8) == pytest.approx(18.5)                        # this one grew: 1/16 ms a sample
     priced = noisy.price(64, 8, 10.0, LATENCY_MS / 1000)                      # 8 samples per rank: a new batch
     assert priced.step_ms > 0
 
