@@ -91,7 +91,7 @@ class TrackingConfig(BaseModel):
                                   "above 1 (transport.json: what every projected cell's collectives cost; a Ray Train "
                                   "start-up and ~5 s of probing per world size); false: the report scales each "
                                   "trial's recorded communication instead, and says so")
-    timeline_steps: int = Field(5, ge=0, le=MAX_STEPS, description="record DDP's step as a timeline (each bucket's ready, encode, collective, decode) on this many steps after the warm-up, spread over the trial, plus the rank's compute at half its micro-batch: the step model's input (step_timeline.json; service/train/step_sampling.py); 0 = off")
+    timeline_steps: int = Field(5, ge=0, le=MAX_STEPS, description="record DDP's step as a timeline (each bucket's ready, encode, collective, decode) on this many steps after the warm-up, spread over the trial, plus the rank's compute at a half and a quarter of its micro-batch: the step model's input (step_timeline.json; service/train/step_sampling.py); 0 = off")
 
 
 def projected_latency() -> Any:
