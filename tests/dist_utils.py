@@ -20,9 +20,15 @@ import os
 import socket
 import traceback
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from _common import Rendezvous, join_group  # noqa: E402  (the benches' rendezvous: one home)
 
 
 def free_port() -> int:
@@ -51,12 +57,7 @@ def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
     # A hung rank prints every thread's stack before the parent gives up on it.
     faulthandler.dump_traceback_later(max(timeout_s - 10, 5), exit=False)
     try:
-        import datetime
-
-        timeout = datetime.timedelta(seconds=timeout_s)
-        # the parent's store listens on ``port`` for the whole run; every rank is its client
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, is_master=False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+        join_group(port, rank, world_size, backend, timeout_s)  # the parent's store, held for the whole run
         result = fn(rank, world_size, *args)
         queue.put((rank, True, result))
     except BaseException:  # report everything, including assertion errors, to the parent
@@ -71,15 +72,12 @@ def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo"
 
     Raises RuntimeError naming the failing rank(s) with their tracebacks.
     """
-    import datetime
-
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    # The rendezvous store listens in this process from before the ranks start to after they end:
-    # no port is chosen free and bound later, when another process may hold it.
-    store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
-    port = store.port
+    # listening in this process from before the ranks start to after they end: no port is
+    # chosen free and bound later, when another process may hold it
+    meet = Rendezvous(world_size, timeout_s)
+    port = meet.port
     procs = [
         ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, backend, timeout_s), daemon=True)
         for r in range(world_size)
@@ -114,7 +112,7 @@ def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo"
         p.join(timeout=10)
         if p.is_alive():
             p.kill()
-    del store  # its server stops with the last reference
+    del meet  # its server stops with the last reference
     if failures:
         raise RuntimeError("distributed run failed\n" + "\n".join(failures))
     return [results[r] for r in range(world_size)]

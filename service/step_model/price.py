@@ -52,7 +52,7 @@ from typing import Optional
 from hooks.cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
 from hooks.registry import spec
 from hooks.wire import wire_bytes
-from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+from service.step_model.timeline import BucketTiming, Cost, LinearCost, StepTimeline
 from service.step_model.transport import TransportFit
 
 
@@ -154,11 +154,11 @@ class CellRefused(ValueError):
 
 @dataclass(frozen=True)
 class ComputeScaling:
-    """A rank's forward and backward ms against its samples per step: each a cost with ``at(samples)``
-    (a :class:`LinearCost`, or the measured points' ``trial.PointsCost``)."""
+    """A rank's forward and backward ms against its samples per step (a :class:`LinearCost`, or
+    the measured points' ``trial.PointsCost``)."""
 
-    forward: LinearCost  # or trial.PointsCost: anything with at(samples) -> ms
-    backward: LinearCost
+    forward: Cost
+    backward: Cost
 
 
 def rank_batch(global_batch: int, world_size: int) -> int:

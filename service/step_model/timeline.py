@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hooks.registry import spec
+
+
+class Cost(Protocol):
+    """ms at a number of units (samples, peers): what the step model reads of a fitted cost."""
+
+    def at(self, units: float) -> float: ...
 
 
 @dataclass(frozen=True)
