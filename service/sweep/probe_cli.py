@@ -89,7 +89,7 @@ def _probe_all(args: argparse.Namespace, storage: str, out):
     from service.step_model.transport import fit
     from service.sweep.transport import off_the_main_thread, probe_on_ray
 
-    samples, cost, hosts = [], {}, []
+    samples, cost, hosts, interrupted = [], {}, [], False
     try:
         for w in sorted(set(args.world_size)):
             print(f"W = {w}: probing (Ray Train starts {w} workers on the cluster) ...", file=out, flush=True)
@@ -98,10 +98,14 @@ def _probe_all(args: argparse.Namespace, storage: str, out):
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(seconds, 1)
             print(f"W = {w}: probed {where.describe()} in {seconds:.1f} s", file=out, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True  # the probe's thread is still inside Ray Train: Ray stays up under it
+        raise
     except Exception as exc:
         raise ProbeError(f"the probe failed ({one_line(exc)})") from None
     finally:
-        ray.shutdown()
+        if not interrupted:
+            ray.shutdown()
     return replace(fit(samples, cost, tuple(hosts)), link_gbps=args.link_gbps)
 
 
@@ -113,8 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # this driver's exit ends the probe's actors on the cluster
-        print(f"interrupted: nothing written to {args.out}", file=sys.stderr)
-        return 130
+        print(f"interrupted: nothing written to {args.out}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # at once, not by returning: the interpreter's exit (or ray.shutdown()) with the probe's
+        # daemon thread still inside Ray's core worker crashed the process under load (SIGSEGV,
+        # exit -11 in place of 130: tests/test_cluster.py's interrupted probe)
+        os._exit(130)
     path = Path(args.out)
     path.write_text(json.dumps(result.to_json(), indent=1))
     print(f"wrote {path} (give it to the report as report.cluster.transport: {path.resolve()})")
