@@ -77,6 +77,10 @@ def print_decisions(scored: list[dict]) -> None:
 
 
 def print_totals(t: dict, power: dict[str, float], draws: int) -> None:
+    if not t:  # scores.totals of no scored cell (one hook, or no held-out cell with two)
+        print("scores: no held-out cell with two hooks to rank, nothing to score")
+        return
+
     def value(v):
         return "nothing to score" if v is None else f"{v:.2f}"
 

@@ -74,3 +74,21 @@ def test_the_pairs_bench_re_derives_the_committed_pair_bands_and_scores_them(tmp
     assert json.loads(out.read_text())["bands"] == committed["bands"]
     for name in scores.TARGETS:
         assert any(line.startswith(name) for line in done.stdout.splitlines()), name
+
+
+def test_the_pairs_bench_on_cells_of_one_hook_says_there_is_nothing_to_score(tmp_path):
+    """A run of one hook (bench/projection.py --hooks allreduce: no pair to rank) ended in a
+    KeyError traceback after its tables; it says so in one line and exits 0."""
+    import json
+    import subprocess
+
+    from service.step_model.bands import RAW_FILE
+
+    saved = json.loads(RAW_FILE.read_text())
+    cells = tmp_path / "cells.json"
+    cells.write_text(json.dumps({**saved, "cell_rows": [r for r in saved["cell_rows"] if r["hook"] == "allreduce"]}))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "projection_pairs.py"), "--cells", str(cells),
+                           "--out", str(tmp_path / "pairs.json"), "--draws", "5"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "scores: no held-out cell with two hooks to rank, nothing to score" in done.stdout
