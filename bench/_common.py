@@ -72,35 +72,67 @@ def join_group(port: int, rank: int, world_size: int, backend: str = "gloo", tim
                             **group_kwargs)
 
 
-def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: float) -> dict:
+def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: float, copies: int = 1) -> dict:
     """``target(rank, world_size, port, net, *extra, queue)`` in ``world_size`` spawned processes,
     one per emulated host (service/network/netem.py, links unshaped; each host a CPU cgroup of
     ``host_cpus`` cores where given); each puts (rank, result, traceback or None) on the queue.
-    Rank 0's result; a rank's traceback is raised."""
+    Rank 0's result; a rank's traceback is raised.
+
+    ``copies`` > 1: as many copies of the job, each its own group on hosts of its own, run beside
+    it (their output muted; ``net`` for them a :class:`CopyHosts`, which reshapes nothing: the
+    first copy's rank 0 reshapes every host's link). A cgroup divides time, not caches: with the
+    copies every world size runs on a machine as busy as the largest's (docs/performance.md
+    section 12, "A full machine")."""
     import multiprocessing as mp
 
     from service.network import netem
 
     ctx = mp.get_context("spawn")
-    with netem.Network(world_size, None, host_cpus=host_cpus) as net:
-        queue, meet = ctx.Queue(), Rendezvous(world_size)
-        procs = [ctx.Process(target=target, args=(r, world_size, meet.port, net, *extra, queue), daemon=True)
-                 for r in range(world_size)]
+    with netem.Network(world_size * copies, None, host_cpus=host_cpus) as net:
+        queues, meets = [ctx.Queue() for _ in range(copies)], [Rendezvous(world_size) for _ in range(copies)]
+        procs = []
+        for c in range(copies):
+            hosts = net if c == 0 else CopyHosts(net.hosts[c * world_size:(c + 1) * world_size])
+            for r in range(world_size):
+                args = (r, world_size, meets[c].port, hosts, *extra, queues[c])
+                procs.append(ctx.Process(target=target if c == 0 else _muted, args=args if c == 0 else (target, *args),
+                                         daemon=True))
         for p in procs:
             p.start()
         out = {}
         try:
-            for _ in procs:
-                rank, result, err = queue.get(timeout=timeout_s)
-                if err:
-                    raise RuntimeError(f"W={world_size} rank {rank} failed:\n{err}")
-                out[rank] = result
+            for c, queue in enumerate(queues):
+                for _ in range(world_size):
+                    rank, result, err = queue.get(timeout=timeout_s)
+                    if err:
+                        raise RuntimeError(f"W={world_size} rank {rank}{f' (copy {c})' if c else ''} failed:\n{err}")
+                    if c == 0:
+                        out[rank] = result
         finally:
             for p in procs:
                 p.join(timeout=30)
                 if p.is_alive():
                     p.kill()
     return out[0]
+
+
+class CopyHosts:
+    """A copy's view of the network (:func:`run_on_hosts`): its own hosts; reshaping is the first
+    copy's (every host's link at once)."""
+
+    def __init__(self, hosts: list):
+        self.hosts = hosts
+
+    def reshape(self, *_args, **_kwargs) -> None:
+        pass
+
+
+def _muted(target, *args) -> None:
+    """``target(*args)`` with stdout to /dev/null: a copy's progress lines are the first copy's again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = open(1, "w", closefd=False)
+    target(*args)
 
 
 class TreeCpu:

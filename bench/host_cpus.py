@@ -10,7 +10,12 @@ forward/backward, then a gloo allreduce of the flattened gradient (34 MB) over t
 (the order reversed every round):
 
 - hosts:  every process inside its host's CPU cgroup of ``--q`` cores (what network.host_cpus makes);
-- shared: the same processes without cgroups, time-sharing the machine's cores (the sweep before).
+- shared: the same processes without cgroups, time-sharing the machine's cores (the sweep before);
+- full:   as hosts, beside copies of the same W-rank job on hosts of their own (each copy its own
+          group), until the machine carries the largest W's hosts: every W then runs on a machine as
+          busy as W = 8's. A cgroup divides time, not caches: a rank on a host of 0.2 cores shares
+          its core's caches with as many other hosts as the machine runs, so without the copies a
+          sample's CPU work grows with W (docs/performance.md section 12).
 
 Printed per arm: one rank's compute per sample (the forward/backward's wall time over the samples,
 all steps after the warm-up, the median rank), the ranks' CPU (cores, each), what the 8 MB allreduce
@@ -92,27 +97,34 @@ def _stat() -> tuple[int, int, int]:
     return sum(fields) - idle, fields[6], sum(fields)
 
 
-def run_arm(world: int, cgroups: bool, args) -> dict:
-    """One arm: ``world`` hosts, with or without their CPU cgroups; the figures of its ranks."""
+ARMS = ("hosts", "shared", "full")
+
+
+def run_arm(world: int, arm: str, args) -> dict:
+    """One arm: ``world`` hosts, with or without their CPU cgroups (and, ``full``, beside copies of
+    the job on hosts of their own); the figures of its ranks, every copy's."""
     import multiprocessing as mp
 
     from service.network import netem
 
     ctx = mp.get_context("fork")  # the parent's imports are the ranks' (no torch import per rank)
-    with netem.Network(world, link_gbps=args.link_gbps, host_cpus=args.q if cgroups else None) as net:
-        queue, meet = ctx.Queue(), Rendezvous(world)
-        procs = [ctx.Process(target=_rank, args=(r, world, meet.port, vars(h), args, queue)) for r, h in enumerate(net.hosts)]
+    copies = max(max(args.world_sizes) // world, 1) if arm == "full" else 1
+    with netem.Network(world * copies, link_gbps=args.link_gbps, host_cpus=None if arm == "shared" else args.q) as net:
+        queue, meets = ctx.Queue(), [Rendezvous(world) for _ in range(copies)]
+        procs = [ctx.Process(target=_rank, args=(i % world, world, meets[i // world].port, vars(h), args, queue))
+                 for i, h in enumerate(net.hosts)]
         before, wall0 = _stat(), time.monotonic()
         for p in procs:
             p.start()
-        results = sorted((queue.get(timeout=600) for _ in procs), key=lambda r: r["rank"])
+        every = [queue.get(timeout=600) for _ in procs]
         after, wall = _stat(), time.monotonic() - wall0
         for p in procs:
             p.join()
+    results = sorted(every, key=lambda r: r["rank"])  # every copy's ranks: each copy is the same job
     ticks = os.sysconf("SC_CLK_TCK")
     ranks_cores = sum(r["cpu_cores"] for r in results)
     wire_s = 2 * (world - 1) / world * LINK_MB * 8e6 / (args.link_gbps * 1e9)
-    return {"world_size": world, "arm": "hosts" if cgroups else "shared",
+    return {"world_size": world, "arm": arm, "copies": copies,
             "compute_ms_per_sample": statistics.median(r["compute_ms_per_sample"] for r in results),
             "compute_cpu_ms_per_sample": statistics.median(r["compute_cpu_ms_per_sample"] for r in results),
             "compute_spread": max(r["compute_ms_per_sample"] for r in results) / min(r["compute_ms_per_sample"] for r in results),
@@ -143,6 +155,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--q", type=float, default=0.2, help="cores per host (the hosts arm)")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS),
+                        help="hosts: each rank in its host's cgroup; shared: no cgroups; full: hosts, beside copies of "
+                             "the job until the machine carries the largest W's hosts")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
@@ -171,13 +186,13 @@ def main() -> None:
 
     print(f"hosts of {args.q:g} cores (CFS period {host_cpu.PERIOD_US} us), {args.link_gbps:g} Gbit/s links; "
           f"load average {load_average()}", flush=True)
-    arms = [(w, c) for w in args.world_sizes for c in (True, False)]
+    arms = [(w, a) for w in args.world_sizes for a in args.arms]
     rows = []
     for round_ in range(args.rounds):
-        for world, cgroups in arms if round_ % 2 == 0 else arms[::-1]:
-            row = run_arm(world, cgroups, args)
+        for world, arm in arms if round_ % 2 == 0 else arms[::-1]:
+            row = run_arm(world, arm, args)
             rows.append(row)
-            print(f"W={world} {row['arm']:6s} compute {row['compute_ms_per_sample']:.3f} ms/sample "
+            print(f"W={world} {row['arm']:6s} x{row['copies']} compute {row['compute_ms_per_sample']:.3f} ms/sample "
                   f"({row['compute_cpu_ms_per_sample']:.3f} of CPU) "
                   f"(ranks x{row['compute_spread']:.2f}), comm {row['comm_ms_per_step']:.0f} ms/step, "
                   f"rank CPU {row['rank_cpu_cores']:.2f} cores, link carried {100 * row['link_carried']:.0f} %, "

@@ -257,8 +257,10 @@ def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
 
 
 def run_world(world_size: int, args) -> dict:
-    """Every arm of one world size: W processes, one per emulated host (rank 0's results)."""
-    return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600)
+    """Every arm of one world size: W processes, one per emulated host (rank 0's results); with
+    --full, beside copies of them until the machine carries the largest W's hosts."""
+    copies = max(max(args.world_sizes) // world_size, 1) if getattr(args, "full", False) else 1
+    return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600, copies=copies)
 
 
 def parse(argv) -> argparse.Namespace:
@@ -278,12 +280,17 @@ def parse(argv) -> argparse.Namespace:
                         help="each hook that has error feedback runs once per setting")
     parser.add_argument("--host-cpus", type=float, metavar="Q", help="the emulated cluster: every host owns Q "
                         "cores, the basis too; cells priced by the report's cluster path (module doc)")
+    parser.add_argument("--full", action="store_true", help="with --host-cpus: every W beside copies of its job on "
+                        "hosts of their own, until the machine carries the largest W's hosts (a cgroup divides time, "
+                        "not caches: alone, a W = 2 host computes faster than one of eight; docs/performance.md)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
     parser.add_argument("--summarise", metavar="JSON", nargs="+", help="print the table of saved runs (their raw runs "
                         "through the current model and rules) instead of measuring")
     parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
     parser.add_argument("--band-out", help="the error band's path (default service/step_model/projection_error.json)")
     args = parser.parse_args(argv)
+    if args.full and not args.host_cpus:
+        parser.error("--full needs --host-cpus (copies of a job fill hosts that own their CPU)")
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS

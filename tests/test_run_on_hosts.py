@@ -1,0 +1,45 @@
+"""bench/_common.py's run_on_hosts with copies: the job beside copies of itself on hosts of their
+own (bench/projection.py --full, bench/host_cpus.py's full arm), each copy its own group, only the
+first copy's output printed and its rank 0's result returned."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import CopyHosts, join_group, run_on_hosts  # noqa: E402
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+
+
+def _job(rank: int, world_size: int, port: int, net, out_dir: str, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    join_group(port, rank, world_size, timeout_s=120)
+    ones = torch.ones(1)
+    dist.all_reduce(ones)  # the group's size: its own copy's ranks only
+    net.reshape(None)  # the first copy's reshapes every host's link; a copy's, nothing
+    host = net.hosts[rank].namespace
+    Path(out_dir, f"{host}.json").write_text(json.dumps({"rank": rank, "sum": ones.item(),
+                                                         "copy": isinstance(net, CopyHosts)}))
+    print(f"rank {rank} on {host}", flush=True)
+    dist.destroy_process_group()
+    queue.put((rank, {"rank": rank, "host": host, "copy": isinstance(net, CopyHosts)}, None))
+
+
+def test_copies_run_beside_the_job_as_groups_of_their_own_and_only_the_first_speaks(tmp_path, capfd):
+    first = run_on_hosts(_job, 2, None, (str(tmp_path),), timeout_s=300, copies=3)
+    seen = {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
+    assert len(seen) == 6, seen  # three copies of two ranks, each on a host of its own
+    assert all(s["sum"] == 2.0 for s in seen.values())  # three groups of 2, not one of 6
+    assert sorted(s["copy"] for s in seen.values()) == [False] * 2 + [True] * 4
+    assert first["rank"] == 0 and not first["copy"] and first["host"] in seen
+    printed = [line for line in capfd.readouterr().out.splitlines() if line.startswith("rank ")]
+    assert sorted(printed) == sorted(f"rank {s['rank']} on {h}" for h, s in seen.items() if not s["copy"])
