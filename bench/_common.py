@@ -86,9 +86,12 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
     import multiprocessing as mp
 
     from service.network import netem
+    from service.sweep.signals import signals_raise_keyboard_interrupt
 
     ctx = mp.get_context("spawn")
-    with netem.Network(world_size * copies, None, host_cpus=host_cpus) as net:
+    # SIGTERM as Ctrl-C: by default it ended this process with no cleanup, leaving the ranks
+    # running and every host's namespace, link and cgroup behind
+    with signals_raise_keyboard_interrupt(), netem.Network(world_size * copies, None, host_cpus=host_cpus) as net:
         queues, meets = [ctx.Queue() for _ in range(copies)], [Rendezvous(world_size) for _ in range(copies)]
         procs = []
         for c in range(copies):
@@ -108,6 +111,10 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
                         raise RuntimeError(f"W={world_size} rank {rank}{f' (copy {c})' if c else ''} failed:\n{err}")
                     if c == 0:
                         out[rank] = result
+        except BaseException:  # interrupted, or a rank failed: the others would wait on it
+            for p in procs:
+                p.kill()
+            raise
         finally:
             for p in procs:
                 p.join(timeout=30)

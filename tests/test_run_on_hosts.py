@@ -43,3 +43,44 @@ def test_copies_run_beside_the_job_as_groups_of_their_own_and_only_the_first_spe
     assert first["rank"] == 0 and not first["copy"] and first["host"] in seen
     printed = [line for line in capfd.readouterr().out.splitlines() if line.startswith("rank ")]
     assert sorted(printed) == sorted(f"rank {s['rank']} on {h}" for h, s in seen.items() if not s["copy"])
+
+
+def _sleeper(rank: int, world_size: int, port: int, net, ready_dir: str, queue) -> None:
+    import time
+
+    Path(ready_dir, f"{rank}-{os.getpid()}").write_text("")
+    time.sleep(600)
+
+
+def test_sigterm_mid_run_stops_the_ranks_and_removes_every_host(tmp_path):
+    """SIGTERM to a bench running ranks on emulated hosts (as `kill` or a CI timeout sends): it
+    used to end the bench at once, with its ranks still running and its hosts' namespaces, links
+    and cgroups left behind."""
+    import signal
+    import subprocess
+    import time
+
+    script = ("import sys; sys.path.insert(0, 'bench'); from _common import run_on_hosts; "
+              "from tests.test_run_on_hosts import _sleeper; "
+              f"run_on_hosts(_sleeper, 2, 0.2, ({str(tmp_path)!r},), timeout_s=600, copies=2)")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.iterdir())) < 4:  # both copies' ranks inside their hosts
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        ranks = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    from service.network import host_cpu
+
+    assert [pid for pid in ranks if Path(f"/proc/{pid}").exists()] == []  # killed, reaped by init
+    owner = f"chs-{proc.pid}-"
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert owner not in namespaces, namespaces
+    assert [p for p in host_cpu.list_cgroups() if owner in p] == []
