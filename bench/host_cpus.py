@@ -116,7 +116,12 @@ def run_arm(world: int, arm: str, args) -> dict:
         before, wall0 = _stat(), time.monotonic()
         for p in procs:
             p.start()
-        every = [queue.get(timeout=600) for _ in procs]
+        try:
+            every = [queue.get(timeout=600) for _ in procs]
+        except BaseException:  # interrupted (SIGTERM too: main), or a rank never answered
+            for p in procs:
+                p.kill()
+            raise
         after, wall = _stat(), time.monotonic() - wall0
         for p in procs:
             p.join()
@@ -183,6 +188,7 @@ def main() -> None:
     import torch  # noqa: F401 - imported once here; the forked ranks share it
 
     from service.network import host_cpu
+    from service.sweep.signals import signals_raise_keyboard_interrupt
 
     print(f"hosts of {args.q:g} cores (CFS period {host_cpu.PERIOD_US} us), {args.link_gbps:g} Gbit/s links; "
           f"load average {load_average()}", flush=True)
@@ -190,7 +196,9 @@ def main() -> None:
     rows = []
     for round_ in range(args.rounds):
         for world, arm in arms if round_ % 2 == 0 else arms[::-1]:
-            row = run_arm(world, arm, args)
+            # SIGTERM as Ctrl-C: the ranks stopped and the hosts removed, not left behind
+            with signals_raise_keyboard_interrupt():
+                row = run_arm(world, arm, args)
             rows.append(row)
             print(f"W={world} {row['arm']:6s} x{row['copies']} compute {row['compute_ms_per_sample']:.3f} ms/sample "
                   f"({row['compute_cpu_ms_per_sample']:.3f} of CPU) "

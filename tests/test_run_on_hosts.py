@@ -84,3 +84,34 @@ def test_sigterm_mid_run_stops_the_ranks_and_removes_every_host(tmp_path):
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert owner not in namespaces, namespaces
     assert [p for p in host_cpu.list_cgroups() if owner in p] == []
+
+
+def test_sigterm_mid_run_of_host_cpus_stops_its_forked_ranks_and_removes_its_hosts():
+    """bench/host_cpus.py forks its ranks itself (not run_on_hosts): the same SIGTERM left them and
+    its hosts behind."""
+    import signal
+    import subprocess
+    import time
+
+    from service.network import host_cpu
+
+    cmd = [sys.executable, str(ROOT / "bench" / "host_cpus.py"), "--world-sizes", "2", "--rounds", "1", "--steps", "300",
+           "--arms", "hosts", "--ray-s", "0", "--out", os.devnull]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    owner = f"chs-{proc.pid}-"
+    try:
+        deadline = time.monotonic() + 120
+        while len([p for p in host_cpu.list_cgroups() if owner in p and Path(p, "cgroup.procs").read_text().strip()]) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)  # until both ranks are inside their hosts
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    left = subprocess.run(["pgrep", "-f", "bench/host_cpus.py --world-sizes 2 --rounds 1 --steps 300"],
+                          capture_output=True, text=True).stdout.split()
+    assert left == [], left
+    assert owner not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert [p for p in host_cpu.list_cgroups() if owner in p] == []
