@@ -52,46 +52,52 @@ def _sleeper(rank: int, world_size: int, port: int, net, ready_dir: str, queue) 
     time.sleep(600)
 
 
+def _terminated_once_ready(proc, ready) -> str:
+    """SIGTERM ``proc`` once ``ready()`` (its ranks inside their hosts); its stderr. Asserts it
+    stopped as on Ctrl-C and left none of its hosts' namespaces or cgroups."""
+    import signal
+    import subprocess
+    import time
+
+    from service.network import host_cpu
+
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # ranks left running would hold its pipes open
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    owner = f"chs-{proc.pid}-"
+    assert owner not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert [p for p in host_cpu.list_cgroups() if owner in p] == []
+    return err
+
+
 def test_sigterm_mid_run_stops_the_ranks_and_removes_every_host(tmp_path):
     """SIGTERM to a bench running ranks on emulated hosts (as `kill` or a CI timeout sends): it
     used to end the bench at once, with its ranks still running and its hosts' namespaces, links
     and cgroups left behind."""
-    import signal
     import subprocess
-    import time
 
     script = ("import sys; sys.path.insert(0, 'bench'); from _common import run_on_hosts; "
               "from tests.test_run_on_hosts import _sleeper; "
               f"run_on_hosts(_sleeper, 2, 0.2, ({str(tmp_path)!r},), timeout_s=600, copies=2)")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while len(list(tmp_path.iterdir())) < 4:  # both copies' ranks inside their hosts
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)
-        ranks = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
-    from service.network import host_cpu
-
+    _terminated_once_ready(proc, lambda: len(list(tmp_path.iterdir())) == 4)  # both copies' ranks
+    ranks = [int(p.name.split("-")[1]) for p in tmp_path.iterdir()]
     assert [pid for pid in ranks if Path(f"/proc/{pid}").exists()] == []  # killed, reaped by init
-    owner = f"chs-{proc.pid}-"
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert owner not in namespaces, namespaces
-    assert [p for p in host_cpu.list_cgroups() if owner in p] == []
 
 
 def test_sigterm_mid_run_of_host_cpus_stops_its_forked_ranks_and_removes_its_hosts():
     """bench/host_cpus.py forks its ranks itself (not run_on_hosts): the same SIGTERM left them and
     its hosts behind."""
-    import signal
     import subprocess
-    import time
 
     from service.network import host_cpu
 
@@ -99,19 +105,8 @@ def test_sigterm_mid_run_of_host_cpus_stops_its_forked_ranks_and_removes_its_hos
            "--arms", "hosts", "--ray-s", "0", "--out", os.devnull]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     owner = f"chs-{proc.pid}-"
-    try:
-        deadline = time.monotonic() + 120
-        while len([p for p in host_cpu.list_cgroups() if owner in p and Path(p, "cgroup.procs").read_text().strip()]) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.2)  # until both ranks are inside their hosts
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err
+    _terminated_once_ready(proc, lambda: len([p for p in host_cpu.list_cgroups()
+                                              if owner in p and Path(p, "cgroup.procs").read_text().strip()]) == 2)
     left = subprocess.run(["pgrep", "-f", "bench/host_cpus.py --world-sizes 2 --rounds 1 --steps 300"],
                           capture_output=True, text=True).stdout.split()
     assert left == [], left
-    assert owner not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert [p for p in host_cpu.list_cgroups() if owner in p] == []
