@@ -98,8 +98,8 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
             hosts = net if c == 0 else CopyHosts(net.hosts[c * world_size:(c + 1) * world_size])
             for r in range(world_size):
                 args = (r, world_size, meets[c].port, hosts, *extra, queues[c])
-                procs.append(ctx.Process(target=target if c == 0 else _muted, args=args if c == 0 else (target, *args),
-                                         daemon=True))
+                run, run_args = (target, args) if c == 0 else (_muted, (target, *args))
+                procs.append(ctx.Process(target=run, args=run_args, daemon=True))
         for p in procs:
             p.start()
         out = {}
@@ -121,6 +121,12 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
                 if p.is_alive():
                     p.kill()
     return out[0]
+
+
+def copies_to_fill(world_size: int, world_sizes: list[int]) -> int:
+    """How many copies of a ``world_size`` job fill the hosts of the largest of ``world_sizes``
+    (:func:`run_on_hosts`' ``copies``; 1 for the largest itself)."""
+    return max(max(world_sizes) // world_size, 1)
 
 
 class CopyHosts:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Rendezvous, join_group, load_average, machine, TreeCpu, write_json  # noqa: E402
+from _common import copies_to_fill, Rendezvous, join_group, load_average, machine, TreeCpu, write_json  # noqa: E402
 
 LINK_MB = 8  # the link phase's buffer
 
@@ -108,7 +108,7 @@ def run_arm(world: int, arm: str, args) -> dict:
     from service.network import netem
 
     ctx = mp.get_context("fork")  # the parent's imports are the ranks' (no torch import per rank)
-    copies = max(max(args.world_sizes) // world, 1) if arm == "full" else 1
+    copies = copies_to_fill(world, args.world_sizes) if arm == "full" else 1
     with netem.Network(world * copies, link_gbps=args.link_gbps, host_cpus=None if arm == "shared" else args.q) as net:
         queue, meets = ctx.Queue(), [Rendezvous(world) for _ in range(copies)]
         procs = [ctx.Process(target=_rank, args=(i % world, world, meets[i // world].port, vars(h), args, queue))

@@ -69,7 +69,7 @@ import os
 import sys
 import time
 
-from _common import join_group, ROOT, load_average, machine, run_on_hosts, table, write_json  # noqa: F401  (ROOT: sys.path)
+from _common import copies_to_fill, join_group, ROOT, load_average, machine, run_on_hosts, table, write_json  # noqa: F401  (ROOT: sys.path)
 
 import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
@@ -259,7 +259,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, args, queue) -> None:
 def run_world(world_size: int, args) -> dict:
     """Every arm of one world size: W processes, one per emulated host (rank 0's results); with
     --full, beside copies of them until the machine carries the largest W's hosts."""
-    copies = max(max(args.world_sizes) // world_size, 1) if getattr(args, "full", False) else 1
+    copies = copies_to_fill(world_size, args.world_sizes) if getattr(args, "full", False) else 1
     return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600, copies=copies)
 
 
