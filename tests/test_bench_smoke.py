@@ -170,17 +170,25 @@ def test_projection_quick_prices_the_basis_at_every_cell_and_writes_the_band(tmp
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="emulated hosts need root (CI runs as root)")
 def test_probe_cpu_quick_splits_each_collective_into_cpu_and_waiting(tmp_path):
+    from service.network import host_cpu
+
+    before = set(host_cpu.list_cgroups())
     data = run_bench("probe_cpu.py", tmp_path / "probe_cpu.json", timeout=600)
     rows, printed = data["rows"], data["_stdout"]
     assert "fixed cost per collective (4 KiB)" in printed and "waiting ms (wall - CPU / q)" in printed
-    assert {(r["world_size"], r["kind"]) for r in rows} == {(2, k) for k in ("allreduce", "allgather", "all_to_all")}
+    assert "W x CPU / cores ms" in printed
+    # both arms, alternated: every thread in the host's quota, and gloo's threads apart from it
+    assert {(r["arm"], r["world_size"], r["kind"]) for r in rows} == {
+        (a, 2, k) for a in ("quota", "apart") for k in ("allreduce", "allgather", "all_to_all")}
+    assert set(host_cpu.list_cgroups()) <= before  # the hosts' cgroups and the comm threads' are gone
     for r in rows:
         assert positive(r["wall_ms"]) and positive(r["cpu_ms"]), r
         assert r["cpu_at_share_ms"] == pytest.approx(r["cpu_ms"] / data["settings"]["q"], abs=0.01)  # each rounded to 1 µs
         assert r["waiting_ms"] == pytest.approx(r["wall_ms"] - r["cpu_at_share_ms"], abs=0.01)
-    [hosts] = data["hosts"]  # the probe ran on two hosts of q cores, one rank each, not on loopback
-    assert (hosts["hosts"], hosts["ranks_per_host"], hosts["loopback"]) == (2, 1, False)
-    assert hosts["cores"] == pytest.approx(data["settings"]["q"])
+    for hosts in data["hosts"]:  # each arm's probe ran on two hosts of q cores, one rank each, not on loopback
+        assert (hosts["hosts"], hosts["ranks_per_host"], hosts["loopback"]) == (2, 1, False)
+    # read before the threads moved: the main thread stays in the host's quota in both arms
+    assert [h["cores"] for h in data["hosts"]] == pytest.approx([data["settings"]["q"]] * 2)
 
 
 def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_path):
