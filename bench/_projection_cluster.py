@@ -21,6 +21,7 @@ their link, and the report's cluster path priced on them.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import asdict
 
 from service.step_model.transport import Sample, TransportFit, fit
@@ -36,6 +37,45 @@ def on_host(host) -> contextlib.AbstractContextManager:
     from service.network import host_cpu
 
     return host_cpu.joined(host.cgroup)
+
+
+COMM_INDEX = 10_000  # a comm cgroup's host index, past any network's hosts
+
+
+def comm_cgroup(cgroup: str) -> str:
+    """The sibling of host ``cgroup``'s cgroup for its communication threads (``--comm-apart``):
+    named as a host of the same owner (so service.network.host_cpu.remove_leftovers() finds it
+    too) with an index no host has; no quota."""
+    from service.network.names import HOST_RE, host_name
+
+    owner, token, index = HOST_RE.match(os.path.basename(cgroup)).groups()
+    return os.path.join(os.path.dirname(cgroup), host_name(int(owner), token, COMM_INDEX + int(index)))
+
+
+def threads_apart(host) -> None:
+    """Every thread of this process but its main one (gloo's workers and connection loop, made by
+    a group's first collectives) into :func:`comm_cgroup`, a cgroup without a quota: the host's
+    collectives then wait on no host's quota, as on a host with cores to spare for them; the
+    main thread (forward, backward, the hooks' encoding) stays in the host's share. Idempotent:
+    call it again after new threads may have started. Nothing without a host cgroup."""
+    if not getattr(host, "cgroup", ""):
+        return
+    apart = comm_cgroup(host.cgroup)
+    os.makedirs(apart, exist_ok=True)
+    with open(f"{apart}/tasks") as f:
+        there = set(f.read().split())
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != os.getpid() and tid not in there:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                with open(f"{apart}/tasks", "w") as f:  # cgroup v1: a thread by itself
+                    f.write(tid)
+
+
+def remove_apart(owner: int) -> None:
+    """The comm cgroups of ``owner``'s hosts, removed (their threads ended with the ranks)."""
+    from service.network import host_cpu
+
+    host_cpu.remove_where(lambda pid: pid == owner)
 
 
 def probe_on(group, host: str) -> dict:

@@ -44,33 +44,16 @@ from service.network import netem  # noqa: E402
 SMALL = 4 << 10  # the probe's smallest payload: its time is the fixed cost
 
 
-def _comm_apart(group, cgroup: str) -> None:
-    """Every thread of this rank but its main one (gloo's workers and its connection loop, made by
-    the group's first collectives) into :func:`comm_cgroup`, a cgroup without a quota: the host's
-    collectives then wait on no host's quota, as on a host with cores to spare for them."""
+def _comm_apart(group, host) -> None:
+    """gloo's threads made (three collectives), then moved off the host's quota."""
     import torch
     import torch.distributed as dist
 
+    from _projection_cluster import threads_apart
+
     for _ in range(3):
         dist.all_reduce(torch.zeros(1 << 16), group=group)
-    apart = comm_cgroup(cgroup)
-    os.makedirs(apart, exist_ok=True)
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) != os.getpid():
-            with open(f"{apart}/tasks", "w") as f:  # cgroup v1: a thread by itself
-                f.write(tid)
-
-
-COMM_INDEX = 10_000  # a comm cgroup's host index, past any network's hosts
-
-
-def comm_cgroup(cgroup: str) -> str:
-    """The sibling of host ``cgroup``'s cgroup for its comm threads: named as a host of the same
-    owner (so service.network.host_cpu.remove_leftovers() finds it too) with an index no host has."""
-    from service.network.names import HOST_RE, host_name
-
-    owner, token, index = HOST_RE.match(os.path.basename(cgroup)).groups()
-    return os.path.join(os.path.dirname(cgroup), host_name(int(owner), token, COMM_INDEX + int(index)))
+    threads_apart(host)
 
 
 def _rank_main(rank: int, world_size: int, port: int, net, comm_apart: bool, queue) -> None:
@@ -87,7 +70,7 @@ def _rank_main(rank: int, world_size: int, port: int, net, comm_apart: bool, que
             join_group(port, rank, world_size)
             group = netem.process_group_on_host(net.hosts[rank])
             if comm_apart:
-                _comm_apart(group, net.hosts[rank].cgroup)
+                _comm_apart(group, net.hosts[rank])
             samples, where = probe(group=group, host=net.hosts[rank].namespace)
             dist.destroy_process_group()
         queue.put((rank, {"samples": [asdict(s) for s in samples], "hosts": asdict(where)}, None))
@@ -103,12 +86,12 @@ ARMS = ("quota", "apart")
 def run_world(world_size: int, q: float, comm_apart: bool = False) -> dict:
     """The probe on ``world_size`` hosts of ``q`` cores each (rank 0's result); ``comm_apart``:
     the ranks' threads but the main one outside their host's quota."""
-    from service.network import host_cpu
+    from _projection_cluster import remove_apart
 
     try:
         return run_on_hosts(_rank_main, world_size, q, (comm_apart,), timeout_s=1800)
     finally:
-        host_cpu.remove_where(lambda owner: owner == os.getpid())  # the comm cgroups; the hosts' are gone
+        remove_apart(os.getpid())  # the comm cgroups; the hosts' went with the network
 
 
 def rows_of(runs: list[dict], q: float) -> list[dict]:

@@ -190,6 +190,10 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
 
     torch.set_num_threads(1)
     group = netem.process_group_on_host(net.hosts[rank])
+    if getattr(args, "comm_apart", False):
+        for _ in range(3):  # gloo's threads made, then off the host's quota (re-checked every trial)
+            dist.all_reduce(torch.zeros(1 << 16), group=group)
+        cluster_mod.threads_apart(net.hosts[rank])
     cfg = sweep_config(hook_entries(args.hooks, settings(args)), world_size, args.steps, args.steps)
     basis = cluster_mod.BASIS_ARM if args.host_cpus else LOOPBACK
     arms = ([basis] if world_size == 2 else []) + list(args.links)
@@ -207,6 +211,8 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
                     if rank == 0:
                         net.reshape(None if arm == cluster_mod.BASIS_ARM else arm)
                     dist.barrier()
+                if getattr(args, "comm_apart", False):
+                    cluster_mod.threads_apart(net.hosts[rank])
                 run = _trial(trial, cfg, rank, world_size, None if arm == LOOPBACK else group)
                 out["runs"].append({"hook": trial.hook, "label": trial.config_label, "arm": arm,
                                     "repeat": rep, **run})
@@ -260,7 +266,11 @@ def run_world(world_size: int, args) -> dict:
     """Every arm of one world size: W processes, one per emulated host (rank 0's results); with
     --full, beside copies of them until the machine carries the largest W's hosts."""
     copies = copies_to_fill(world_size, args.world_sizes) if getattr(args, "full", False) else 1
-    return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600, copies=copies)
+    try:
+        return run_on_hosts(_rank_main, world_size, args.host_cpus, (args,), timeout_s=3 * 3600, copies=copies)
+    finally:
+        if getattr(args, "comm_apart", False):
+            cluster_mod.remove_apart(os.getpid())
 
 
 def parse(argv) -> argparse.Namespace:
@@ -283,6 +293,9 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--full", action="store_true", help="with --host-cpus: every W beside copies of its job on "
                         "hosts of their own, until the machine carries the largest W's hosts (a cgroup divides time, "
                         "not caches: alone, a W = 2 host computes faster than one of eight; docs/performance.md)")
+    parser.add_argument("--comm-apart", action="store_true", help="with --host-cpus: every rank thread but the main "
+                        "one (gloo's) in a cgroup without a quota, so no collective waits on a host's quota (an "
+                        "experiment, not what a sweep's hosts do: writes no bands unless --band-out is given)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
     parser.add_argument("--summarise", metavar="JSON", nargs="+", help="print the table of saved runs (their raw runs "
                         "through the current model and rules) instead of measuring")
@@ -291,10 +304,12 @@ def parse(argv) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.full and not args.host_cpus:
         parser.error("--full needs --host-cpus (copies of a job fill hosts that own their CPU)")
+    if args.comm_apart and not args.host_cpus:
+        parser.error("--comm-apart needs --host-cpus (it moves threads off the hosts' quotas)")
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
-    elif not args.band_out and not args.summarise:
+    elif not args.band_out and not args.summarise and not args.comm_apart:
         args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else SHAPE_ERROR_FILE)
     return args
 
