@@ -3,7 +3,11 @@ their link, and the report's cluster path priced on them.
 
 * every emulated host gets a CPU cgroup of Q cores (service/network/host_cpu.py, made by
   ``netem.Network(..., host_cpus=Q)``), and each rank's whole process (its gloo threads too) joins
-  its host's cgroup for the whole world, as service/train/ray_entry.py's rank code does;
+  its host's cgroup for the whole world, as service/train/ray_entry.py's rank code does; with
+  ``--comm-apart`` (the committed cluster bands) every thread but the rank's own (gloo's) then
+  leaves the quota (:func:`threads_apart`): the compute owns the share, and no collective waits on
+  a host's quota or takes CPU from its compute, as on a cluster host with cores beside its rank's
+  (docs/performance.md section 9, "Gloo's threads off the quota");
 * the basis is the W = 2 trial on two such hosts over their link, unshaped (``BASIS_ARM``), not on
   shared loopback: the same share per rank as every held-out cell;
 * the transport probe (service/train/transport_probe.py) runs on the hosts' group, unshaped, at
@@ -60,6 +64,8 @@ def threads_apart(host) -> None:
     call it again after new threads may have started. Nothing without a host cgroup."""
     if not getattr(host, "cgroup", ""):
         return
+    if not os.path.exists(os.path.join(os.path.dirname(host.cgroup), "tasks")):
+        raise RuntimeError("moving one thread between cgroups needs cgroup v1's cpu controller")
     apart = comm_cgroup(host.cgroup)
     os.makedirs(apart, exist_ok=True)
     with open(f"{apart}/tasks") as f:

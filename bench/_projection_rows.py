@@ -314,8 +314,9 @@ def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     basis = "loopback, W=2"
     if rules.get("host_cpus"):
         q = rules["host_cpus"]
-        note = f" on emulated hosts of {q:g} cores each, priced as the report's cluster cell (a share per rank)"
-        basis = f"emulated hosts of {q:g} cores, unshaped, W=2; transport probed there"
+        apart = ", gloo's threads off the quota" if rules.get("comm_apart") else ""
+        note = f" on emulated hosts of {q:g} cores each{apart}, priced as the report's cluster cell (a share per rank)"
+        basis = f"emulated hosts of {q:g} cores{apart}, unshaped, W=2; transport probed there"
     return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": basis,
             "cells": f"{links}{note}", "load_average": load,

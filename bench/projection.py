@@ -7,8 +7,9 @@
     .venv/bin/python bench/projection.py --summarise service/step_model/projection_cells.json [--band-out P]
                                         # the committed cells: the bands re-derived (and rewritten)
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
-    sudo .venv/bin/python bench/projection.py --host-cpus 0.2 --world-sizes 2 4 8 --links 0.5 1 \
-        --error-feedback on off --quality-steps 0    # the emulated cluster (bench/_projection_cluster.py)
+    sudo .venv/bin/python bench/projection.py --host-cpus 0.2 --world-sizes 2 4 8 --links 0.5 1 --repeats 3 \
+        --steps 20 --error-feedback on off --quality-steps 0 --full --comm-apart
+                                        # the emulated cluster (bench/_projection_cluster.py): the committed cluster bands
 
 Needs root (network namespaces; service/network/netem.py). Workload: the quant preset's (char_lm, global
 batch 64, AdamW, lr 0.003), a short trial (--steps, 5 warm-up steps, the step timeline sampled on
@@ -74,7 +75,7 @@ from _common import copies_to_fill, join_group, ROOT, load_average, machine, run
 import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
 from service.network import link_measure  # noqa: E402
-from service.network import netem
+from service.network import host_cpu, netem  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from service.step_model.bands import ERROR_FILE, SHAPE_ERROR_FILE  # noqa: E402
@@ -294,8 +295,9 @@ def parse(argv) -> argparse.Namespace:
                         "hosts of their own, until the machine carries the largest W's hosts (a cgroup divides time, "
                         "not caches: alone, a W = 2 host computes faster than one of eight; docs/performance.md)")
     parser.add_argument("--comm-apart", action="store_true", help="with --host-cpus: every rank thread but the main "
-                        "one (gloo's) in a cgroup without a quota, so no collective waits on a host's quota (an "
-                        "experiment, not what a sweep's hosts do: writes no bands unless --band-out is given)")
+                        "one (gloo's) in a cgroup without a quota: the rank's compute owns the share and its collectives "
+                        "wait on no quota, as on a cluster host with cores beside its rank's (the committed cluster "
+                        "bands are measured so; without it --host-cpus writes bands only to --band-out)")
     parser.add_argument("--quick", action="store_true", help="W=2, 1 Gbit/s, 3 hooks, 12 steps, 1 repeat")
     parser.add_argument("--summarise", metavar="JSON", nargs="+", help="print the table of saved runs (their raw runs "
                         "through the current model and rules) instead of measuring")
@@ -306,10 +308,12 @@ def parse(argv) -> argparse.Namespace:
         parser.error("--full needs --host-cpus (copies of a job fill hosts that own their CPU)")
     if args.comm_apart and not args.host_cpus:
         parser.error("--comm-apart needs --host-cpus (it moves threads off the hosts' quotas)")
+    if args.comm_apart and getattr(host_cpu.hierarchy(), "version", None) != 1:
+        parser.error("--comm-apart moves single threads between cgroups, which needs cgroup v1's cpu controller")
     if args.quick:
         args.world_sizes, args.links, args.repeats, args.steps, args.quality_steps = [2], [1.0], 1, 12, 20
         args.hooks = args.hooks or QUICK_HOOKS
-    elif not args.band_out and not args.summarise and not args.comm_apart:
+    elif not args.band_out and not args.summarise and (args.comm_apart or not args.host_cpus):
         args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else SHAPE_ERROR_FILE)
     return args
 
@@ -327,6 +331,7 @@ def rules(args) -> dict:
     efs = settings(args)
     return {"global_batch": GLOBAL_BATCH, "carried": CARRIED_FRACTION,
             "cores": None if cluster else (os.cpu_count() or 1), "host_cpus": cluster, "machine_cores": os.cpu_count() or 1,
+            "comm_apart": bool(getattr(args, "comm_apart", False)),
             "transport_w": cluster_mod.BASIS_W if cluster else None,
             "quiet": args.quiet_cores, "error_feedback": efs[0] if len(efs) == 1 else list(efs)}
 

@@ -1,11 +1,13 @@
 """bench/projection.py's emulated cluster (--host-cpus): a held-out cell is priced by the report's
 cluster path (a share per rank: cores None; W = 2's probe on the hosts, scaled by the ring), not
 by this machine's shape, and rows and bands are keyed by error feedback. Hand-built raw runs: no
-trial, no namespace."""
+trial, no namespace; but for --comm-apart's thread moves, which are real."""
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import _projection_cluster as cluster_mod  # noqa: E402
 import _projection_rows as rows_mod  # noqa: E402
 
 from hooks.wire import KINDS, rounds, wire_bytes  # noqa: E402
+from service.network import host_cpu, netem  # noqa: E402
 from service.step_model.price import Cell, price_cell  # noqa: E402
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline  # noqa: E402
 from service.step_model.transport import Sample, fit  # noqa: E402
@@ -139,3 +142,44 @@ def test_every_cell_is_priced_with_the_compute_points_pooled_over_every_configur
     assert rows["topk"]["projected_ms"] == pytest.approx(expected)
     alone = noisy.price(64, 8, 0.48, 0.2e-3, cluster_mod.fit_at(w, 2)).step_ms
     assert alone - rows["topk"]["projected_ms"] > 10  # the noisy point's extrapolation, gone
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or getattr(host_cpu.hierarchy(), "version", None) != 1,
+                    reason="moving one thread needs root and cgroup v1 (CI: both)")
+def test_threads_apart_leaves_the_calling_thread_in_its_hosts_share_and_the_rest_off_every_quota():
+    """--comm-apart: a rank's other threads (gloo's) leave its host's quota; its own stays."""
+    h = host_cpu.hierarchy()
+    release, started = threading.Event(), threading.Event()
+
+    def other() -> None:
+        started.set()
+        release.wait(30)
+
+    with netem.Network(1, link_gbps=None, host_cpus=0.5) as net:
+        host = net.hosts[0]
+        with host_cpu.joined(host.cgroup):
+            thread = threading.Thread(target=other, daemon=True)
+            thread.start()
+            started.wait(10)
+            try:
+                cluster_mod.threads_apart(host)
+                cluster_mod.threads_apart(host)  # again: nothing new to move, no error
+                apart = cluster_mod.comm_cgroup(host.cgroup)
+                assert _cgroup_of(h, threading.get_native_id()) == host.cgroup
+                assert _cgroup_of(h, thread.native_id) == apart
+                with open(f"{apart}/cpu.cfs_quota_us") as f:
+                    assert f.read().strip() == "-1"  # no quota
+            finally:
+                release.set()
+                thread.join(10)
+        assert _cgroup_of(h, threading.get_native_id()) == host_cpu.own_cgroup(h)  # back home, every thread
+    cluster_mod.remove_apart(os.getpid())
+    assert not [p for p in host_cpu.list_cgroups() if host_cpu.owner_of(os.path.basename(p)) == os.getpid()]
+
+
+def _cgroup_of(h, tid: int) -> str:
+    for line in Path(f"/proc/self/task/{tid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return os.path.normpath(os.path.join(h.mount, path.lstrip("/")))
+    raise AssertionError(f"thread {tid} has no cpu cgroup")
