@@ -77,6 +77,17 @@ def threads_apart(host) -> None:
                     f.write(tid)
 
 
+def gloo_threads_apart(group, host) -> None:
+    """A rank's gloo threads made (three collectives on ``group``: its workers and connection
+    loop start with the first), then moved off ``host``'s quota (:func:`threads_apart`)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        dist.all_reduce(torch.zeros(1 << 16), group=group)
+    threads_apart(host)
+
+
 def remove_apart(owner: int) -> None:
     """The comm cgroups of ``owner``'s hosts, removed (their threads ended with the ranks)."""
     from service.network import host_cpu

@@ -44,18 +44,6 @@ from service.network import netem  # noqa: E402
 SMALL = 4 << 10  # the probe's smallest payload: its time is the fixed cost
 
 
-def _comm_apart(group, host) -> None:
-    """gloo's threads made (three collectives), then moved off the host's quota."""
-    import torch
-    import torch.distributed as dist
-
-    from _projection_cluster import threads_apart
-
-    for _ in range(3):
-        dist.all_reduce(torch.zeros(1 << 16), group=group)
-    threads_apart(host)
-
-
 def _rank_main(rank: int, world_size: int, port: int, net, comm_apart: bool, queue) -> None:
     try:
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d: "a namespace has no hostname"
@@ -70,7 +58,9 @@ def _rank_main(rank: int, world_size: int, port: int, net, comm_apart: bool, que
             join_group(port, rank, world_size)
             group = netem.process_group_on_host(net.hosts[rank])
             if comm_apart:
-                _comm_apart(group, net.hosts[rank])
+                from _projection_cluster import gloo_threads_apart
+
+                gloo_threads_apart(group, net.hosts[rank])
             samples, where = probe(group=group, host=net.hosts[rank].namespace)
             dist.destroy_process_group()
         queue.put((rank, {"samples": [asdict(s) for s in samples], "hosts": asdict(where)}, None))

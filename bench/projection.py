@@ -191,10 +191,8 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
 
     torch.set_num_threads(1)
     group = netem.process_group_on_host(net.hosts[rank])
-    if getattr(args, "comm_apart", False):
-        for _ in range(3):  # gloo's threads made, then off the host's quota (re-checked every trial)
-            dist.all_reduce(torch.zeros(1 << 16), group=group)
-        cluster_mod.threads_apart(net.hosts[rank])
+    if getattr(args, "comm_apart", False):  # re-checked before every trial
+        cluster_mod.gloo_threads_apart(group, net.hosts[rank])
     cfg = sweep_config(hook_entries(args.hooks, settings(args)), world_size, args.steps, args.steps)
     basis = cluster_mod.BASIS_ARM if args.host_cpus else LOOPBACK
     arms = ([basis] if world_size == 2 else []) + list(args.links)
