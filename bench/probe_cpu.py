@@ -81,7 +81,8 @@ def run_world(world_size: int, q: float, comm_apart: bool = False) -> dict:
     try:
         return run_on_hosts(_rank_main, world_size, q, (comm_apart,), timeout_s=1800)
     finally:
-        remove_apart(os.getpid())  # the comm cgroups; the hosts' went with the network
+        if comm_apart:
+            remove_apart(os.getpid())  # the comm cgroups; the hosts' went with the network
 
 
 def rows_of(runs: list[dict], q: float) -> list[dict]:
