@@ -15,7 +15,7 @@ import _projection_cluster as cluster_mod
 import _projection_scores as scores
 from _common import table
 
-from service.report.recommend import time_to_target
+from service.answer.recommend import time_to_target
 from service.step_model.bands import FORMAT, RAW_FILE, error_feedback_of
 from service.step_model.price import CellRefused
 from service.step_model.transport import Sample, TransportFit, fit

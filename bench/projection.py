@@ -42,7 +42,7 @@ medians (a test suite beside the bench doubles a step on 2 cores).
 
 Time to target (--quality-steps, 0: skip): one longer loopback trial per hook at W = 2 (eval
 every quarter); target = allreduce's final eval loss x 1.01; the crossing step from
-``service.report.recommend.time_to_target``; projected seconds at each cell = crossing step x
+``service.answer.recommend.time_to_target``; projected seconds at each cell = crossing step x
 projected step.
 
 Global batch 64 splits over W = 2, 4, 8 only (W = 3 and 6 are refused by the workload's check).

@@ -7,7 +7,7 @@ projection makes scored against what that world size measured.
 DIR holds the sweep's SQLite store (DIR/mlflow.db; e.g. a fresh clone after `make sweep`, whose
 trials ran at W = 2 and 4 on loopback, each with its quality). For every larger W the sweep ran
 (the held-out W), the report's bases are built from the trials below it only
-(``service.report.projection.bases``: quality, the crossing step and its verdict, and the step
+(``service.answer.projection.bases``: quality, the crossing step and its verdict, and the step
 timelines from W = 2), and each configuration is priced at the held-out W where its trials ran:
 loopback, this machine's cores shared by the W ranks (``TrialTimeline.price(..., cores=...)``,
 the sweep's transport.json). Projected time to target = W = 2's mean crossing step x that step;
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import table, write_json  # noqa: E402
 
 import _projection_scores as scores  # noqa: E402
-from service.report import data, projection, recommend  # noqa: E402
+from service.answer import data, projection, recommend  # noqa: E402
 from service.step_model import pairs  # noqa: E402
 from service.step_model.bands import SHAPE_ERROR_FILE, error_bands  # noqa: E402
 

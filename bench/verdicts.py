@@ -86,8 +86,8 @@ def rule_views(directory: Path, parent_run_id: str) -> dict[tuple[str, str], dic
     (configuration, world size, seed) (gloo is deterministic), so a fixed grid's own run would
     train exactly these trials; only its timing would differ."""
     from service import tracking
-    from service.report.data import load_sweep, recommendations
-    from service.report.sequential import Rule
+    from service.answer.data import load_sweep, recommendations
+    from service.answer.sequential import Rule
 
     sweep = load_sweep(tracking.SweepReader(f"sqlite:///{directory / 'mlflow.db'}"), parent_run_id)
     views: dict[tuple[str, str], dict[str, str]] = {}

@@ -194,7 +194,7 @@ def _all_seeds_inflation(run: dict) -> float:
 def _bf16_speedup(sweep, leave_out: tuple[str, int] | None = None) -> float:
     """bf16_compress's speed-up against allreduce as the report computes it, from the sweep's
     runs, optionally with one (configuration, seed) trial left out of the data."""
-    from service.report import data, recommend
+    from service.answer import data, recommend
     from service.tracking.reader import SweepReader
 
     reader = SweepReader(sweep["uri"])

@@ -400,8 +400,8 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     capped, not guaranteed, their share): docs/performance.md."""
     from service.config import load_config
     from service.config.loading import report_section
-    from service.report import projection
-    from service.report.data import load_sweep, open_store, recommendations
+    from service.answer import projection
+    from service.answer.data import load_sweep, open_store, recommendations
     from service.report.projected import cluster_transport
 
     config = tmp_path / "cluster_basis.yaml"

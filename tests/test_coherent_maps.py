@@ -1,4 +1,4 @@
-"""Physically coherent projections (service/step_model/, service/report/projection.py and
+"""Physically coherent projections (service/step_model/, service/answer/projection.py and
 decision_map.py): what must hold whatever the noise, on hand-built timelines.
 
 * one configuration's projected step never grows as the link gets faster;
@@ -16,8 +16,9 @@ from dataclasses import replace
 import pytest
 
 from hooks.registry import available, spec
-from service.report import decision_map, projection
-from service.report.projection import Basis
+from service.report import decision_map
+from service.answer import projection
+from service.answer.projection import Basis
 from service.step_model.bands import ErrorBands, MeasuredBand
 from service.step_model.pairs import PairBands
 from service.step_model.price import comm_ms

@@ -12,7 +12,7 @@ import yaml
 import hooks
 from service.config import ConfigError, SweepConfig, TrialSpec, load_config
 from service.config.limits import DEFAULT_TARGET_TOLERANCE
-from service.report import recommend
+from service.answer import recommend
 from tests.compile_checks import POISONED, STEPS, check_every_hook_compiled_beside_eager
 from tests.dist_utils import run_distributed
 from tests.test_recommend import candidate

@@ -83,8 +83,8 @@ def test_the_report_names_the_hosts_share_beside_the_link_in_a_tag_safe_label():
     import re
     from types import SimpleNamespace
 
-    from service.report.data import Trial, link_order
-    from service.report.recommend import tag_safe
+    from service.answer.data import Trial, link_order
+    from service.answer.recommend import tag_safe
 
     def link(gbps, metrics):
         return Trial(record=SimpleNamespace(link_gbps=gbps, metrics=metrics)).link

@@ -83,8 +83,9 @@ def test_the_reports_plan_margin_is_the_pair_bands_spread_not_the_baselines_abso
     cells that agreed), so the plan's margin was 0.1 % and a few microseconds' saving on an
     11 KB bucket compressed it. The margin is the spread of the model's error on the ratio of
     the two configurations' steps (its pair band), whatever the baseline's own band."""
+    from service.answer import plan
     from service.report import plan_section
-    from service.report.projection import Basis
+    from service.answer.projection import Basis
     from service.step_model.bands import ErrorBands, MeasuredBand
     from service.step_model.pairs import Configured, MeasuredPair, PairBands
     from service.step_model.trial import ComputePoint, TrialTimeline
@@ -105,11 +106,11 @@ def test_the_reports_plan_margin_is_the_pair_bands_spread_not_the_baselines_abso
                                        low, high, 2),), "x")
 
     # fp16 on bucket 1 saves 6 ms of the plan's 53 (11.3 %): compressed within a 10-point spread ...
-    mixed = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=narrow,
+    mixed = plan.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=narrow,
                                 pairs=pairs(-5.0, 5.0))
     assert mixed.plan.choices == ("allreduce", "fp16_compress") and mixed.margins == {"fp16_compress": 10.0}
     # ... left to allreduce within a 12-point one, though allreduce's own band is 0.1 points wide
-    kept = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=narrow,
+    kept = plan.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=narrow,
                                pairs=pairs(2.0, 14.0))
     assert kept.plan.choices == ("allreduce", "allreduce")
     assert "fp16_compress 12.0 %" in "\n".join(plan_section.markdown(kept))
@@ -119,8 +120,9 @@ def test_the_report_names_the_plan_and_the_entry_that_trains_it():
     import yaml
 
     from service.config import SweepConfig
+    from service.answer import plan
     from service.report import plan_section
-    from service.report.projection import Basis
+    from service.answer.projection import Basis
     from service.step_model.bands import ErrorBands
     from service.step_model.pairs import PairBands
     from service.step_model.trial import ComputePoint, TrialTimeline
@@ -132,14 +134,14 @@ def test_the_report_names_the_plan_and_the_entry_that_trains_it():
     class Cluster:
         world_size, link_gbps, latency_ms = 8, 1.0, 0.0
 
-    a = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=ErrorBands((), "x"),
+    a = plan.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=ErrorBands((), "x"),
                                 pairs=PairBands((), "x"))
     assert a.plan.choices == ("allreduce", "fp16_compress") and a.plan.step_ms == pytest.approx(53.0)
     text = "\n".join(plan_section.markdown(a))
     assert "| 1 | 1.00 | fp16_compress |" in text and "-1.9 % shorter" in text.replace("+", "-")
     # both crossed at step 100: the plan's 53 ms x 100 against fp16's 54 ms x 100
     assert "Time to target 5.3 s against 5.4 s" in text
-    entry = plan_section.hook_entry(a)
+    entry = plan.hook_entry(a)
     assert entry == "{name: plan, buckets: {1: {name: fp16_compress}}, default: {name: allreduce}}"
     cfg = SweepConfig.model_validate({"name": "p", "workload": {"name": "char_lm", "steps": 10},
                                       "search": {"hooks": [yaml.safe_load(entry)], "world_size": [2]}})
@@ -151,7 +153,7 @@ def test_the_plan_round_trains_a_mixed_plan_at_every_trial_of_the_baseline_and_a
     seed, link, kind), with the plan as their hook; a uniform plan adds none."""
     import hooks
     from service.config import SweepConfig
-    from service.report.plan_section import PlanAnswer
+    from service.answer.plan import PlanAnswer
     from service.step_model.planner import Plan
     from service.sweep.plan_round import plan_trials
 
@@ -177,7 +179,7 @@ def test_resume_measures_every_link_the_plan_round_trains_on():
     then trains on every link the baseline ran, pending or not: those are measured too, or its
     trial on an unmeasured link fails after training (no measurement to log)."""
     from service.config import SweepConfig
-    from service.report.plan_section import PlanAnswer
+    from service.answer.plan import PlanAnswer
     from service.step_model.planner import Plan
     from service.sweep.plan_round import plan_trials, trials_to_measure
 
@@ -203,8 +205,9 @@ def test_the_plan_section_says_in_one_sentence_why_its_pricing_differs_from_the_
     # cluster's answer, priced with each configuration's own compute and by time to target,
     # named fp16_compress: the section names that answer, says how each is priced, and gives
     # its uniform figures as time to target too (100 crossing steps x 59 ms, x 54 ms).
+    from service.answer import plan
     from service.report import plan_section
-    from service.report.projection import Basis
+    from service.answer.projection import Basis
     from service.step_model.bands import ErrorBands, MeasuredBand
     from service.step_model.pairs import PairBands
     from service.step_model.trial import ComputePoint, TrialTimeline
@@ -218,7 +221,7 @@ def test_the_plan_section_says_in_one_sentence_why_its_pricing_differs_from_the_
 
     wide = ErrorBands((MeasuredBand("allreduce", None, 8, -10.0, 5.0),), "x")
     # no pair measured: fp16's margin is the two absolute bands composed, -14.3 ... +16.7 %
-    a = plan_section.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=wide, pairs=PairBands((), "x"))
+    a = plan.answer([basis("allreduce"), basis("fp16_compress")], Cluster, bands=wide, pairs=PairBands((), "x"))
     assert a.margins == {"fp16_compress": pytest.approx(100 * (105 / 90 - 90 / 105))}
     assert a.plan.choices == ("allreduce", "allreduce")
     text = "\n".join(plan_section.markdown(a, Cluster, "report.cluster", cluster_winner="fp16_compress"))

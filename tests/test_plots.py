@@ -153,7 +153,7 @@ def test_the_cluster_star_leaves_its_cells_label_readable(tmp_path: Path, monkey
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from service.report import decision_map
-    from service.report.projection import CellWinner
+    from service.answer.projection import CellWinner
 
     figures = []
     real_save = plots._save
@@ -188,7 +188,7 @@ def test_the_decision_maps_footnote_clears_the_axis_label(tmp_path: Path, monkey
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from service.report import decision_map
-    from service.report.projection import CellWinner
+    from service.answer.projection import CellWinner
 
     figures = []
     real_save = plots._save
@@ -215,7 +215,7 @@ def test_a_measured_cells_circle_leaves_its_label_readable(tmp_path: Path, monke
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from service.report import decision_map
-    from service.report.projection import CellWinner
+    from service.answer.projection import CellWinner
 
     figures = []
     real_save = plots._save

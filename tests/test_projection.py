@@ -1,4 +1,4 @@
-"""Time to target at the scale you will run (service/report/projection.py, service/report/decision_map.py).
+"""Time to target at the scale you will run (service/answer/projection.py, service/report/decision_map.py).
 
 Unit tests on hand-built step timelines (every expected figure worked out beside its assertion):
 time to target from a crossing step, a refused cell, projection.csv's columns, the error band
@@ -22,10 +22,11 @@ import torch.distributed as dist
 
 from service import report
 from service.report import decision_map
-from service.report import cluster_answer, projection
+from service.report import cluster_answer
+from service.answer import projection
 from service.config import ConfigError, load_config
 from service.config.loading import report_section
-from service.report.projection import Basis
+from service.answer.projection import Basis
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBand, ErrorBands, MeasuredBand
 from service.step_model.pairs import Configured, MeasuredPair, PairBands
@@ -212,7 +213,7 @@ def test_a_pair_whose_measured_ratio_band_clears_is_decided_and_one_holding_a_ti
 def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_above_one():
     from types import SimpleNamespace
 
-    from service.report.recommend import TimeToTarget
+    from service.answer.recommend import TimeToTarget
 
     def trial(w, seed, step):
         record = SimpleNamespace(params={"global_batch_size": "64"})
@@ -239,7 +240,7 @@ def test_the_crossing_steps_are_those_of_the_seeds_every_configuration_ran():
     crossing steps on the seeds all ran, as the measured answer compares times."""
     from types import SimpleNamespace
 
-    from service.report.recommend import TimeToTarget
+    from service.answer.recommend import TimeToTarget
 
     def trial(config, seed, step):
         record = SimpleNamespace(params={"global_batch_size": "64"})
@@ -355,7 +356,7 @@ def built(store, tmp_path_factory):
 
 
 def test_the_report_projects_every_configuration_from_its_recorded_timeline(store, built):
-    from service.report.data import load_sweep, open_store, recommendations
+    from service.answer.data import load_sweep, open_store, recommendations
 
     out, _ = built
     rows = list(csv.DictReader(open(out / projection.CSV)))
@@ -426,7 +427,7 @@ def test_report_cluster_transport_prices_the_cluster_answer_and_the_map_with_tha
     """report.cluster.transport: a transport.json of the cluster's hosts (python -m service.probe)
     prices the cluster cell and the map in place of the sweep's own probe, and the headline says
     which hosts priced it; without one it says this machine's probe stood in."""
-    from service.report.data import load_sweep, open_store, recommendations
+    from service.answer.data import load_sweep, open_store, recommendations
     from service.report.projected import projected
     from service.step_model.transport import ProbeHosts
 
@@ -463,7 +464,7 @@ def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_s
     through service/tracking/); the report says that reason rather than blaming an old sweep or a
     single world size, and a later measurement (a resumed sweep's) drops it."""
     from service import tracking
-    from service.report.data import load_sweep, open_store
+    from service.answer.data import load_sweep, open_store
     from service.report.projected import projected
     from service.report.render import render_html
 

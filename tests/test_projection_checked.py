@@ -1,4 +1,4 @@
-"""The report prices what it was checked on (service/step_model/bands.py, service/report/projection.py):
+"""The report prices what it was checked on (service/step_model/bands.py, service/answer/projection.py):
 the band beside a cell is its hook's with its error-feedback setting at the nearest checked W, a
 cell above every checked W says so, the latency is the config's, and a world size the sweep ran
 keeps its own quality verdict. Hand-built timelines as in test_projection.py."""
@@ -9,8 +9,9 @@ import json
 
 import pytest
 
-from service.report import cluster_answer, projection
-from service.report.projection import Basis, QualityAt
+from service.report import cluster_answer
+from service.answer import projection
+from service.answer.projection import Basis, QualityAt
 from service.step_model import bands as step_bands
 from service.step_model.bands import ErrorBands, MeasuredBand, error_feedback_of
 from service.step_model.pairs import PairBands

@@ -1,4 +1,4 @@
-"""service.report.recommend on synthetic trials: time to target, paired gaps with t-intervals, the
+"""service.answer.recommend on synthetic trials: time to target, paired gaps with t-intervals, the
 ranking (issue 16)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from service.report import recommend
-from service.report.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
+from service.answer import recommend
+from service.answer.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
 
 
 def test_time_to_target_interpolates_between_evals():
@@ -191,8 +191,9 @@ def test_a_baseline_slowed_by_a_busy_machine_is_judged_by_the_paired_ratio():
 
 
 def test_the_headline_says_how_many_trials_adaptive_seeds_saved():
-    from service.report import data, render
-    from service.report.sequential import Rule
+    from service.report import render
+    from service.answer import data
+    from service.answer.sequential import Rule
 
     recs = [recommend.recommend(2, "loopback", [candidate("allreduce", [10, 10, 10], **BASE),
                                                 candidate("bf16_compress", [9, 9], [1.0, 1.0])])]

@@ -528,7 +528,7 @@ def test_report_html_escapes_what_mlflow_holds():
 
 def _hand_trial(hook: str, world_size: int, seed: int, accuracy: float, bytes_per_step: float):
     """A report Trial built by hand (no store): an ok run with its summary metrics."""
-    from service.report.data import Trial
+    from service.answer.data import Trial
     from service.tracking.identity import TrialRecord
 
     metrics = {"final_eval_accuracy": accuracy, "comm_bytes_per_step": bytes_per_step, "final_loss": 1.0}

@@ -1,4 +1,4 @@
-"""service/report/sequential.py: the three verdicts' alpha-spending rule, checked by simulation on
+"""service/answer/sequential.py: the three verdicts' alpha-spending rule, checked by simulation on
 synthetic per-seed gaps (issue 23): looking after every seed must not raise the false-'matches'
 rate above the stated level, and a configuration that truly matches is decided early."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import t
 
-from service.report.recommend import paired_gap
-from service.report.sequential import ALPHA, Rule, Verdict, verdict
+from service.answer.recommend import paired_gap
+from service.answer.sequential import ALPHA, Rule, Verdict, verdict
 
 TOLERANCE = 0.01
 RUNS = 20_000

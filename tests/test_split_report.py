@@ -1,4 +1,4 @@
-"""The report of a split network sweep (issue 24 item 3, service/report/links.py), on a real
+"""The report of a split network sweep (issue 24 item 3, service/answer/links.py), on a real
 MLflow SQLite store shaped as the sweep writes it: per configuration one quality run on loopback
 (30 steps) and one timing run per link (10 steps). The report's trials are one per (quality run,
 link): quality from the quality run, speed from that link's timing run; the time to target is the

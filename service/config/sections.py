@@ -103,7 +103,7 @@ def projected_latency() -> Any:
 
 
 class ProjectCells(BaseModel):
-    """The (world size, link) cells the report projects every configuration to (service/report/projection.py);
+    """The (world size, link) cells the report projects every configuration to (service/answer/projection.py);
     left out: W from 8 in powers of two up to the global batch, x 10, 25, 100 Gbit/s."""
 
     model_config = STRICT

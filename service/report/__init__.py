@@ -20,7 +20,7 @@ sweep; tests read the data the plots are drawn from).
 from service.report.build import PROJECTED_FILES, REPORT_FILES, build_report
 from service.report.cli import main
 from service.report.loss_curves import LossCurve, loss_curve_data
-from service.report.data import (ReportError, Sweep, Trial, load_sweep, open_store, recommendations,
+from service.answer.data import (ReportError, Sweep, Trial, load_sweep, open_store, recommendations,
                                  summary_rows, throughput_data)
 from service.report.tradeoff import TradeoffPoint, tradeoff_data
 from service.report.render import headline

@@ -7,9 +7,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from service.report import recommend
+from service.answer import recommend
 from service.report.loss_curves import loss_curve_data
-from service.report.data import (ReportError, Sweep, load_sweep, open_store,
+from service.answer.data import (ReportError, Sweep, load_sweep, open_store,
                                  recommendations, summary_rows, throughput_data)
 from service.report.tradeoff import tradeoff_data
 from service.report.render import render_html, summary_markdown, write_summary_csv
@@ -59,7 +59,7 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
         "tradeoff": plots.plot_tradeoff(tradeoff, quality_metric, out_dir / "tradeoff.png",
                                         title=sweep.experiment),
     }
-    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment, plan_at=plan_at)  # service/report/projection.py
+    scale = projected(sweep, recs, reader, report_cfg, out_dir, title=sweep.experiment, plan_at=plan_at)  # service/answer/projection.py
     if scale.image is not None:  # nothing priced (no step timeline recorded): the section says so, no map
         images["decision_map"] = scale.image
     write_summary_csv(rows, recs, out_dir / "summary.csv")

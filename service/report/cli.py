@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from service.report.build import build_report  # after parsing: `--help` waits for no import
-    from service.report.data import ReportError
+    from service.answer.data import ReportError
 
     try:
         report = build_report(args.sweep, tracking_uri=args.tracking_uri, out_dir=args.out,

@@ -1,12 +1,12 @@
-"""The headline's projected half: report.cluster's cell priced (service/report/projection.py's
-:func:`~service.report.projection.project_cell` for every basis) and decided by its
-:func:`~service.report.projection.winner`, in the sentence the headline says it."""
+"""The headline's projected half: report.cluster's cell priced (service/answer/projection.py's
+:func:`~service.answer.projection.project_cell` for every basis) and decided by its
+:func:`~service.answer.projection.winner`, in the sentence the headline says it."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from service.report.projection import Basis, CellProjection, CellWinner, cell_text, project_cell, winner
+from service.answer.projection import Basis, CellProjection, CellWinner, cell_text, project_cell, winner
 from service.step_model.bands import ErrorBands
 from service.step_model.pairs import PairBands
 from service.step_model.transport import TransportFit

@@ -2,7 +2,7 @@
 
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
 each decided cell coloured by the configuration with the shortest projected time to target among
-those whose quality matched the baseline (service/report/projection.py); a cell whose winner's
+those whose quality matched the baseline (service/answer/projection.py); a cell whose winner's
 margin over the runner-up is inside that pair's measured ratio error and its trials' spread
 (``projection.winner``: service/step_model/pairs.py's rule) is hatched grey and names both
 candidates instead: a colour there would be the noise's pick, and flip from cell to cell
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from service.report.projection import Basis, CellProjection, CellWinner, default_world_sizes, project, winner
+from service.answer.projection import Basis, CellProjection, CellWinner, default_world_sizes, project, winner
 from service.step_model.bands import ErrorBands
 from service.step_model.pairs import PairBands
 

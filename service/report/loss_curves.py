@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.report.data import Sweep, Trial, config_order, with_link
+from service.answer.data import Sweep, Trial, config_order, with_link
 
 
 @dataclass

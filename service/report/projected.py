@@ -1,6 +1,6 @@
 """The report's projected half: the sweep's configurations at ``report.project``'s cells
 (projection.csv, the table), at ``report.cluster`` (the headline) and over the decision map's grid
-(decision_map.png), all through service/report/projection.py's one step model."""
+(decision_map.png), all through service/answer/projection.py's one step model."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from service.answer import plan
 from service.report import cluster_answer, decision_map, plan_section, transport_table
 
-from service.report import projection
-from service.report.projection import Basis, CellProjection
+from service.answer import projection
+from service.answer.projection import Basis, CellProjection
 from service.step_model.transport import TransportFit
 
 
@@ -25,7 +26,7 @@ class Projected:
     latency_ms: float = 0.0                                    # report.project's, every cell priced at it
     transport: Optional[TransportFit] = None                   # the sweep's transport.json, when measured
     transport_failure: Optional[str] = None                    # else why its probe failed, when it did
-    plan: Optional[plan_section.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
+    plan: Optional[plan.PlanAnswer] = None              # the per-bucket plan for plan_at's cell
     plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
     compiled_note: str = ""                                    # COMPILED_NOTE where some trial compiled
     cluster_winner: Optional[str] = None                       # what the cluster's answer names, at plan_at's cell
@@ -79,8 +80,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     at_the_cluster = _same_cell(cell, report_cfg.cluster)
     if answered is not None and answered.winner is not None and at_the_cluster:
         out.cluster_winner = answered.winner.config   # the plan section names it beside its own pick
-    out.plan = plan_section.answer(bases, cell, at_cluster if at_the_cluster else transport,
-                                   measured=None if cell is None else plan_section.measured_steps(sweep.trials, cell))
+    out.plan = plan.answer(bases, cell, at_cluster if at_the_cluster else transport,
+                                   measured=None if cell is None else plan.measured_steps(sweep.trials, cell))
     grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=at_cluster)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))

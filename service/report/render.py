@@ -15,9 +15,10 @@ import jinja2
 
 from service import uris
 from service.config.trial import COMPILED, KNOB_DEFAULTS
-from service.report import plan_section, recommend
-from service.report.data import SummaryRow, Sweep, link_order
-from service.report.recommend import BASELINE_HOOK
+from service.report import plan_section
+from service.answer import recommend
+from service.answer.data import SummaryRow, Sweep, link_order
+from service.answer.recommend import BASELINE_HOOK
 from service.text import format_bytes
 
 
@@ -301,7 +302,8 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                 images: dict[str, Path], quality_metric: str, scale) -> str:
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``scale``: the projected half (service/report/projected.py's Projected)."""
-    from service.report import projection, transport_table  # imports hooks (torch): only when a report is built
+    from service.report import transport_table  # imports hooks (torch): only when a report is built
+    from service.answer import projection
     from service.report.projected import EMPTY
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"

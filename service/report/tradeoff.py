@@ -3,7 +3,7 @@ bytes it put on the wire per step, with the Pareto front marked.
 
 A point is set against allreduce's (and every other's) on the seeds they ran: at each (world
 size, link) the means are over the seeds every configuration there ran, as the tables' paired
-gaps compare (service/report/recommend.py). Adaptive seeds give allreduce, and the undecided, a
+gaps compare (service/answer/recommend.py). Adaptive seeds give allreduce, and the undecided, a
 seed the others did not get; that trial's accuracy moved allreduce's point by its seeds' spread,
 not by anything a hook did.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.report.data import Sweep, Trial, mean_std, config_order, link_order, with_link
+from service.answer.data import Sweep, Trial, mean_std, config_order, link_order, with_link
 
 
 @dataclass

@@ -6,7 +6,7 @@ Round 1 runs every configuration at the first ``min`` seeds. Each later round ad
 seed, per (world size, link, compiled or not), to every configuration whose verdict against the baseline is still
 ``undecided`` — and to the baseline, so every comparison stays paired — until no verdict is
 undecided or the configurations have ``max`` seeds. The verdicts are the report's own
-(service.report.recommend with the sequential rule of service/report/sequential.py), computed
+(service.answer.recommend with the sequential rule of service/answer/sequential.py), computed
 from the outcomes of the rounds planned so far only, so replaying the outcomes of an
 interrupted sweep (``--resume``) plans the same rounds again.
 
@@ -21,8 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from service.config import TrialSpec
-from service.report import recommend
-from service.report.sequential import Rule, Verdict
+from service.answer import recommend
+from service.answer.sequential import Rule, Verdict
 
 
 @dataclass(frozen=True)

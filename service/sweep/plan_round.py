@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import TextIO
 
 from service.config import SweepConfig, TrialSpec
-from service.report.plan_section import PLAN, PlanAnswer, answer, hook_entry, plan_params
-from service.report.recommend import BASELINE_HOOK
+from service.answer.plan import PLAN, PlanAnswer, answer, hook_entry, plan_params
+from service.answer.recommend import BASELINE_HOOK
 
 
 def design(cfg: SweepConfig, parent_run_id: str, tracking_uri: str) -> PlanAnswer:
     """The plan for ``cfg.search.plan.cell`` from the sweep's records so far."""
-    from service.report.data import load_sweep, open_store, recommendations
-    from service.report.projection import bases
+    from service.answer.data import load_sweep, open_store, recommendations
+    from service.answer.projection import bases
 
     reader = open_store(tracking_uri)
     sweep = load_sweep(reader, parent_run_id)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from service import hook_facts
-from service.report import links, recommend
-from service.report.recommend import BASELINE_CONFIGS, BASELINE_HOOK, LOOPBACK
-from service.report.sequential import Rule
+from service.answer import links, recommend
+from service.answer.recommend import BASELINE_CONFIGS, BASELINE_HOOK, LOOPBACK
+from service.answer.sequential import Rule
 
 if TYPE_CHECKING:  # service.tracking imports mlflow: only when a sweep is read
     from service.tracking import TrialRecord
@@ -183,7 +183,7 @@ def sequential_rule(tags: dict[str, str]) -> Rule:
 
 def _time_to_target(sweep: Sweep) -> None:
     """Each trial's time to the target eval loss: the baseline's final eval loss at the same
-    world size, link, seed (and compiled or not), plus the sweep's tolerance (service/report/recommend.py)."""
+    world size, link, seed (and compiled or not), plus the sweep's tolerance (service/answer/recommend.py)."""
     targets = {(t.world_size, t.link, t.compiled, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
                for t in sweep.trials if t.is_baseline and t.state == "ok"}
     for t in sweep.trials:
@@ -320,7 +320,7 @@ def throughput_data(sweep: Sweep) -> list[ThroughputLine]:
 
 
 # --------------------------------------------------------------------------------------------
-# Which configuration to use (the rule: service/report/recommend.py)
+# Which configuration to use (the rule: service/answer/recommend.py)
 # --------------------------------------------------------------------------------------------
 
 def recommendations(sweep: Sweep) -> list[recommend.Recommendation]:

@@ -13,7 +13,7 @@ size and link:
    eval is dated there (an upper bound).
 3. **Quality** of a configuration: its final eval loss relative to the baseline's, paired per
    seed, as a mean with a t-interval over seeds (95% for a fixed grid of seeds; the sequential
-   rule's level when seeds were added adaptively: service/report/sequential.py). Its verdict:
+   rule's level when seeds were added adaptively: service/answer/sequential.py). Its verdict:
    *matches* when the interval's upper end is within ``+tolerance``, *worse* when its lower end
    is beyond it, *undecided* otherwise, *nan* / *failed* when a trial went NaN or failed; with
    one seed the gap itself decides and the verdict says it is a single-seed one.
@@ -40,7 +40,7 @@ import hooks
 from service import hook_facts
 from service.config.limits import DEFAULT_TARGET_TOLERANCE
 from service.config.trial import COMPILED
-from service.report.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
+from service.answer.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
 
 BASELINE_HOOK = hooks.BASELINE
 # plain allreduce's labels, eager and compiled (search.compile): a compiled cell's baseline is the compiled one
@@ -299,7 +299,7 @@ def tag_safe(link: str) -> str:
 def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
               tolerance: float = DEFAULT_TOLERANCE, rule: Rule = Rule(), compiled: bool = False) -> Recommendation:
     """Rank the candidates of one (world size, link, compiled or not) as the module doc says;
-    ``rule`` sets the gaps' interval (service/report/sequential.py)."""
+    ``rule`` sets the gaps' interval (service/answer/sequential.py)."""
     candidates = list(candidates)
     baseline = next((c for c in candidates if c.is_baseline), None)
     for c in candidates if baseline is not None else []:

@@ -50,8 +50,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from service.report.recommend import BASELINE_HOOK
-from service.report.sequential import Verdict
+from service.answer.recommend import BASELINE_HOOK
+from service.answer.sequential import Verdict
 from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
 from service.step_model.bands import band_text as one_band
 from service.step_model.pairs import Configured, Contender, PairBands, RatioBand, decide, pair_bands
