@@ -170,10 +170,11 @@ def test_the_winner_is_the_fastest_matching_configuration_and_close_calls_are_ha
     fast_but_worse = basis("topk", crossings=(10.0,), matches=False)
     close = basis("fp16_compress", crossings=(95.0,))   # 5 % fewer steps at the same step time
     cell = projection.winner(projection.project([slow, fast_but_worse, close], [8], [10.0], LATENCY_MS, bands), NO_PAIRS)
-    assert cell.winner.config == "fp16_compress" and cell.runner_up.config == "allreduce"
     # no pair band measured: the two absolute bands composed, -18.2 ... +22.2 % (90/110, 110/90);
-    # fp16_compress's time is 0.915 allreduce's (5 % fewer steps, half the wire), not below 0.818
-    assert cell.too_close
+    # fp16_compress's time is 0.915 allreduce's (5 % fewer steps, half the wire), not below 0.818:
+    # too close to call, so the answer is allreduce, the faster fp16_compress its runner-up
+    assert (cell.winner.config, cell.runner_up.config, cell.too_close) == ("allreduce", "fp16_compress", True)
+    assert cell.margin == pytest.approx(0.915 - 1, abs=0.002) and cell.error > -cell.margin
     far = basis("fp16_compress", crossings=(50.0,))     # 0.5 p / 0.9 = 0.556 p < 0.909 p
     assert not projection.winner(projection.project([slow, far], [8], [10.0], LATENCY_MS, bands), NO_PAIRS).too_close
     # no band measured, seeds that agree: the margin is taken as it is
@@ -200,14 +201,14 @@ def test_a_pair_whose_measured_ratio_band_clears_is_decided_and_one_holding_a_ti
     assert clears.winner.config == "fp16_compress" and not clears.too_close
     assert clears.band.measured and (clears.band.low_pct, clears.band.high_pct) == (-5.0, 5.0)
     holds = projection.winner(cells, measured(-10.0, 3.0))
-    assert (holds.winner.config, holds.runner_up.config, holds.too_close) == ("fp16_compress", "allreduce", True)
+    assert (holds.winner.config, holds.runner_up.config, holds.too_close) == ("allreduce", "fp16_compress", True)
     # measured the other way round (allreduce over fp16_compress), the band is inverted: the same call
     flipped = PairBands((MeasuredPair(Configured("allreduce", None), Configured("fp16_compress", None), 8,
                                       100 * (100 / 105 - 1), 100 * (100 / 95 - 1), 2),), "x")
     assert not projection.winner(cells, flipped).too_close
     rows = list(csv.DictReader(projection.write_csv(cells, tmp_path / "p.csv", measured(-10.0, 3.0)).open()))
     assert len(rows) == 2 and {(r["cell_winner"], r["cell_runner_up"], r["cell_decided"]) for r in rows} == {
-        ("fp16_compress", "allreduce", "false")}
+        ("allreduce", "fp16_compress", "false")}
 
 
 def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_above_one():
@@ -265,8 +266,8 @@ def test_seeds_whose_timelines_disagree_make_a_close_call():
     wide = Basis("allreduce", "allreduce", 1, 64, (fast, slow), (100.0, 100.0), True, 1)
     one = Basis("fp16_compress", "fp16_compress", 1, 64, (fast,), (105.0,), True, 1)
     cell = projection.winner(projection.project([wide, one], [8], [10.0], LATENCY_MS, NO_BANDS), NO_PAIRS)
-    assert cell.runner_up.step_ms == pytest.approx((18.97 + 36.47) / 2, abs=0.01)
-    assert cell.winner.config == "fp16_compress" and cell.too_close
+    assert cell.winner.step_ms == pytest.approx((18.97 + 36.47) / 2, abs=0.01)
+    assert (cell.winner.config, cell.runner_up.config, cell.too_close) == ("allreduce", "fp16_compress", True)
     narrow = Basis("allreduce", "allreduce", 1, 64, (slow, slow), (100.0, 100.0), True, 1)
     assert not projection.winner(projection.project([narrow, one], [8], [10.0], LATENCY_MS, NO_BANDS), NO_PAIRS).too_close
 
@@ -521,9 +522,9 @@ def test_a_cell_is_decided_only_where_both_readings_of_the_transport_probe_agree
     bimodal, steady = _probe(3.0, 0.05), _probe(3.0, 3.0)
     assert bimodal.ms("allreduce", 0, 2) == pytest.approx(3.0) and bimodal.quartile().ms("allreduce", 0, 2) == pytest.approx(0.05)
     decided, close = cell(steady), cell(bimodal)
-    assert decided.winner.config == close.winner.config == "allgather_then_aggregate"  # the medians' pick
+    assert decided.winner.config == close.runner_up.config == "allgather_then_aggregate"  # the medians' pick
     assert not decided.too_close
-    assert close.too_close and close.runner_up.config == "allreduce"
+    assert close.too_close and close.winner.config == "allreduce"  # too close: the baseline is kept
     # the quartile's reading alone picks the other one: that is the spread the call must survive
     low = projection.winner(projection.project([ar, gather], [8], [1000.0], LATENCY_MS, exact,
                                                bimodal.quartile()), NO_PAIRS)

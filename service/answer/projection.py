@@ -79,6 +79,7 @@ class QualityAt:
     world_size: int
     crossing_steps: tuple[Optional[float], ...]
     matches: bool
+    spread: float = 0.0   # its measured time to target's spread there over the time (recommend's)
 
     @property
     def crossing_step(self) -> Optional[float]:
@@ -265,7 +266,16 @@ def _quality(by_config: dict, recs: list, config: str, world_size: int) -> Quali
     seeds = by_config[config][world_size]
     crossing = tuple(None if t.time_to_target is None else t.time_to_target.step
                      for seed, t in sorted(seeds.items()) if seed in shared or not shared)
-    return QualityAt(world_size, crossing, _matches(recs, config, world_size))
+    return QualityAt(world_size, crossing, _matches(recs, config, world_size), _spread(recs, config, world_size))
+
+
+def _spread(recs: list, config: str, world_size: int) -> float:
+    """The spread of ``config``'s measured time to target at ``world_size`` over the time (the
+    largest over the links it ran there): what the measured answer had to beat there, and so
+    what a projected cell at that W must beat too."""
+    spreads = [c.seconds_spread / c.seconds for r in recs if r.world_size == world_size for c in r.candidates
+               if c.config == config and math.isfinite(c.seconds) and c.seconds > 0]
+    return max(spreads, default=0.0)
 
 
 def _timelines(by_w: dict, timeline_of) -> Optional[tuple[int, tuple[TrialTimeline, ...]]]:
@@ -288,9 +298,10 @@ def _matches(recs: list, config: str, world_size: int) -> bool:
 
 @dataclass(frozen=True)
 class CellWinner:
-    """The answer at one (W, link): the fastest matching configuration; the runner-up it was
-    weighed against (where it is too close to call: the one whose ratio band holds the tie);
-    ``band``: that pair's ratio band (winner's step over the runner-up's)."""
+    """The answer at one (W, link) by the one rule (service/step_model/pairs.py's ``rule``):
+    the fastest matching configuration where it wins beyond the error, else (too close to call)
+    the baseline where the tie holds it; the runner-up it was weighed against; ``band``: that
+    pair's ratio band."""
 
     world_size: int
     link_gbps: float
@@ -298,6 +309,12 @@ class CellWinner:
     runner_up: Optional[CellProjection]
     too_close: bool
     band: Optional[RatioBand] = None
+    margin: float = 0.0   # the answer's lead over the runner-up (pairs.Decision's)
+    error: float = 0.0    # the lead the fastest needed over the runner-up
+
+    @property
+    def decided(self) -> bool:
+        return self.winner is not None and not self.too_close
 
     def row(self) -> dict:
         """projection.csv's three cell columns."""
@@ -308,10 +325,14 @@ class CellWinner:
 
 def _contender(p: CellProjection) -> Contender:
     """``p`` as pairs.decide weighs it: its projected time, its fastest and slowest seed's, each
-    seed priced with the probe's median and its lower quartile (a decision survives both)."""
-    crossing = p.quality.crossing_step
+    seed priced with the probe's median and its lower quartile (a decision survives both), and
+    at a world size the sweep measured, widened by the measured time's spread there (a projected
+    cell there cannot be surer than the measurement it stands on)."""
+    crossing, q = p.quality.crossing_step, p.quality
     steps = p.seed_steps_ms + p.quartile_steps_ms
-    return Contender(p.config, p.time_to_target_s, crossing * min(steps) / 1000.0, crossing * max(steps) / 1000.0)
+    measured = q.spread if q.world_size == p.world_size else 0.0
+    return Contender(p.config, p.time_to_target_s, crossing * min(steps) / 1000.0 * max(1.0 - measured, 0.0),
+                     crossing * max(steps) / 1000.0 * (1.0 + measured))
 
 
 def winner(at_cell: list[CellProjection], pairs: Optional[PairBands] = None) -> CellWinner:
@@ -328,10 +349,11 @@ def winner(at_cell: list[CellProjection], pairs: Optional[PairBands] = None) -> 
                               Configured(pb.basis.hook, pb.basis.error_feedback), first.world_size,
                               absolute=(pa.band, pb.band))
 
-    d = decide([_contender(p) for p in ranked.values()], band_of)
+    d = decide([_contender(p) for p in ranked.values()], band_of,
+               BASELINE_HOOK if BASELINE_HOOK in ranked else None)
     best, runner = ranked.get(d.winner), ranked.get(d.runner_up)
     return CellWinner(first.world_size, first.link_gbps, best, runner,
-                      best is not None and runner is not None and not d.decided, d.band)
+                      best is not None and runner is not None and not d.decided, d.band, d.margin, d.error)
 
 
 def cell_text(p: CellProjection) -> str:

@@ -20,8 +20,10 @@ size and link:
 4. **Ranking** among configurations whose every trial ended ok, matched, and reached the
    target in every seed (undecided ones are *open*, shown worse ones *avoid*): mean time to target, then throughput, then bytes per step. A
    configuration is called faster than another only when the difference exceeds the spread of
-   the two times (:func:`spread`); otherwise they run at the same speed here, and when nothing
-   beats the baseline that way the answer is "keep the baseline".
+   the two times (:func:`spread`); otherwise they run at the same speed here. The answer is
+   decided by the one rule of every answer, measured or projected (service/step_model/pairs.py's
+   ``rule``): the fastest when it beats every other that way; else, where the baseline is among
+   those it cannot be told from, "keep the baseline".
 
 Everything here is pure data (no MLflow, no plotting): service.report feeds it trials.
 """
@@ -40,6 +42,8 @@ import hooks
 from service import hook_facts
 from service.config.limits import DEFAULT_TARGET_TOLERANCE
 from service.config.trial import COMPILED
+from service.step_model import pairs
+from service.step_model.pairs import PairCall
 from service.answer.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds_to_decide, verdict
 
 BASELINE_HOOK = hooks.BASELINE
@@ -285,6 +289,9 @@ class Recommendation:
     open: list[tuple[str, str]] = field(default_factory=list)   # (config, why undecided, what decides)
     single_seed: bool = False
     compiled: bool = False   # the cell's trials compiled their model (torch.compile): compared among themselves
+    decided: bool = False    # the choice beat every other beyond their pair's spread (step_model.pairs.rule)
+    margin: float = 0.0      # the choice's lead over the runner-up (runner-up's time / the choice's - 1)
+    error: float = 0.0       # the lead the fastest needed over the runner-up to be told apart from it
 
     @property
     def key(self) -> str:
@@ -331,13 +338,25 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     if not ranked:
         rec.reason = "no configuration finished cleanly at a quality matching the baseline"
         return rec
-    best = ranked[0]
-    if baseline is not None and baseline in ranked and best is not baseline and not faster(best, baseline):
-        best = baseline  # nothing beats the baseline beyond the noise: keep it
-    rec.choice = best
-    rec.runner_up = next((c for c in ranked if c is not best), None)
+    by_config = {c.config: c for c in ranked}
+    d = pairs.rule(list(by_config), lambda a, b: measured_call(by_config[a], by_config[b]),
+             baseline.config if baseline in ranked else None)
+    rec.choice, rec.runner_up = by_config[d.winner], by_config.get(d.runner_up)
+    rec.decided, rec.margin, rec.error = d.decided, d.margin, d.error
     rec.reason = _reason(rec, tolerance)
     return rec
+
+
+def measured_call(a: Candidate, b: Candidate) -> PairCall:
+    """a against b as measured, on their common seeds: the margin of a's time to target over b's,
+    and the error it must beat, the larger of the two times' spreads (:func:`faster`)."""
+    seeds = common_seeds(a, b)
+    mine, theirs = a.seconds_on(seeds), b.seconds_on(seeds)
+    if not math.isfinite(mine) or mine <= 0:
+        return PairCall(0.0, math.inf)
+    if not math.isfinite(theirs):
+        return PairCall(math.inf, 0.0)
+    return PairCall(theirs / mine - 1.0, max(a.spread_on(seeds), b.spread_on(seeds)) / mine)
 
 
 def quality_verdict(c: Candidate, tolerance: float) -> Verdict:

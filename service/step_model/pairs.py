@@ -16,11 +16,13 @@ one held-out link to the other at that W (the median over every pair: two links 
 few to say it per pair). ``projection_pairs_cluster.json`` beside this module holds those bands
 and the raw pair cells they come from (:func:`pair_bands` reads it).
 
-The rule (:func:`decide`), the same in the decision map, the cluster's answer, the projection
-table and the bench's scores: a cell's winner is *decided* when its projected ratio to every
-other candidate, its slowest seed against the other's fastest, stays below 1 at the low end of
-that pair's band (:meth:`RatioBand.clears`); otherwise the cell is too close to call and names
-the winner and the candidate whose band holds the tie. A pair the bench did not measure (a hook,
+The rule (:func:`rule`), the same for measured world sizes (service/answer/recommend.py: the
+paired measurement's spread is the error) and projected cells (:func:`decide`): the fastest
+configuration is the answer, *decided*, when it beats every other by more than their pair's
+error; where the ones it cannot be told from include the baseline, the baseline is kept. At a
+projected cell the error of a pair is its ratio band and its seeds' and probe's spread: the
+fastest's slowest seed against the other's fastest must stay below 1 at the low end of that
+pair's band (:meth:`RatioBand.clears`). A pair the bench did not measure (a hook,
 or an error-feedback setting, it never ran) takes the two hooks' absolute bands as independent
 (:func:`compose`: the rule of two absolute bands), and says so.
 """
@@ -176,36 +178,75 @@ class Contender:
 
 @dataclass(frozen=True)
 class Decision:
-    """A cell's answer: the winner, the runner-up it is weighed against (where it is not decided,
-    the candidate whose band holds the tie), that pair's band, and ``margin``: the runner-up's
-    projected time over the winner's, less 1."""
+    """A cell's answer (:func:`rule`): the configuration to use, the runner-up it was weighed
+    against, whether the answer won beyond the error, that pair's band (projected cells), the
+    answer's lead over the runner-up (``margin``: the runner-up's time over the answer's, less 1;
+    below 0 where the baseline is kept against a faster runner-up) and ``error``: the lead the
+    fastest needed over that runner-up to be told apart from it."""
 
     winner: Optional[str]
     runner_up: Optional[str]
     decided: bool
     band: Optional[RatioBand] = None
     margin: float = 0.0
+    error: float = 0.0
 
 
-def decide(contenders: Iterable[Contender], band_of: Callable[[str, str], RatioBand]) -> Decision:
-    """The module doc's rule: the fastest projected contender is decided when, against every
-    other, its slowest seed over the other's fastest clears that pair's band (``band_of(winner,
-    other)``: the band of the winner's step over the other's)."""
-    ranked = sorted(contenders, key=lambda c: c.projected)
+@dataclass(frozen=True)
+class PairCall:
+    """The fastest configuration against one other: ``margin`` (the other's time over its own, less
+    1) and ``error`` (the margin it needs to be faster whatever the error: the pair's band and
+    spread); ``band``: the projected pair's ratio band, where there is one."""
+
+    margin: float
+    error: float
+    band: Optional[RatioBand] = None
+
+    @property
+    def clears(self) -> bool:
+        return self.margin > self.error
+
+
+def rule(ranked: list[str], call: Callable[[str, str], PairCall], baseline: Optional[str] = None) -> Decision:
+    """The one rule every answer is decided by, measured or projected (``ranked``: fastest
+    first; ``call(a, b)``: a against b). The fastest is the answer when it beats every other
+    beyond their pair's error. Otherwise, where the configurations it cannot be told from
+    include ``baseline``, the baseline is kept (the fastest its runner-up); where they do not
+    (it beats the baseline beyond the error, but not some other compressor), it stays the answer,
+    undecided against the one nearest to beating it."""
     if not ranked:
         return Decision(None, None, False)
     best = ranked[0]
     if len(ranked) == 1:
-        return Decision(best.name, None, True)
-    held = []
-    for other in ranked[1:]:
-        band = band_of(best.name, other.name)
-        worst = best.slowest / other.fastest
-        if not band.clears(worst):
-            held.append((worst / max(1.0 + band.low_pct / 100.0, 1e-9), other, band))
-    if held:  # the one nearest to beating it, by how far its band lets the measured ratio go
-        _, other, band = max(held, key=lambda h: h[0])
-        return Decision(best.name, other.name, False, band, other.projected / best.projected - 1.0)
-    second = ranked[1]
-    return Decision(best.name, second.name, True, band_of(best.name, second.name),
-                    second.projected / best.projected - 1.0)
+        return Decision(best, None, True)
+    calls = {other: call(best, other) for other in ranked[1:]}
+    tied = [o for o, c in calls.items() if not c.clears]
+    if not tied:  # decided: weighed against the second fastest
+        c = calls[ranked[1]]
+        return Decision(best, ranked[1], True, c.band, c.margin, c.error)
+    # the nearest to beating it: by how far its error lets the measured ratio go
+    holder = max(tied, key=lambda o: (1.0 + calls[o].error) / (1.0 + calls[o].margin))
+    if baseline is not None and baseline in tied:
+        c = calls[baseline]
+        return Decision(baseline, best, False, c.band, 1.0 / (1.0 + c.margin) - 1.0, c.error)
+    c = calls[holder]
+    return Decision(best, holder, False, c.band, c.margin, c.error)
+
+
+def projected_call(a: Contender, b: Contender, band: RatioBand) -> PairCall:
+    """a against b at a projected cell: a's slowest seed over b's fastest must clear the low end
+    of the pair's band (:meth:`RatioBand.clears`), which is a margin of a's projected time over
+    b's beyond ``error`` = (the seeds' and probe's spread of the ratio) / (1 + low) - 1."""
+    spread = (a.slowest / a.projected) / (b.fastest / b.projected)
+    floor = 1.0 + band.low_pct / 100.0
+    error = spread / floor - 1.0 if floor > 0 else math.inf
+    return PairCall(b.projected / a.projected - 1.0, error, band)
+
+
+def decide(contenders: Iterable[Contender], band_of: Callable[[str, str], RatioBand],
+           baseline: Optional[str] = None) -> Decision:
+    """:func:`rule` at a projected cell (``band_of(winner, other)``: the band of the winner's step
+    over the other's)."""
+    by_name = {c.name: c for c in contenders}
+    ranked = sorted(by_name, key=lambda n: by_name[n].projected)
+    return rule(ranked, lambda a, b: projected_call(by_name[a], by_name[b], band_of(a, b)), baseline)
