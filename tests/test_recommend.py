@@ -75,7 +75,7 @@ def test_a_ci_straddling_the_tolerance_is_undecided_never_avoided():
     assert why.startswith("final eval loss +0.17% [") and "holds +1%" in why
     # sd 1.61%, 0.83% from the tolerance: t(0.975, 16) * 1.61% / sqrt(17) = 0.826% < 0.83%,
     # while 16 seeds give 0.856%
-    assert "about 17 seeds at this scatter would decide it" in why
+    assert "about 17 seeds in all (14 more) at this scatter would decide it" in why
     assert "nothing reached the target faster" in rec.reason and "loopback" in rec.reason
     # one seed: the gap itself decides, and the verdict says it is a single-seed one
     single = recommend.recommend(2, "loopback", [candidate("allreduce", [10], [1.0]),

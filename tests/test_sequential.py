@@ -90,3 +90,17 @@ def test_a_near_identical_configuration_is_decided_at_min_with_two_to_three_seed
     (bf16_compress's, measured); its first look, at 2 seeds, should settle it."""
     verdicts, used = _sequential(Rule(2, 3), mean=0.0, sd=TOLERANCE / 20)
     assert np.mean(used == 2) > 0.8 and np.mean(verdicts == "matches") > 0.95
+
+
+def test_what_would_decide_an_open_verdict_is_always_more_seeds_than_it_ran_under_the_sweeps_own_rule():
+    # adaptive 2 to 3 seeds: a gap of +0.06 % with a 0.4 % scatter left open after 3 seeds. The
+    # fixed grid's t-interval would clear +1 % at 3 seeds, so the old estimate said "about 3
+    # seeds would decide it" of a configuration that had run 3; under the sweep's own (wider)
+    # rule, and counting only seeds beyond those it ran, the estimate is more than 3.
+    from service.answer.sequential import Rule, seeds_to_decide
+
+    adaptive = Rule(2, 3)
+    mean, sd, tol = 0.0006, 0.004, 0.01
+    assert adaptive.quantile(3) * sd / math.sqrt(3) > tol - mean   # open at 3 seeds under its rule
+    needed = seeds_to_decide(mean, sd, tol, adaptive, ran=3)
+    assert needed is not None and needed > 3

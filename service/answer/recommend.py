@@ -325,7 +325,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
             avoid.append((c.config, f"final eval loss {c.gap.text()} vs {baseline.config}, beyond the "
                                     f"{tolerance:.0%} tolerance"))
         elif c.verdict is Verdict.UNDECIDED:
-            open_.append((c.config, _open_reason(c, tolerance, baseline)))
+            open_.append((c.config, _open_reason(c, tolerance, baseline, rule)))
         elif c.time_to_target and not c.reached_every_seed:
             never = [s for s, t in sorted(c.time_to_target.items()) if t.seconds is None]
             avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
@@ -372,14 +372,16 @@ def quality_verdict(c: Candidate, tolerance: float) -> Verdict:
     return c.gap.verdict(tolerance) if c.gap is not None else Verdict.UNDECIDED
 
 
-def _open_reason(c: Candidate, tolerance: float, baseline: Candidate | None) -> str:
-    """Why a candidate is undecided, and what would decide it."""
+def _open_reason(c: Candidate, tolerance: float, baseline: Candidate | None, rule: Rule = Rule()) -> str:
+    """Why a candidate is undecided, and what would decide it (seeds beyond those it ran, under
+    the sweep's own interval rule)."""
     if not c.ok:
         return f"{c.states}: not every trial has finished; rerun with --resume"
     if c.gap is None:
         return f"no seed paired with a finished {BASELINE_HOOK} trial: run {BASELINE_HOOK} at its seeds"
-    needed = seeds_to_decide(c.gap.mean, c.gap.sd, tolerance)
-    decide = (f"about {needed} seeds at this scatter would decide it" if needed is not None
+    needed = seeds_to_decide(c.gap.mean, c.gap.sd, tolerance, rule, c.gap.seeds)
+    decide = (f"about {needed} seeds in all ({needed - c.gap.seeds} more) at this scatter would decide it"
+              if needed is not None
               else f"more than {MAX_SEEDS_TO_SUGGEST} seeds at this scatter would: its mean is too "
                    f"close to the tolerance for seeds to decide it")
     return f"final eval loss {c.gap.text()} vs {baseline.config} holds +{tolerance:.0%}; {decide}"

@@ -97,13 +97,13 @@ def verdict(low: float, high: float, tolerance: float) -> Verdict:
     return Verdict.UNDECIDED
 
 
-def seeds_to_decide(mean: float, sd: float, tolerance: float) -> int | None:
-    """About how many seeds a fixed grid would need for an interval of this mean and scatter
-    to clear ``+tolerance`` (None: more than MAX_SEEDS_TO_SUGGEST, the mean sits at it)."""
-    from scipy.stats import t
-
+def seeds_to_decide(mean: float, sd: float, tolerance: float, rule: Rule = Rule(), ran: int = 1) -> int | None:
+    """About how many seeds in all, more than the ``ran`` it has, an interval of this mean and
+    scatter needs under ``rule`` (the sweep's own: a fixed grid's, or the adaptive schedule's,
+    whose intervals are wider) to clear ``+tolerance`` (None: more than MAX_SEEDS_TO_SUGGEST,
+    the mean sits at it)."""
     distance = abs(tolerance - mean)
-    for n in range(2, MAX_SEEDS_TO_SUGGEST + 1):
-        if float(t.ppf(1 - ALPHA, n - 1)) * sd / math.sqrt(n) < distance:
+    for n in range(max(2, ran + 1), MAX_SEEDS_TO_SUGGEST + 1):
+        if rule.quantile(n) * sd / math.sqrt(n) < distance:
             return n
     return None

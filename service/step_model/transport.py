@@ -27,6 +27,7 @@ from hooks.cost import collective_seconds
 from hooks.wire import KINDS, rounds, wire_bytes
 
 ARTIFACT = "transport.json"
+CLUSTER_ARTIFACT = "cluster_transport.json"   # report.cluster.transport's file, copied onto the parent run
 FORMAT = 2  # 1: one fit per kind across world sizes
 
 
@@ -89,6 +90,17 @@ class ProbeHosts:
         """More ranks on a host than it has cores: its ranks take turns. (A host of a fraction of
         a core with one rank shares with nobody: that share is its rank's core.)"""
         return self.ranks_per_host > max(self.cores, 1.0)
+
+    @classmethod
+    def of(cls, ranks: list[tuple[str, float, str]]) -> "ProbeHosts":
+        """From every rank's (host, cores, CPU model): how many hosts, the most ranks on one,
+        the fewest cores one gives its process, the CPU models."""
+        per_host: dict[str, int] = {}
+        for host, _, _ in ranks:
+            per_host[host] = per_host.get(host, 0) + 1
+        return cls(world_size=len(ranks), hosts=len(per_host), ranks_per_host=max(per_host.values()),
+                   cores=min(c for _, c, _ in ranks), cpu_model=" / ".join(sorted({m for _, _, m in ranks})),
+                   loopback=len(per_host) == 1)
 
     def describe(self) -> str:
         where = "on loopback" if self.loopback else f"across {self.hosts} hosts"

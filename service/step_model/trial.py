@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from hooks.cost import DEFAULT_LATENCY_S
 from service.step_model.price import Cell, CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, fit_linear
-from service.step_model.transport import TransportFit
+from service.step_model.transport import ProbeHosts, TransportFit
 
 ARTIFACT = "step_timeline.json"
 FORMAT = 1  # the JSON's version: a reader refuses any other
@@ -42,6 +42,7 @@ class TrialTimeline:
     timeline: StepTimeline
     sampled_steps: tuple[int, ...]
     compute_points: tuple[ComputePoint, ...] = ()
+    hosts: Optional[ProbeHosts] = None   # where the ranks computed it (None: a timeline from before it was recorded)
 
     @property
     def compute(self) -> Optional[ComputeScaling]:
@@ -87,7 +88,8 @@ class TrialTimeline:
         t = asdict(self.timeline)
         t["link_gbps"] = None if math.isinf(self.timeline.link_gbps) else self.timeline.link_gbps  # JSON has no inf
         return {"format": FORMAT, "timeline": t, "sampled_steps": list(self.sampled_steps),
-                "compute_points": [asdict(p) for p in self.compute_points]}
+                "compute_points": [asdict(p) for p in self.compute_points],
+                **({"hosts": asdict(self.hosts)} if self.hosts is not None else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "TrialTimeline":
@@ -97,7 +99,8 @@ class TrialTimeline:
         t["buckets"] = tuple(BucketTiming(**{**b, "decode": LinearCost(**b["decode"])}) for b in t["buckets"])
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
-                   tuple(ComputePoint(**p) for p in data["compute_points"]))
+                   tuple(ComputePoint(**p) for p in data["compute_points"]),
+                   ProbeHosts(**data["hosts"]) if data.get("hosts") else None)
 
 
 def pooled_compute(timelines: Iterable[TrialTimeline]) -> list[TrialTimeline]:

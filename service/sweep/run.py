@@ -147,6 +147,7 @@ class _SweepRun:
             printer = None
             try:
                 self.parent_run_id = tracking.open_sweep_run(cfg, str(config_path), uri, self.parent_run_id)
+                tracking.log_cluster_transport(self.parent_run_id, uri, cfg.report.cluster)  # reports read this copy
                 if not resume:
                     size = (f"{adaptive_range(cfg, self.trials)} (adaptive seeds)" if cfg.search.adaptive is not None
                             else f"{len(self.trials)} trials")

@@ -20,7 +20,8 @@ What a sweep records (the contract the UI, reports and tests rely on):
   ``log_batch`` of 1000 points ~0.2 s); with ``tracking.timeline_steps`` it attaches the
   trial's step timeline (``step_timeline.json``, read back by ``SweepReader.step_timeline``);
 - the sweep's transport, measured once before its trials, on the parent run
-  (``transport.json``: :func:`log_transport`, read back by ``SweepReader.transport``), or the
+  (``transport.json``: :func:`log_transport`, read back by ``SweepReader.transport``; report.cluster.transport's
+  copy, ``cluster_transport.json``: :func:`log_cluster_transport`, ``SweepReader.cluster_transport``), or the
   one-line reason its probe failed (tag ``transport_not_measured``: :func:`log_transport_failure`,
   read back by ``SweepReader.transport_failure``);
 - :func:`end_run` closes a run FINISHED (tag ``status`` ok | nan), FAILED (``status``
@@ -39,7 +40,7 @@ from service.tracking.identity import TRIAL_KEY_TAG, TrialRecord, identity_tags
 from service.tracking.logger import MetricLogger
 from service.tracking.reader import SweepReader
 from service.tracking.runs import (child_runs, close_sweep_run, end_run, git_commit, last_logged_steps,
-                                   latest_sweep_runs, log_transport, log_transport_failure, open_sweep_run, record_attempt, record_fault_fired, restart_state,
+                                   latest_sweep_runs, log_cluster_transport, log_transport, log_transport_failure, open_sweep_run, record_attempt, record_fault_fired, restart_state,
                                    log_trial_params, log_teardown, reopen_run, run_outcome, run_tags, set_tags, start_child_run,
                                    start_parent_run, trial_params)
 from service.tracking.store import (END_STATUSES, EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, LOCAL_UI, PARENT_TAG,
@@ -50,7 +51,7 @@ from service.tracking.store import (END_STATUSES, EXPERIMENT_KIND, EXPERIMENT_KI
 __all__ = ["END_STATUSES", "EXPERIMENT_KIND", "EXPERIMENT_KIND_TAG", "LOCAL_UI", "PARENT_TAG", "RUN_NAME_TAG",
            "TRIAL_KEY_TAG", "UI_VIEW_QUERY", "MetricLogger", "StoreError", "SweepReader", "TrialRecord",
            "absolute_uri", "child_runs", "client", "close_sweep_run", "open_sweep_run", "record_attempt", "record_fault_fired", "restart_state", "end_run", "experiment_id_of", "get_or_create_experiment",
-           "git_commit", "identity_tags", "last_logged_steps", "latest_sweep_runs", "log_transport", "log_transport_failure",
+           "git_commit", "identity_tags", "last_logged_steps", "latest_sweep_runs", "log_cluster_transport", "log_transport", "log_transport_failure",
            "log_trial_params",
            "log_teardown", "reopen_run", "resolve_tracking_uri", "run_outcome", "run_tags", "set_tags", "start_child_run", "start_parent_run",
            "trial_params", "ui_command", "ui_url"]

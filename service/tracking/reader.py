@@ -20,6 +20,7 @@ from service import uris
 from service.step_model.trial import ARTIFACT as TIMELINE_ARTIFACT
 from service.step_model.trial import TrialTimeline
 from service.step_model.transport import ARTIFACT as TRANSPORT_ARTIFACT
+from service.step_model.transport import CLUSTER_ARTIFACT
 from service.step_model.transport import TransportFit
 from service.text import one_line
 from service.tracking.identity import TrialRecord
@@ -112,6 +113,14 @@ class SweepReader:
         if not any(a.path == TRANSPORT_ARTIFACT for a in self.client.list_artifacts(parent_run_id)):
             return None
         return TransportFit.from_json(json.loads(self._artifact_text(parent_run_id, TRANSPORT_ARTIFACT)))
+
+    def cluster_transport(self, parent_run_id: str) -> tuple[TransportFit, str] | None:
+        """(report.cluster.transport's probe as the sweep copied it onto its parent run, the path it
+        was copied from), or None: no such copy (no report.cluster.transport, or an older sweep)."""
+        if not any(a.path == CLUSTER_ARTIFACT for a in self.client.list_artifacts(parent_run_id)):
+            return None
+        data = json.loads(self._artifact_text(parent_run_id, CLUSTER_ARTIFACT))
+        return TransportFit.from_json({k: v for k, v in data.items() if k != "copied_from"}), data.get("copied_from", "")
 
     def transport_failure(self, parent_run_id: str) -> str | None:
         """Why the sweep's transport probe failed (one line), or None: measured, or never probed."""

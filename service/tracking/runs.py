@@ -240,6 +240,26 @@ def log_transport(parent_run_id: str, tracking_uri: str, data: dict) -> None:
         c.delete_tag(parent_run_id, TRANSPORT_FAILED_TAG)
 
 
+def log_cluster_transport(parent_run_id: str, tracking_uri: str, cluster) -> None:
+    """``report.cluster.transport``'s file copied onto the parent run as ``cluster_transport.json``
+    when the sweep starts: its reports are built from the copy (a rebuild needs nothing but
+    MLflow, and a file changed or moved later changes nothing; ``--resume`` keeps the first copy).
+    Nothing without one."""
+    import json
+
+    from service.step_model.transport import CLUSTER_ARTIFACT
+
+    if cluster is None or not cluster.transport:
+        return
+    c = client(tracking_uri)
+    if any(a.path == CLUSTER_ARTIFACT for a in c.list_artifacts(parent_run_id)):
+        return  # a resumed sweep keeps the copy it started with
+    with open(cluster.transport) as f:
+        data = json.load(f)
+    c.log_dict(parent_run_id, {**data, "copied_from": os.path.abspath(cluster.transport)},
+                                  CLUSTER_ARTIFACT)
+
+
 def log_transport_failure(parent_run_id: str, tracking_uri: str, reason: str) -> None:
     """Why the sweep's transport was not measured (one line), on its parent run for the report."""
     set_tags(parent_run_id, tracking_uri, **{TRANSPORT_FAILED_TAG: reason})

@@ -23,6 +23,8 @@ import math
 import time
 from typing import Callable, Optional
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
@@ -31,7 +33,9 @@ from hooks.state import HookState
 from hooks.step_sampling import StepSampler
 from service.step_model.combine import combine_ranks
 from service.step_model.stamps import sampled_timelines
+from service.step_model.transport import ProbeHosts
 from service.step_model.trial import ComputePoint, TrialTimeline
+from service.train.transport_probe import this_host
 from service.train.paired_timing import SideModule
 from service.workloads import to_device
 
@@ -116,12 +120,14 @@ class TimelineSampler:
         from_stats = spec(self.state.name).from_stats
         measured = from_stats(stats) if from_stats is not None and stats.get("calls") else {}
         mine = (sampled_timelines(self.sampler, self.world_size, self.rank_batch, self.link_gbps, self.latency_s,
-                                  **measured), self.windows)
+                                  **measured), self.windows, this_host())
         per_rank = [mine]
         if dist.is_initialized() and dist.get_world_size(process_group) > 1:
             per_rank = [None] * dist.get_world_size(process_group)
             dist.all_gather_object(per_rank, mine, group=process_group)
-        return combine_ranks(per_rank, tuple(s.step for s in self.sampler.samples))
+        combined = combine_ranks([(t, w) for t, w, _ in per_rank], tuple(s.step for s in self.sampler.samples))
+        # the hosts the compute was measured on: what the report names beside every projection of it
+        return None if combined is None else replace(combined, hosts=ProbeHosts.of([h for _, _, h in per_rank]))
 
 
 def _now(device) -> float:

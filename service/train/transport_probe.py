@@ -89,13 +89,13 @@ def probe_hosts(group=None, host: str | None = None) -> ProbeHosts:
     own link. ``host``: this rank's host where the process cannot tell (default: its hostname and
     network namespace)."""
     ranks = [None] * dist.get_world_size(group)
-    dist.all_gather_object(ranks, (host or _host_id(), _cores(), _cpu_model()), group=group)
-    per_host: dict[str, int] = {}
-    for host, _, _ in ranks:
-        per_host[host] = per_host.get(host, 0) + 1
-    return ProbeHosts(world_size=len(ranks), hosts=len(per_host), ranks_per_host=max(per_host.values()),
-                      cores=min(c for _, c, _ in ranks), cpu_model=" / ".join(sorted({m for _, _, m in ranks})),
-                      loopback=len(per_host) == 1)
+    dist.all_gather_object(ranks, this_host(host), group=group)
+    return ProbeHosts.of(ranks)
+
+
+def this_host(host: str | None = None) -> tuple[str, float, str]:
+    """This rank's (host, cores, CPU model) as :meth:`ProbeHosts.of` reads it."""
+    return host or _host_id(), _cores(), _cpu_model()
 
 
 def _host_id() -> str:
