@@ -402,7 +402,7 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     from service.config.loading import report_section
     from service.answer import projection
     from service.answer.data import load_sweep, open_store, recommendations
-    from service.report.projected import cluster_transport
+    from service.answer.pricing import pricing
 
     config = tmp_path / "cluster_basis.yaml"
     config.write_text((ROOT / CROSS_HOST).read_text().replace("name: cross_host", "name: cluster_basis").replace(
@@ -422,7 +422,7 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     reader = open_store(uri)
     sweep = load_sweep(reader, reader.resolve_parent("cluster_basis"))
     cluster = report_section(sweep.config_text).cluster
-    transport = cluster_transport(cluster, reader.transport(sweep.parent_run_id))
+    transport = pricing(reader, sweep.parent_run_id, report_section(sweep.config_text)).transport
     assert transport.link_gbps == LINK_GBPS
     errors = {}
     basis_steps = {t.record.config: t.record.metrics["step_time_ms_median"] for t in sweep.trials}
@@ -445,6 +445,7 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
         assert cell > 0 and measured > 0  # the comparison itself is measured, not asserted (docstring)
     assert set(errors) == {"allreduce", "quantization_pertensor"}
     # the report says which hosts priced it: the cluster's probe, two hosts of HOST_CPUS cores, its link
-    headline = next(iter((tmp_path / "results").rglob("summary.md"))).read_text()
-    assert f"transport: {cluster_probe.path}, probed W = 2 across 2 hosts" in headline
-    assert f"across links of {LINK_GBPS:g} Gbit/s" in headline
+    summary = next(iter((tmp_path / "results").rglob("summary.md"))).read_text()
+    assert "priced with your cluster's transport probe" in summary.splitlines()[3]
+    assert f"your cluster's probe ({cluster_probe.path}), probed W = 2 across 2 hosts" in summary
+    assert f"across links of {LINK_GBPS:g} Gbit/s" in summary

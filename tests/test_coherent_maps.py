@@ -114,13 +114,13 @@ def grid(bases) -> dict:
     return decision_map.winners(bases, list(SIZES), LATENCY_MS, LINKS, bands, pairs=PairBands((), "x"))
 
 
-def test_a_close_call_names_both_candidates_and_wears_no_winners_colour():
+def test_a_close_call_wears_the_answers_colour_hatched_and_names_both_candidates():
     cells = grid(sweep_bases())
     close = [c for c in cells.values() if c.too_close]
     assert close, "the twins are inside each other's band: some cell must be a close call"
-    for cell in close:
+    for cell in close:  # the answer is kept (allreduce: the twin cannot be told from it), hatched
         p = decision_map.paint(cell)
-        assert p.colour_of is None and p.hatched
+        assert p.colour_of == cell.winner.config == "allreduce" and p.hatched
         assert p.names == (cell.winner.config, cell.runner_up.config)
     decided = [c for c in cells.values() if c.winner is not None and not c.too_close]
     assert decided, "fp16_compress must win some slow-link cells outright"

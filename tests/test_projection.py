@@ -399,20 +399,23 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     assert "id='decision_map'" in page and "Projected time to target at scale" in page
     assert "Projected for W=16 on 25 Gbit/s at 100 µs per message (report.cluster)" in page
     summary = (out / "summary.md").read_text()
-    headline = summary.splitlines()[2]
-    assert headline.startswith("**Measured here: ") and "Projected for W=16 on 25 Gbit/s" in headline
-    assert "latency 50 µs per message, report.project.latency_ms" in summary
+    here, cluster = summary.splitlines()[2:4]
+    assert here.startswith("- **Here: ") and cluster.startswith("- **Your cluster (W = 16 on 25 Gbit/s, report.cluster): ")
+    assert "Projected for W=16 on 25 Gbit/s" in summary.split("### How this was priced")[1]
+    # one latency for every projected figure: report.cluster's where the sweep names a cluster
+    assert "latency 100 µs per message, report.cluster.latency_ms" in summary
     assert "### Transport measured for this sweep (transport.json)" in summary
     assert "| allreduce | 2 | 500.0 µs | 20.000 ms |" in summary
     # the per-bucket plan for report.cluster: this tiny model has one bucket, so none beats uniform
     assert "### A per-bucket plan for W=16 on 25 Gbit/s (report.cluster)" in summary
     assert "No per-bucket plan beats a uniform configuration here: the model has one bucket" in summary
-    # and it names the headline's answer, saying in one sentence why its own figures differ
-    named = headline.split("(report.cluster): ")[1].split(",")[0]
+    # and it names the headline's answer (answer.json's), saying in one sentence why its own figures differ
+    named = json.loads((out / "answer.json").read_text())["cluster"]["answer"]
+    assert f": {'keep' if named == 'allreduce' else 'use'} {named}" in cluster
     assert (f"the cluster's answer above, which names {named} too" in summary
             or f"The cluster's answer above names {named}, this section" in summary), summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
-    assert "quality from W=1" in headline
+    assert "quality from W=1" in summary
     # projection.csv: every row of a cell says that cell's one answer, the map's and the headline's rule
     rows = list(csv.DictReader((out / projection.CSV).open()))
     for at in {(r["world_size"], r["link_gbps"]) for r in rows}:
@@ -433,9 +436,9 @@ def test_report_cluster_transport_prices_the_cluster_answer_and_the_map_with_tha
     from service.step_model.transport import ProbeHosts
 
     _, page = built
-    headline = (built[0] / "summary.md").read_text().splitlines()[2]
-    assert "Priced with compute from this sweep's trials, a core per rank; transport: the sweep's own probe" in headline
-    assert "this machine's stands in" in headline
+    summary = (built[0] / "summary.md").read_text()
+    assert "priced as hosts like this one" in summary.splitlines()[3]
+    assert "transport: this sweep's own probe" in summary.split("### How this was priced")[1]
     # a cluster of fast hosts: a twentieth of the sweep's fixed cost, a hundredth of its per-byte cost
     fast = TransportFit({k: (KindFit(16, 0.025, 2e-7, 0.0),) for k in ("allreduce", "allgather", "all_to_all")},
                         (), {16: 2.0}, (ProbeHosts(16, 16, 1, 1.0, "Cluster CPU", False),))
@@ -451,13 +454,15 @@ def test_report_cluster_transport_prices_the_cluster_answer_and_the_map_with_tha
     (tmp_path / "own").mkdir(), (tmp_path / "given").mkdir()
     mine = projected(sweep, recs, reader, own, tmp_path / "own")
     theirs = projected(sweep, recs, reader, given, tmp_path / "given")
-    assert f"transport: {path}, probed W = 16 across 16 hosts, 1 rank(s) per host of 1 core(s) (Cluster CPU)" in theirs.cluster
-    assert "stands in" not in theirs.cluster and "stands in" in mine.cluster
+    assert theirs.pricing.transport_source() == (f"transport: your cluster's probe ({path}), probed W = 16 across 16 "
+                                                 "hosts, 1 rank(s) per host of 1 core(s) (Cluster CPU)")
+    assert theirs.answer.cluster.transport_from_cluster and not mine.answer.cluster.transport_from_cluster
     # the cluster cell priced with the cluster's transport: faster than with the sweep's (0.5 ms, 2e-5 ms/B)
-    assert theirs.cluster.split(" Priced with")[0] != mine.cluster.split(" Priced with")[0]
+    assert theirs.cluster != mine.cluster
     assert theirs.plan is not None and mine.plan is not None
-    # the projection table (report.project's cells) stays priced with the sweep's own probe
-    assert [c.step_ms for c in theirs.cells] == [c.step_ms for c in mine.cells]
+    # the projection table (report.project's cells) is priced the same way as the cluster cell: the
+    # cluster's probe, at report.cluster's latency
+    assert all(a.step_ms < b.step_ms for a, b in zip(theirs.cells, mine.cells) if a.step_ms is not None)
 
 
 def test_a_failed_transport_probe_is_recorded_on_the_parent_run_and_the_report_says_why(tmp_path):

@@ -190,19 +190,21 @@ def test_a_baseline_slowed_by_a_busy_machine_is_judged_by_the_paired_ratio():
     assert old.paired_seconds is None and rec.choice is old
 
 
-def test_the_headline_says_how_many_trials_adaptive_seeds_saved():
+def test_the_basis_says_how_many_trials_adaptive_seeds_saved():
     from service.report import render
-    from service.answer import data
+    from service.answer import data, decision
     from service.answer.sequential import Rule
+    from service.report.projected import Projected
 
     recs = [recommend.recommend(2, "loopback", [candidate("allreduce", [10, 10, 10], **BASE),
                                                 candidate("bf16_compress", [9, 9], [1.0, 1.0])])]
     sweep = data.Sweep("e", "p", "n", "FINISHED", "", "sqlite:///x", None, None,
                        trials=[object()] * 5, rule=Rule(2, 5))
-    line = render.headline(recs, sweep)
-    assert line.endswith("Adaptive seeds (2 to 5): 5 trials, 5 fewer than 5 seeds for every configuration (10).")
+    scale = Projected([], answer=decision.sweep_answer(recs))
+    assert ("Adaptive seeds (2 to 5): 5 trials, 5 fewer than 5 seeds for every configuration (10)."
+            in render.how_priced(scale, sweep, recs))
     sweep.rule = Rule()  # a fixed grid: nothing to say
-    assert "Adaptive" not in render.headline(recs, sweep)
+    assert not any("Adaptive" in line for line in render.how_priced(scale, sweep, recs))
 
 
 def test_comparisons_across_very_different_load_are_flagged():
@@ -247,6 +249,7 @@ def test_the_ranking_compares_each_configuration_with_the_baseline_on_its_own_se
 
 
 def test_the_headline_names_each_choice_once_with_its_world_sizes():
+    from service.answer.decision import sweep_answer
     from service.report import render
 
     def rec(w, link, fast):
@@ -254,13 +257,11 @@ def test_the_headline_names_each_choice_once_with_its_world_sizes():
         other = candidate("bf16_compress", [4 if fast else 10, 4 if fast else 10], [1.0, 1.0])
         return recommend.recommend(w, link, [base, other])
 
-    line = render.headline([rec(1, "loopback", False), rec(2, "loopback", False), rec(4, "loopback", False)])
-    assert line == "Keep allreduce at W = 2 and 4 on loopback."
-    line = render.headline([rec(2, "loopback", False), rec(4, "1 Gbit/s", True), rec(2, "1 Gbit/s", True)])
-    assert line == ("Keep allreduce at W = 2 on loopback; use bf16_compress at W = 2 and 4 on 1 Gbit/s "
-                    "(2.50x / 2.50x faster than allreduce).")
-    assert render.headline([rec(2, "loopback", False)], cluster="Projected: x.").startswith(
-        "Measured here: keep allreduce at W = 2 on loopback. Projected: x.")
+    lines = render.headline(sweep_answer([rec(1, "loopback", False), rec(2, "loopback", False), rec(4, "loopback", False)]))
+    assert lines == ["Here: keep allreduce at W = 2 and 4 on loopback."]
+    lines = render.headline(sweep_answer([rec(2, "loopback", False), rec(4, "1 Gbit/s", True), rec(2, "1 Gbit/s", True)]))
+    assert lines == ["Here: keep allreduce at W = 2 on loopback; use bf16_compress at W = 2 and 4 on 1 Gbit/s "
+                     "(2.50x / 2.50x faster than allreduce)."]
 
 
 def test_the_speed_table_and_summary_csv_compare_on_the_seeds_both_ran():

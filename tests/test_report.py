@@ -316,7 +316,7 @@ def test_recommendation_ranks_by_time_to_target_at_matching_quality(store, sweep
     assert set(avoid) == {"quantization_pertensor"}
     open_ = dict(recs[2].open)
     for config in ("quantization_perchannel-c128", "quantization_perchannel-c512"):
-        assert "(2 seeds) vs allreduce holds +1%" in open_[config] and "seeds at this scatter" in open_[config]
+        assert "(2 seeds) vs allreduce holds +1%" in open_[config] and "at this scatter would decide it" in open_[config]
     verdicts = {c.config: c.verdict.value for c in recs[2].candidates}
     assert verdicts == {"allreduce": "baseline", "quantization_pertensor": "nan",
                         "quantization_perchannel-c128": "undecided", "quantization_perchannel-c512": "undecided"}
@@ -332,10 +332,12 @@ def test_recommendation_ranks_by_time_to_target_at_matching_quality(store, sweep
         eval_steps = sorted(logged["evals"])
         reached = [s for s in eval_steps if 1.1 * logged["loss"][s] <= target]
         assert (trial.time_to_target.seconds is None) == (not reached), trial.run_name
-    line = report.headline(list(recs.values()))
-    assert line.startswith("Keep allreduce at W = 2 on loopback"), line
-    assert "W = 1" not in line  # one rank communicates nothing: no answer needed there
-    assert line.count("allreduce") == 1  # said once, not "use allreduce: keep allreduce"
+    from service.answer.decision import sweep_answer
+
+    here = report.headline(sweep_answer(list(recs.values())))[0]
+    assert here.startswith("Here: keep allreduce at W = 2 on loopback"), here
+    assert "W = 1" not in here  # one rank communicates nothing: no answer needed there
+    assert here.count("allreduce") == 1  # said once, not "use allreduce: keep allreduce"
 
 
 def test_build_report_writes_and_attaches_every_file(store, tmp_path):
@@ -373,7 +375,7 @@ def test_build_report_writes_and_attaches_every_file(store, tmp_path):
     assert "0.953 ± 0.007" in md
     page = html_path.read_text()
     assert "Which configuration to use" in page
-    assert "Keep allreduce at W = 2 on loopback" in page
+    assert "Here: keep allreduce at W = 2 on loopback" in page
     assert "speed-up vs allreduce" in page and "eval-loss gap vs allreduce (CI)" in page
     # undecided is open, never avoid: the open column names both quantizers with what would decide
     avoid_cell, open_cell = page.split("<td class='left'>quantization_pertensor: 1 failed, 1 nan")[1] \

@@ -10,7 +10,7 @@ gates read:
      "cluster": {"world_size": 32, "link_gbps": 10.0, "latency_ms": 0.025, "answer": ..., "runner_up": ...,
                  "decided": ..., "margin_pct": ..., "error_pct": ...,
                  "hosts": {"compute": [...], "transport": [...], "transport_source": "..."}},
-     "open": [{"config": ..., "where": "W = 2 on loopback", "why": ...}]}
+     "open": [{"config": ..., "where": "W = 2 on loopback", "why": ..., "decides": ...}]}
 
 ``margin_pct``: the answer's lead over the runner-up (the runner-up's time to target over the
 answer's, less 1; below 0 where allreduce is kept against a faster runner-up that is not faster
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from service.answer.pricing import Pricing, compute_hosts
-from service.answer.recommend import LOOPBACK, Recommendation
+from service.answer.recommend import LOOPBACK, Recommendation, speedup
 from service.config.trial import COMPILED
 
 ARTIFACT = "answer.json"
@@ -44,10 +44,12 @@ class CellAnswer:
     margin_pct: Optional[float]
     error_pct: Optional[float]
     why_none: str = ""   # where nothing qualifies (answer None): why
+    speedup: Optional[float] = None   # measured: allreduce's time to target over the answer's
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in asdict(self).items() if k != "why_none"}
-        return {**out, **({"why_none": self.why_none} if self.why_none else {})}
+        out = {k: v for k, v in asdict(self).items() if k not in ("why_none", "speedup")}
+        return {**out, **({"why_none": self.why_none} if self.why_none else {}),
+                **({"speedup_vs_allreduce": round(self.speedup, 4)} if self.speedup is not None else {})}
 
 
 def _pct(x: float) -> Optional[float]:
@@ -59,9 +61,11 @@ def measured_answer(rec: Recommendation) -> CellAnswer:
     if rec.choice is None:
         return CellAnswer(None, None, False, None, None, rec.reason)
     runner = rec.runner_up.config if rec.runner_up is not None else None
+    up = speedup(rec.choice, rec.baseline) if rec.baseline is not None and rec.choice is not rec.baseline else math.nan
+    up = up if math.isfinite(up) else None
     if runner is None:
-        return CellAnswer(rec.choice.config, None, True, None, None)
-    return CellAnswer(rec.choice.config, runner, rec.decided, _pct(rec.margin), _pct(rec.error))
+        return CellAnswer(rec.choice.config, None, True, None, None, speedup=up)
+    return CellAnswer(rec.choice.config, runner, rec.decided, _pct(rec.margin), _pct(rec.error), speedup=up)
 
 
 def projected_answer(cell) -> CellAnswer:
@@ -103,10 +107,11 @@ class ClusterAnswer:
     transport_hosts: list = field(default_factory=list)   # ProbeHosts the transport was probed on
     transport_source: str = ""
     refused: str = ""                                     # why the cell was not priced
+    transport_from_cluster: bool = False                  # priced with report.cluster.transport's probe
 
     def to_json(self) -> dict:
         hosts = {"compute": [_host(h) for h in self.compute_hosts], "transport": [_host(h) for h in self.transport_hosts],
-                 "transport_source": self.transport_source}
+                 "transport_source": self.transport_source, "transport_from_cluster": self.transport_from_cluster}
         out = {"world_size": self.world_size, "link_gbps": self.link_gbps, "latency_ms": self.latency_ms,
                **self.answer.to_json(), "hosts": hosts}
         return {**out, **({"refused": self.refused} if self.refused else {})}
@@ -120,9 +125,12 @@ def _host(h) -> dict:
 
 @dataclass(frozen=True)
 class Open:
+    """A configuration whose quality verdict is undecided: where, why, and what would decide it."""
+
     config: str
     where: str
     why: str
+    decides: str
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,7 @@ def sweep_answer(recs: list[Recommendation], cluster=None, cluster_cell=None, re
         at = sorted((r for r in recs if r.world_size == w), key=_order)
         links = {place(r): measured_answer(r) for r in at} if len(at) > 1 else {}
         measured[w] = Measured(w, place(at[0]), measured_answer(at[0]), links)
-    opened = tuple(Open(config, f"W = {r.world_size} on {place(r)}", why)
+    opened = tuple(Open(config, f"W = {r.world_size} on {place(r)}", why, r.decides.get(config, ""))
                    for r in sorted(recs, key=lambda r: (r.world_size, _order(r))) for config, why in r.open)
     if cluster is None:
         return SweepAnswer(measured, None, opened)
@@ -160,5 +168,6 @@ def sweep_answer(recs: list[Recommendation], cluster=None, cluster_cell=None, re
     c = ClusterAnswer(cluster.world_size, cluster.link_gbps, cluster.latency_ms, answer,
                       compute_hosts([t for b in bases for t in b.timelines]),
                       list(transport.hosts) if transport is not None else [],
-                      pricing.transport_source() if pricing is not None else "", refused)
+                      pricing.transport_source() if pricing is not None else "", refused,
+                      pricing is not None and pricing.from_cluster)
     return SweepAnswer(measured, c, opened)

@@ -26,6 +26,7 @@ class Pricing:
     latency_ms: float                          # every projected cell's latency
     sweep_transport: Optional[TransportFit]    # the sweep's own probe (the report's transport table)
     cluster_file: str = ""                     # the path report.cluster.transport was copied from ("": not given)
+    latency_from: str = "report.project.latency_ms"   # the setting latency_ms comes from
 
     @property
     def from_cluster(self) -> bool:
@@ -34,10 +35,10 @@ class Pricing:
     def transport_source(self) -> str:
         """Where the transport was measured, in one phrase."""
         if self.from_cluster:
-            return f"transport: your cluster's probe ({self.cluster_file}), {self.transport.where()}"
+            return f"transport: your cluster's probe ({self.cluster_file}), probed {self.transport.where()}"
         if self.transport is None:
             return "transport: each trial's own recorded communication, scaled (no probe)"
-        return f"transport: this sweep's own probe, {self.transport.where()}"
+        return f"transport: this sweep's own probe, probed {self.transport.where()}"
 
     def hidden_above_gbps(self) -> Optional[float]:
         """The link rate above which these hosts' own cost of moving bytes (the transport probe's
@@ -55,16 +56,18 @@ def pricing(reader, parent_run_id: str, report_cfg) -> Pricing:
     """The sweep's one pricing (the module doc), read from its parent run."""
     sweeps = reader.transport(parent_run_id)
     cluster = report_cfg.cluster
-    latency = cluster.latency_ms if cluster is not None else report_cfg.project.latency_ms
-    if cluster is None or not cluster.transport:
-        return Pricing(sweeps, latency, sweeps)
+    if cluster is None:
+        return Pricing(sweeps, report_cfg.project.latency_ms, sweeps)
+    latency, latency_from = cluster.latency_ms, "report.cluster.latency_ms"
+    if not cluster.transport:
+        return Pricing(sweeps, latency, sweeps, "", latency_from)
     copied = reader.cluster_transport(parent_run_id)
     if copied is None:  # a sweep from before the copy was made: the file as configured
         from service.step_model.transport import read_file
 
-        return Pricing(read_file(cluster.transport), latency, sweeps, cluster.transport)
+        return Pricing(read_file(cluster.transport), latency, sweeps, cluster.transport, latency_from)
     fit, path = copied
-    return Pricing(fit, latency, sweeps, path or cluster.transport)
+    return Pricing(fit, latency, sweeps, path or cluster.transport, latency_from)
 
 
 def compute_hosts(timelines: Iterable) -> list[ProbeHosts]:

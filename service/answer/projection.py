@@ -421,7 +421,7 @@ def band_text(cells: list[CellProjection]) -> str:
                      for (lo, hi, w), ws in beyond_at.items()) or "unmeasured"
 
 
-def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
+def note(latency_ms: float, bands: Optional[ErrorBands] = None, latency_from: str = "report.project.latency_ms") -> str:
     """The projection's assumptions and where its error band comes from (summary.md, report.html)."""
     bands = bands or error_bands()
     return ("Projected time to target = the configuration's crossing step (mean over its seeds, measured at the "
@@ -429,7 +429,7 @@ def note(latency_ms: float, bands: Optional[ErrorBands] = None) -> str:
             "one's) x the step the step model (service/step_model/) prices from the trials' own recorded step "
             "timelines at that world size and link, keeping the sweep's global batch (each rank's compute at "
             "its share of it; evals left out, as in the measured time to target; latency "
-            f"{1000 * latency_ms:g} µs per message, report.project.latency_ms). Error band: (projected - "
+            f"{1000 * latency_ms:g} µs per message, {latency_from}). Error band: (projected - "
             "measured) / measured for the hook with its error-feedback setting at the nearest checked world "
             f"size, over held-out emulated cells, {bands.provenance}; a hook the bench did not measure gets "
             "the widest band measured. docs/results.md says how to read it.")

@@ -286,12 +286,13 @@ class Recommendation:
     ranked: list[Candidate] = field(default_factory=list)   # eligible, best first
     candidates: list[Candidate] = field(default_factory=list)  # all, as given
     avoid: list[tuple[str, str]] = field(default_factory=list)  # (config, why): shown bad
-    open: list[tuple[str, str]] = field(default_factory=list)   # (config, why undecided, what decides)
+    open: list[tuple[str, str]] = field(default_factory=list)   # (config, why undecided and what decides)
     single_seed: bool = False
     compiled: bool = False   # the cell's trials compiled their model (torch.compile): compared among themselves
     decided: bool = False    # the choice beat every other beyond their pair's spread (step_model.pairs.rule)
     margin: float = 0.0      # the choice's lead over the runner-up (runner-up's time / the choice's - 1)
     error: float = 0.0       # the lead the fastest needed over the runner-up to be told apart from it
+    decides: dict[str, str] = field(default_factory=dict)   # an open config -> what would decide it
 
     @property
     def key(self) -> str:
@@ -317,7 +318,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
         c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss, rule) if baseline else None
         c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss, rule) if best_16bit else None
         c.verdict = quality_verdict(c, tolerance)
-    eligible, avoid, open_ = [], [], []
+    eligible, avoid, open_, deciding = [], [], [], {}
     for c in candidates:
         if c.verdict in (Verdict.NAN, Verdict.FAILED):
             avoid.append((c.config, c.states))
@@ -325,7 +326,9 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
             avoid.append((c.config, f"final eval loss {c.gap.text()} vs {baseline.config}, beyond the "
                                     f"{tolerance:.0%} tolerance"))
         elif c.verdict is Verdict.UNDECIDED:
-            open_.append((c.config, _open_reason(c, tolerance, baseline, rule)))
+            why, decides = _open_reason(c, tolerance, baseline, rule)
+            open_.append((c.config, why))
+            deciding[c.config] = decides
         elif c.time_to_target and not c.reached_every_seed:
             never = [s for s, t in sorted(c.time_to_target.items()) if t.seconds is None]
             avoid.append((c.config, f"never reached the target eval loss (seed {', '.join(map(str, never))})"))
@@ -334,7 +337,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     ranked = sorted(eligible, key=lambda c: _rank_key(c, baseline))
     single = any(c.gap is not None and c.gap.single_seed for c in candidates)
     rec = Recommendation(world_size, link, None, None, baseline, best_16bit, "", ranked, candidates,
-                         avoid, open_, single, compiled)
+                         avoid, open_, single, compiled, decides=deciding)
     if not ranked:
         rec.reason = "no configuration finished cleanly at a quality matching the baseline"
         return rec
@@ -372,19 +375,20 @@ def quality_verdict(c: Candidate, tolerance: float) -> Verdict:
     return c.gap.verdict(tolerance) if c.gap is not None else Verdict.UNDECIDED
 
 
-def _open_reason(c: Candidate, tolerance: float, baseline: Candidate | None, rule: Rule = Rule()) -> str:
+def _open_reason(c: Candidate, tolerance: float, baseline: Candidate | None, rule: Rule = Rule()) -> tuple[str, str]:
     """Why a candidate is undecided, and what would decide it (seeds beyond those it ran, under
-    the sweep's own interval rule)."""
+    the sweep's own interval rule): (the whole reason, what decides it)."""
     if not c.ok:
-        return f"{c.states}: not every trial has finished; rerun with --resume"
+        return f"{c.states}: not every trial has finished; rerun with --resume", "rerun with --resume"
     if c.gap is None:
-        return f"no seed paired with a finished {BASELINE_HOOK} trial: run {BASELINE_HOOK} at its seeds"
+        run = f"run {BASELINE_HOOK} at its seeds"
+        return f"no seed paired with a finished {BASELINE_HOOK} trial: {run}", run
     needed = seeds_to_decide(c.gap.mean, c.gap.sd, tolerance, rule, c.gap.seeds)
     decide = (f"about {needed} seeds in all ({needed - c.gap.seeds} more) at this scatter would decide it"
               if needed is not None
               else f"more than {MAX_SEEDS_TO_SUGGEST} seeds at this scatter would: its mean is too "
                    f"close to the tolerance for seeds to decide it")
-    return f"final eval loss {c.gap.text()} vs {baseline.config} holds +{tolerance:.0%}; {decide}"
+    return f"final eval loss {c.gap.text()} vs {baseline.config} holds +{tolerance:.0%}; {decide}", decide
 
 
 LOAD_RATIO = 1.5   # trials whose load averages differ more than this ran on a differently busy machine

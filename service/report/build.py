@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from service.answer import recommend
+from service.answer import decision, recommend
 from service.report.loss_curves import loss_curve_data
 from service.answer.data import (ReportError, Sweep, load_sweep, open_store,
                                  recommendations, summary_rows, throughput_data)
@@ -17,7 +18,7 @@ from service.text import one_line
 
 PROJECTED_FILES = ("decision_map.png", "projection.csv")  # only when trials recorded their step timeline
 REPORT_FILES = ("loss_curves.png", "throughput.png", "tradeoff.png", "summary.csv", "summary.md",
-                "report.html") + PROJECTED_FILES
+                "report.html", "answer.json") + PROJECTED_FILES
 
 
 def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: Path | None = None,
@@ -63,7 +64,8 @@ def build_report(parent_run_id: str, tracking_uri: str | None = None, out_dir: P
     if scale.image is not None:  # nothing priced (no step timeline recorded): the section says so, no map
         images["decision_map"] = scale.image
     write_summary_csv(rows, recs, out_dir / "summary.csv")
-    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs, scale.cluster) + scale.markdown())
+    (out_dir / decision.ARTIFACT).write_text(json.dumps(scale.answer.to_json(), indent=1) + "\n")
+    (out_dir / "summary.md").write_text(summary_markdown(sweep, rows, recs, scale) + scale.markdown())
     report = out_dir / "report.html"
     report.write_text(render_html(sweep, rows, recs, images, quality_metric, scale))
     if attach:

@@ -1,14 +1,14 @@
 """Where compression pays, as a picture: decision_map.png.
 
 World size (2 ... what the global batch allows, log2) against link speed (1 ... 400 Gbit/s, log),
-each decided cell coloured by the configuration with the shortest projected time to target among
-those whose quality matched the baseline (service/answer/projection.py); a cell whose winner's
-margin over the runner-up is inside that pair's measured ratio error and its trials' spread
-(``projection.winner``: service/step_model/pairs.py's rule) is hatched grey and names both
-candidates instead: a colour there would be the noise's pick, and flip from cell to cell
-(:func:`paint`). The measured
-cells marked (a circle per emulated link a trial ran on; loopback at the top edge), the cluster
-of ``report.cluster`` starred (in the top of its cell, above the cell's label).
+each cell coloured by its answer under the one rule (``projection.winner``: service/step_model/
+pairs.py's ``rule``): the fastest configuration to target among those whose quality matched the
+baseline where it wins beyond the error, else allreduce. A cell where the winner's margin is
+inside the pair's error is hatched and names the answer and the runner-up (:func:`paint`). Above
+the links, a 'measured here' row paints each world size the sweep ran with its measured answer
+(the headline's). Circles mark the emulated links trials ran on, triangles loopback; the cluster
+of ``report.cluster`` is starred (in the top of its cell, above the cell's label); cells whose
+link is faster than the hosts' own transport are dotted (a faster link changes nothing there).
 """
 
 from __future__ import annotations
@@ -64,19 +64,33 @@ class CellPaint:
 
 
 def paint(cell: CellWinner) -> CellPaint:
-    """A decided cell: its winner's colour. A close call: no winner's colour, both candidates named."""
+    """A decided cell: its answer's colour. A close call: its answer's colour (allreduce where
+    the tie holds it: the one rule's answer), hatched, naming the answer and the runner-up."""
     if cell.winner is None:
         return CellPaint(None, (), False)
     if cell.too_close:
-        return CellPaint(None, (cell.winner.config, cell.runner_up.config), True)
+        return CellPaint(cell.winner.config, (cell.winner.config, cell.runner_up.config), True)
     return CellPaint(cell.winner.config, (), False)
+
+
+def paint_measured(m) -> CellPaint:
+    """A measured world size's answer (service/answer/decision.py's Measured) as the map's
+    'measured here' row paints it: the same way as a projected cell."""
+    a = m.answer
+    if a.answer is None:
+        return CellPaint(None, (), False)
+    if not a.decided and a.runner_up is not None:
+        return CellPaint(a.answer, (a.answer, a.runner_up), True)
+    return CellPaint(a.answer, (), False)
 
 
 def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, Optional[float]]],
          path: Path, title: str = "", cluster: Optional[tuple[int, float]] = None,
-         quality_from: str = "") -> Path:
+         quality_from: str = "", here: Optional[dict] = None, hidden_above_gbps: Optional[float] = None) -> Path:
     """decision_map.png from :func:`winners`' cells; ``measured``: (W, Gbit/s or None for
-    loopback) where trials ran."""
+    loopback) where trials ran; ``here``: the measured answers per W (decision.Measured), painted
+    in a top row of their own; ``hidden_above_gbps``: the link rate above which the hosts' own
+    transport is slower than the link, those cells dotted."""
     from matplotlib.patches import Patch, Rectangle
 
     from service.report import plots
@@ -85,39 +99,54 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     sizes = sorted({w for w, _ in cells})
     links = sorted({g for _, g in cells})
     painted = {at: paint(cell) for at, cell in cells.items()}
-    configs = sorted({c for p in painted.values() for c in (p.colour_of, *p.names) if c is not None})
+    here_row = {w: paint_measured(m) for w, m in (here or {}).items() if w in sizes}
+    configs = sorted({c for p in (*painted.values(), *here_row.values()) for c in (p.colour_of, *p.names)
+                      if c is not None})
     palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
     colour = {c: palette(i) for i, c in enumerate(configs)}
     key = {c: str(i + 1) for i, c in enumerate(configs)}  # a close cell names its two by these
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for (w, g), p in painted.items():
-        x, y = sizes.index(w), links.index(g)
-        face = colour[p.colour_of] if p.colour_of is not None else ("0.88" if p.hatched else "white")
+    top = len(links)  # the 'measured here' row, above the fastest link
+    cells_drawn = [((w, links.index(g)), p, (w, g) == cluster) for (w, g), p in painted.items()]
+    cells_drawn += [((w, top), p, False) for w, p in here_row.items()]
+    for (w, y), p, starred in cells_drawn:
+        x = sizes.index(w)
+        face = colour[p.colour_of] if p.colour_of is not None else "white"
         ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
                                hatch="///" if p.hatched else None, lw=0.5))
         if p.names:  # in the cluster's cell, below its star (:data:`STAR_DY`), which would hide it
-            ax.text(x, y - (LABEL_DY if (w, g) == cluster else 0.0), " | ".join(key[c] for c in p.names),
+            ax.text(x, y - (LABEL_DY if starred else 0.0), " | ".join(key[c] for c in p.names),
                     ha="center", va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    hidden = [(w, g) for (w, g) in painted if hidden_above_gbps is not None and g > hidden_above_gbps]
+    for w, g in hidden:  # the hosts' own transport is slower than this link: a faster one changes nothing
+        ax.add_patch(Rectangle((sizes.index(w) - 0.5, links.index(g) - 0.5), 1, 1, fill=False, hatch="..",
+                               edgecolor="0.35", lw=0))
     for w, g in measured:
         if w in sizes:
-            y = links.index(g) if g in links else len(links) - 0.5
-            # loopback: on the top edge, drawn whole; a link's circle left of the centre, where a
-            # close call's names are
-            x = sizes.index(w) - (MEASURED_DX if g in links else 0.0)
+            # loopback: in the 'measured here' row (without one, on the top edge, drawn whole); left
+            # of the centre, where a close call's names are
+            y = links.index(g) if g in links else (top if here_row else top - 0.5)
+            x = sizes.index(w) - (MEASURED_DX if g in links or here_row else 0.0)
             ax.plot(x, y, marker="o" if g in links else "v", color="black", ms=8, mfc="none", mew=2, clip_on=False)
     if cluster is not None and cluster[0] in sizes and cluster[1] in links:
         ax.plot(sizes.index(cluster[0]), links.index(cluster[1]) + STAR_DY, marker="*", color="black", ms=11,
                 mec="white", mew=0.6)
     ax.set_xlim(-0.5, len(sizes) - 0.5)
-    ax.set_ylim(-0.5, len(links) - 0.5)
+    ax.set_ylim(-0.5, len(links) + (0.5 if here_row else -0.5))
     ax.set_xticks(range(len(sizes)), [str(w) for w in sizes])
-    ax.set_yticks(range(len(links)), [f"{g:g}" for g in links])
+    ax.set_yticks(range(len(links) + bool(here_row)), [f"{g:g}" for g in links] + (["measured here"] if here_row else []))
+    if here_row:
+        ax.axhline(top - 0.5, color="black", lw=1.5)
     ax.set_xlabel("world size (ranks, log2)")
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
     handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
-    handles += [Patch(facecolor="0.88", edgecolor="grey", hatch="///",
-                      label="too close to call: the two named (their ratio's error band, the seeds' and the probe's spread)"),
-                plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
+    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///",
+                      label="too close to call: the answer's colour (allreduce where the tie holds it), the runner-up named second")]
+    if hidden:
+        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="..",
+                             label=f"link faster than these hosts move bytes (~{hidden_above_gbps:.3g} Gbit/s): "
+                                   "a faster link changes nothing"))
+    handles += [plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if cluster is not None:
         handles.append(plt.Line2D([], [], marker="*", color="black", ls="", ms=12, label="report.cluster"))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from service.answer import plan
+from service.answer import decision, plan, pricing
 from service.report import cluster_answer, decision_map, plan_section, transport_table
 
 from service.answer import projection
@@ -30,6 +30,8 @@ class Projected:
     plan_at: tuple = (None, "report.cluster")                  # (its cell, where the cell came from)
     compiled_note: str = ""                                    # COMPILED_NOTE where some trial compiled
     cluster_winner: Optional[str] = None                       # what the cluster's answer names, at plan_at's cell
+    pricing: Optional[pricing.Pricing] = None                   # how every projected figure was priced
+    answer: Optional[decision.SweepAnswer] = None               # the sweep's answer (answer.json)
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -40,7 +42,7 @@ class Projected:
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
         lines += [""] + [f"Refused: {why}." for why in projection.refusals(self.cells)]
-        lines += ["", projection.note(self.latency_ms), ""] + ([self.compiled_note, ""] if self.compiled_note else [])
+        lines += ["", projection.note(self.latency_ms, latency_from=self.pricing.latency_from if self.pricing else "report.project.latency_ms"), ""] + ([self.compiled_note, ""] if self.compiled_note else [])
         lines += transport_table.markdown(self.transport, self.transport_failure)
         if self.cluster:
             lines += [self.cluster, ""]
@@ -58,68 +60,39 @@ EMPTY = ("No trial recorded a step timeline (tracking.timeline_steps: 0, or a sw
 
 def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", plan_at=None) -> Projected:
     """Everything projected for ``sweep`` (data.Sweep) with its ``recs``, files written to ``out_dir``;
-    ``plan_at``: (the per-bucket plan's cell, 'search.plan' or 'report.cluster'), default report.cluster's."""
+    ``plan_at``: (the per-bucket plan's cell, 'search.plan' or 'report.cluster'), default report.cluster's.
+    Every part priced one way (service/answer/pricing.py) and decided by one rule."""
     bases = projection.bases(sweep.trials, recs, reader.step_timeline)
-    latency_ms, transport = report_cfg.project.latency_ms, reader.transport(sweep.parent_run_id)
-    failure = None if transport is not None else reader.transport_failure(sweep.parent_run_id)
-    out = Projected(bases, latency_ms=latency_ms, transport=transport, transport_failure=failure,
-                    plan_at=plan_at or (report_cfg.cluster, "report.cluster"),
+    price = pricing.pricing(reader, sweep.parent_run_id, report_cfg)
+    failure = None if price.sweep_transport is not None else reader.transport_failure(sweep.parent_run_id)
+    out = Projected(bases, latency_ms=price.latency_ms, transport=price.sweep_transport, transport_failure=failure,
+                    plan_at=plan_at or (report_cfg.cluster, "report.cluster"), pricing=price,
                     compiled_note=COMPILED_NOTE if any(t.compiled for t in sweep.trials) else "")
     if not bases:
+        out.answer = decision.sweep_answer(recs, report_cfg.cluster, None, "nothing was projected", price, bases)
         return out
     global_batch = max(b.global_batch for b in bases)
     sizes, links = projection.cells(report_cfg.project, global_batch)
-    out.cells = projection.project(bases, sizes, links, latency_ms, transport=transport)
+    out.cells = projection.project(bases, sizes, links, price.latency_ms, transport=price.transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
-    at_cluster = cluster_transport(report_cfg.cluster, transport)
-    answered, refused = cluster_answer.cluster_cell(bases, report_cfg.cluster, transport=at_cluster)
+    answered, refused = cluster_answer.cluster_cell(bases, report_cfg.cluster, transport=price.transport)
+    out.answer = decision.sweep_answer(recs, report_cfg.cluster, answered, refused, price, bases)
     out.cluster = cluster_answer.cluster_text(report_cfg.cluster, answered, refused)
-    if out.cluster:
-        out.cluster += " " + priced_on(transport, at_cluster, report_cfg.cluster)
     cell = out.plan_at[0]
-    at_the_cluster = _same_cell(cell, report_cfg.cluster)
-    if answered is not None and answered.winner is not None and at_the_cluster:
-        out.cluster_winner = answered.winner.config   # the plan section names it beside its own pick
-    out.plan = plan.answer(bases, cell, at_cluster if at_the_cluster else transport,
-                                   measured=None if cell is None else plan.measured_steps(sweep.trials, cell))
-    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), latency_ms, transport=at_cluster)
+    if answered is not None and answered.winner is not None and _same_cell(cell, report_cfg.cluster):
+        out.cluster_winner = answered.winner.config   # the plan section names the same answer
+    out.plan = plan.answer(bases, cell, price.transport,
+                           measured=None if cell is None else plan.measured_steps(sweep.trials, cell))
+    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), price.latency_ms,
+                                transport=price.transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
     cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
     out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=cluster,
-                                  quality_from=decision_map.quality_note(bases, latency_ms) + "\n"
-                                  + transport_source(transport, at_cluster, report_cfg.cluster))
+                                  quality_from=decision_map.quality_note(bases, price.latency_ms) + "\n"
+                                  + price.transport_source(), here=out.answer.measured,
+                                  hidden_above_gbps=price.hidden_above_gbps())
     return out
-
-
-def cluster_transport(cluster, sweeps: Optional[TransportFit]) -> Optional[TransportFit]:
-    """What prices the cluster cell and the map: report.cluster.transport's file (that cluster's
-    hosts, ``python -m service.probe``) where given, else the sweep's own probe."""
-    if cluster is not None and cluster.transport:
-        from service.step_model.transport import read_file
-
-        return read_file(cluster.transport)
-    return sweeps
-
-
-def transport_source(sweeps: Optional[TransportFit], at_cluster: Optional[TransportFit], cluster) -> str:
-    """Where the cluster cell's and the map's transport was measured, in one phrase."""
-    if cluster is not None and cluster.transport:
-        return f"transport: {cluster.transport}, probed {at_cluster.where()}"
-    if sweeps is None:
-        return "transport: each trial's own recorded communication, scaled (no probe)"
-    return f"transport: the sweep's own probe, {sweeps.where()}"
-
-
-def priced_on(sweeps: Optional[TransportFit], at_cluster: Optional[TransportFit], cluster) -> str:
-    """The headline's sentence naming the hosts the cluster answer was priced with: compute from
-    the hosts the sweep's trials ran on, transport from where it was probed."""
-    source = transport_source(sweeps, at_cluster, cluster)
-    compute = "this sweep's trials" + (f" ({sweeps.hosts[0].cpu_model}, {sweeps.hosts[0].cores:g} core(s) per host)"
-                                      if sweeps is not None and sweeps.hosts else "")
-    own = "" if cluster is not None and cluster.transport else (
-        "; without a probe of your cluster (report.cluster.transport, python -m service.probe) this machine's stands in")
-    return f"Priced with compute from {compute}, a core per rank; {source}{own}."
 
 
 def _same_cell(a, b) -> bool:

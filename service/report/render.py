@@ -17,7 +17,9 @@ from service import uris
 from service.config.trial import COMPILED, KNOB_DEFAULTS
 from service.report import plan_section
 from service.answer import recommend
+from service.answer import decision
 from service.answer.data import SummaryRow, Sweep, link_order
+from service.answer.decision import SweepAnswer
 from service.answer.recommend import BASELINE_HOOK
 from service.text import format_bytes
 
@@ -26,64 +28,109 @@ from service.text import format_bytes
 # The answer in a sentence
 # --------------------------------------------------------------------------------------------
 
-def headline(recs: list[recommend.Recommendation], sweep: Sweep | None = None, cluster: str = "") -> str:
-    """The answer in a sentence: each measured choice once with the world sizes (and links) it
-    holds at ("keep allreduce at W = 2 and 4 on loopback; use bf16_compress at W = 8 on 1 Gbit/s (1.31x
-    faster than allreduce)"), what stays open; with adaptive seeds, how many trials they saved;
-    then, with ``report.cluster``, the projected answer there (``cluster``: report/projection.py's)."""
-    if not recs:
-        return "No trial has finished yet: nothing to recommend."
-    saved = _trials_saved(recs, sweep) if sweep is not None else ""
-    recs = [r for r in recs if r.world_size > 1] or recs  # one rank communicates nothing
-    clauses = [_choice_clause(choice, group) for choice, group in _by_choice(recs)]
-    opened = sorted({config for r in recs for config, _ in r.open})
-    if opened:
-        clauses.append("open (undecided quality): " + ", ".join(
-            f"{config} at {_places([r for r in recs if any(o == config for o, _ in r.open)])}" for config in opened))
-    answer = "; ".join(clauses) + "."
-    if not cluster:
-        return answer[0].upper() + answer[1:] + saved
-    return f"Measured here: {answer}{saved} {cluster}"
+def headline(answer: SweepAnswer, sweep: Sweep | None = None, hidden_above_gbps: float | None = None) -> list[str]:
+    """The answer a person reads in ten seconds, one short sentence each (rendered from the
+    sweep's answer, answer.json): the answer here per world size; for report.cluster, the answer
+    there and what it was priced on; what is open and what would decide it."""
+    if not answer.measured:
+        return ["No trial has finished yet: nothing to recommend."]
+    lines = ["Here: " + "; ".join(_here_clauses(answer)) + "."]
+    if answer.cluster is not None:
+        lines.append(_cluster_sentence(answer.cluster, _backend(sweep), hidden_above_gbps))
+    if answer.open:
+        lines.append("Open (quality undecided): " + "; ".join(f"{o.config} at {o.where}: {o.decides}"
+                                                         for o in answer.open) + ".")
+    return lines
 
 
-def _by_choice(recs: list[recommend.Recommendation]) -> list[tuple[str | None, list[recommend.Recommendation]]]:
-    """The recommendations grouped by their choice (None: nothing qualified), in first-seen order."""
-    groups: dict[str | None, list[recommend.Recommendation]] = {}
-    for r in sorted(recs, key=lambda r: (r.world_size, -link_order(r.link))):
-        groups.setdefault(r.choice.config if r.choice else None, []).append(r)
-    return list(groups.items())
+def _here_clauses(answer: SweepAnswer) -> list[str]:
+    """'keep allreduce at W = 2 and 4 on loopback', 'use bf16_compress at W = 8 on 1 Gbit/s (1.31x
+    faster than allreduce)': each answer once with the places it holds at."""
+    groups: dict[tuple, list[tuple[int, str]]] = {}
+    for w, m in sorted(answer.measured.items()):
+        for where, a in (m.links or {m.link: m.answer}).items():
+            key = (a.answer, a.decided or a.answer == BASELINE_HOOK, a.runner_up if not a.decided else None,
+                   a.why_none)
+            groups.setdefault(key, []).append((w, where))
+    clauses = []
+    for (choice, firm, tied_with, why_none), places in groups.items():
+        at = _places_of(places)
+        if choice is None:
+            clauses.append(f"nothing qualifies at {at} ({why_none})")
+        elif choice == BASELINE_HOOK:
+            clauses.append(f"keep {choice} at {at}")
+        elif firm:
+            ups = [a.speedup for w, where in places for a in [_entry(answer, w, where)] if a.speedup]
+            faster = f" ({' / '.join(f'{u:.2f}x' for u in ups)} faster than {BASELINE_HOOK})" if ups else ""
+            clauses.append(f"use {choice} at {at}{faster}")
+        else:
+            clauses.append(f"use {choice} at {at} (faster than {BASELINE_HOOK}; too close to call against {tied_with})")
+    return clauses
 
 
-def _choice_clause(choice: str | None, group: list[recommend.Recommendation]) -> str:
-    if choice is None:
-        return f"nothing qualifies at {_places(group)} ({group[0].reason})"
-    if group[0].choice.is_baseline:
-        return f"keep {choice} at {_places(group)}"
-    ups = [f"{recommend.speedup(r.choice, r.baseline):.2f}x" for r in group
-           if r.baseline is not None and math.isfinite(recommend.speedup(r.choice, r.baseline))]
-    against = next((r.baseline.config for r in group if r.baseline is not None), BASELINE_HOOK)
-    faster = f" ({' / '.join(ups)} faster than {against})" if ups else ""
-    return f"use {choice} at {_places(group)}{faster}"
+def _entry(answer: SweepAnswer, w: int, where: str):
+    m = answer.measured[w]
+    return m.links.get(where, m.answer) if m.links else m.answer
 
 
-def _places(recs: list[recommend.Recommendation]) -> str:
-    """'W = 2 and 4 on loopback', 'W = 2 on 1 Gbit/s and W = 4 on loopback, compiled' (one world
-    size list per link, compiled or not)."""
+def _places_of(places: list[tuple[int, str]]) -> str:
+    """'W = 2 and 4 on loopback', 'W = 2 on 1 Gbit/s and W = 4 on loopback'."""
     by_link: dict[str, list[int]] = {}
-    for r in sorted(recs, key=lambda r: (-link_order(r.link), r.compiled, r.world_size)):
-        by_link.setdefault(place(r), []).append(r.world_size)
-    parts = [f"W = {_and(sorted(set(ws)))} on {link}" for link, ws in by_link.items()]
-    return _and(parts)
+    for w, where in places:
+        by_link.setdefault(where, []).append(w)
+    return _and([f"W = {_and(sorted(set(ws)))} on {where}" for where, ws in by_link.items()])
 
 
-def place(r: recommend.Recommendation) -> str:
-    """'loopback', '1 Gbit/s', or 'loopback, compiled' for a cell of compiled trials."""
-    return f"{r.link}, {COMPILED}" if r.compiled else r.link
+def _backend(sweep: Sweep | None) -> str:
+    params = sweep.trials[0].record.params if sweep is not None and sweep.trials else {}
+    return "NCCL on GPU" if params.get("backend") == "nccl" else "gloo on CPU"
+
+
+def _cluster_sentence(c, backend: str, hidden_above_gbps: float | None) -> str:
+    """'Your cluster (W = 32 on 10 Gbit/s): keep allreduce (bf16_compress 3 % faster, inside the 14 %
+    error), priced as hosts like this one: 2 cores, gloo on CPU; ...'."""
+    where = f"Your cluster (W = {c.world_size} on {c.link_gbps:g} Gbit/s, report.cluster)"
+    a = c.answer
+    if a.answer is None:
+        return f"{where}: not priced: {c.refused or a.why_none}."
+    verb = "keep" if a.answer == BASELINE_HOOK else "use"
+    if a.runner_up is None or a.margin_pct is None:
+        call = ""
+    elif a.decided:
+        call = f" ({a.margin_pct:.0f} % ahead of {a.runner_up}, beyond the {_error(a)} error)"
+    elif a.answer == BASELINE_HOOK:
+        call = f" ({a.runner_up} {-a.margin_pct / (1 + a.margin_pct / 100):.0f} % faster, inside the {_error(a)} error)"
+    else:
+        call = f" (too close to call against {a.runner_up}: {a.margin_pct:.0f} % inside the {_error(a)} error)"
+    hosts = _priced_on(c, backend)
+    hidden = ("" if hidden_above_gbps is None or c.link_gbps <= hidden_above_gbps else
+              f"; on such hosts a link above {hidden_above_gbps:.2g} Gbit/s changes nothing: they move bytes slower")
+    return f"{where}: {verb} {a.answer}{call}, {hosts}{hidden}."
+
+
+def _error(a) -> str:
+    return "unbounded" if a.error_pct is None else f"{a.error_pct:.0f} %"
+
+
+def _priced_on(c, backend: str) -> str:
+    """'priced as hosts like this one: 2 cores, gloo on CPU' (your cluster's probe named where given)."""
+    compute = c.compute_hosts[0] if c.compute_hosts else None
+    here = f"{compute.cores:g} cores, {backend}" if compute is not None else backend
+    if c.transport_from_cluster:
+        probed = c.transport_hosts[0] if c.transport_hosts else None
+        theirs = f" ({probed.cores:g} cores per host, {probed.cpu_model})" if probed is not None else ""
+        return f"priced with your cluster's transport probe{theirs} and compute measured on hosts like this one: {here}"
+    return f"priced as hosts like this one: {here}"
 
 
 def _and(items: list) -> str:
     items = [str(x) for x in items]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def place(r: recommend.Recommendation) -> str:
+    """'loopback', '1 Gbit/s', or 'loopback, compiled' for a cell of compiled trials."""
+    return decision.place(r)
 
 
 def _trials_saved(recs: list[recommend.Recommendation], sweep: Sweep) -> str:
@@ -241,10 +288,13 @@ def _speedup(row: SummaryRow, recs: list[recommend.Recommendation]) -> str:
     return repr(up) if math.isfinite(up) else ""
 
 
-def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation],
-                     cluster: str = "") -> str:
-    lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", "",
-             f"**{headline(recs, sweep, cluster)}**"]
+def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recommendation], scale) -> str:
+    """summary.md's top: the headline (from the sweep's answer), how it was priced, then the
+    quality and speed tables (``scale``: service/report/projected.py's Projected)."""
+    lines = [f"# Sweep `{sweep.experiment}` — parent run `{sweep.parent_run_id}`", ""]
+    answer = scale.answer or decision.sweep_answer(recs)
+    lines += [f"- **{line}**" for line in headline(answer, sweep, _hidden(scale))]
+    lines += ["", "### How this was priced", ""] + [f"- {line}" for line in how_priced(scale, sweep, recs)]
     for part in _PARTS:
         header, body = table_cells(rows, recs, part)
         lines += ["", f"## {part.capitalize()}", "",
@@ -254,6 +304,37 @@ def summary_markdown(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.
               f"Loss gap = final loss minus {BASELINE_HOOK}'s at the same world size and seed. "
               f"{rule_text(sweep)}{shared_knobs_text(sweep)}", ""]
     return "\n".join(lines)
+
+
+def _hidden(scale) -> float | None:
+    return scale.pricing.hidden_above_gbps() if scale.pricing is not None else None
+
+
+def how_priced(scale, sweep: Sweep, recs: list[recommend.Recommendation]) -> list[str]:
+    """The headline's figures' basis, one line each: the cluster cell as projected (its band and
+    runner-up), the compute's and the transport's hosts, the links the hosts hide, the rule,
+    the seeds adaptive sampling saved, where the answer is kept."""
+    from service.answer.pricing import compute_hosts, hosts_text
+
+    lines = [scale.cluster] if scale.cluster else []
+    if scale.pricing is not None and scale.bases:
+        p = scale.pricing
+        lines.append(f"Compute: each configuration's own trials' recorded steps, measured on "
+                     f"{hosts_text(compute_hosts(t for b in scale.bases for t in b.timelines))}; "
+                     f"{p.transport_source()}; latency {1000 * p.latency_ms:g} µs per message.")
+        hidden = p.hidden_above_gbps()
+        if hidden is not None:
+            lines.append(f"These hosts' gloo moves an allreduce's bytes at about {hidden:.2g} Gbit/s of CPU work: on a "
+                         "faster link their own cost hides the link's, so the map's dotted cells change nothing "
+                         "with the link speed.")
+    lines.append("The rule: the fastest configuration to target is the answer only when it beats every other by "
+                 f"more than that pair's error (measured: the paired step times' spread; projected: the pair's "
+                 f"error band and the seeds' and probe's spread); otherwise {BASELINE_HOOK} is kept.")
+    saved = _trials_saved(recs, sweep).strip()
+    if saved:
+        lines.append(saved)
+    lines.append(f"The same answer, machine-readable: {decision.ARTIFACT} on the parent run.")
+    return lines
 
 
 def shared_knobs_text(sweep: Sweep) -> str:
@@ -327,10 +408,11 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     projected = projection.table(scale.cells) if scale.cells else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t["state"] for t in trials).items()),
-        headline=headline(recs, sweep, scale.cluster), recs=recs, rule=rule_text(sweep),
+        headline=headline(scale.answer or decision.sweep_answer(recs), sweep, _hidden(scale)), how_priced=how_priced(scale, sweep, recs),
+        recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, place=place, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
-        projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms),
+        projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms, latency_from=scale.pricing.latency_from if scale.pricing else "report.project.latency_ms"),
         projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         transport_missing=transport_table.not_measured(scale.transport_failure),

@@ -2,9 +2,10 @@
 recorded, then trained like any configuration.
 
 After the configured trials end, the sweep reads itself back as the report does (the quality
-verdicts, each configuration's step timelines, the measured transport) and designs the plan for
-``search.plan.cell`` among the configurations whose quality matched the baseline's
-(service/report/plan_section.py, service/step_model/planner.py). A plan that mixes
+verdicts, each configuration's step timelines, the transport every projected figure is priced
+with: service/answer/pricing.py) and designs the plan for ``search.plan.cell`` among the
+configurations whose quality matched the baseline's (service/answer/plan.py,
+service/step_model/planner.py). A plan that mixes
 configurations then trains at every world size, link and seed the baseline ran, so each of its
 trials pairs with one of the baseline's (like with like: the same seeds, the same links). A
 uniform plan is one of the configurations already trained: nothing new runs.
@@ -25,13 +26,15 @@ from service.answer.recommend import BASELINE_HOOK
 def design(cfg: SweepConfig, parent_run_id: str, tracking_uri: str) -> PlanAnswer:
     """The plan for ``cfg.search.plan.cell`` from the sweep's records so far."""
     from service.answer.data import load_sweep, open_store, recommendations
+    from service.answer.pricing import pricing
     from service.answer.projection import bases
 
     reader = open_store(tracking_uri)
     sweep = load_sweep(reader, parent_run_id)
     found = bases(sweep.trials, recommendations(sweep), reader.step_timeline)
     cell = cfg.report.cluster if cfg.search.plan.cell == "cluster" else cfg.search.plan.cell
-    return answer(found, cell, reader.transport(parent_run_id))
+    # priced as the report's plan section prices it: the same transport (the cluster's probe where given)
+    return answer(found, cell, pricing(reader, parent_run_id, cfg.report).transport)
 
 
 def plan_trials(cfg: SweepConfig, trials: list[TrialSpec], plan: PlanAnswer, ran: set[str]) -> list[TrialSpec]:
