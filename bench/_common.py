@@ -81,8 +81,8 @@ def run_on_hosts(target, world_size: int, host_cpus, extra: tuple, timeout_s: fl
     ``copies`` > 1: as many copies of the job, each its own group on hosts of its own, run beside
     it (their output muted; ``net`` for them a :class:`CopyHosts`, which reshapes nothing: the
     first copy's rank 0 reshapes every host's link). A cgroup divides time, not caches: with the
-    copies every world size runs on a machine as busy as the largest's (docs/performance.md
-    section 12, "A full machine")."""
+    copies every world size runs on a machine as busy as the largest's (docs/performance.md,
+    "Hosts that own their CPU")."""
     import multiprocessing as mp
 
     from service.network import netem

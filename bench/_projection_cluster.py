@@ -7,7 +7,7 @@ their link, and the report's cluster path priced on them.
   ``--comm-apart`` (the committed cluster bands) every thread but the rank's own (gloo's) then
   leaves the quota (:func:`threads_apart`): the compute owns the share, and no collective waits on
   a host's quota or takes CPU from its compute, as on a cluster host with cores beside its rank's
-  (docs/performance.md section 9, "Gloo's threads off the quota");
+  (docs/performance.md, "The step model's error bands");
 * the basis is the W = 2 trial on two such hosts over their link, unshaped (``BASIS_ARM``), not on
   shared loopback: the same share per rank as every held-out cell;
 * the transport probe (service/train/transport_probe.py) runs on the hosts' group, unshaped, at

@@ -15,7 +15,7 @@ forward/backward, then a gloo allreduce of the flattened gradient (34 MB) over t
           group), until the machine carries the largest W's hosts: every W then runs on a machine as
           busy as W = 8's. A cgroup divides time, not caches: a rank on a host of 0.2 cores shares
           its core's caches with as many other hosts as the machine runs, so without the copies a
-          sample's CPU work grows with W (docs/performance.md section 12).
+          sample's CPU work grows with W (docs/performance.md, "Hosts that own their CPU").
 
 Printed per arm: one rank's compute per sample (the forward/backward's wall time over the samples,
 all steps after the warm-up, the median rank), the ranks' CPU (cores, each), what the 8 MB allreduce
@@ -26,7 +26,7 @@ then the load average. Last, an idle local Ray for ``--ray-s`` seconds: what Ray
 before any trial (the floor of the headroom; bench/_common.TreeCpu). Results go to
 bench/results/host_cpus.json.
 
-The claim measured (issue 39): at share q, one rank's compute per sample is the same at W = 2, 4
+The claim measured: at share q, one rank's compute per sample is the same at W = 2, 4
 and 8 within 5 %, and the link is carried at W = 8. docs/performance.md, "Hosts that own their CPU".
 """
 

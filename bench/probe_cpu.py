@@ -22,7 +22,7 @@ sample at W > 2 priced from W = 2's probe as a cluster cell is, from W = 2's wal
 report does) and from its CPU times at the share, against the wall measured at W. And per W and
 kind, the fixed cost per collective (the probe's 4 KiB sample: bytes are negligible there) split
 the same way, against W = 2's scaled by the ring's rounds, which is what a cluster cell is priced
-with. docs/performance.md section 9, "Work or waiting", has the figures. Results go to
+with. docs/performance.md, "The step model's error bands", has the cluster cells these explain. Results go to
 bench/results/probe_cpu.json.
 """
 

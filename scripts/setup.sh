@@ -57,7 +57,7 @@ esac
 # python3 on PATH (same version, so the same wheels), when it has venv. A pyenv build, as python3 is
 # on this machine, has neither PGO nor LTO and loads libpython as a shared library; Debian's
 # /usr/bin/python3.11 has both and links it in: pure Python 1.65x as fast, a sweep's trial start-up
-# 26 % shorter and its CPU 18 % less, measured side by side (docs/performance.md section 8c).
+# 26 % shorter and its CPU 18 % less, measured side by side (docs/performance.md, "The main job and the suite").
 choose_python() {
   if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
   local version
@@ -89,7 +89,7 @@ pipq() {
 }
 # The packages go in with uv when it installs (pip fetches it in ~2 s): the same versions pip
 # resolves, in a quarter of pip's time (a fresh .venv with the tests' extra: ~40 s against ~90 s,
-# docs/performance.md section 8c), which every fresh clone's `make sweep` and CI pay. uv reads
+# docs/performance.md, "The main job and the suite"), which every fresh clone's `make sweep` and CI pay. uv reads
 # neither pip's config nor PIP_FIND_LINKS, so pip's find-links (where torch's CPU wheel lies) are
 # passed on. Byte-compiled as pip does: without .pyc every Ray worker would compile torch on import.
 # pip does it all when uv cannot be had (no index reachable) or fails.

@@ -1,6 +1,8 @@
-"""torch.compile of a trial's DDP model (``workload.compile``, ``search.compile``): the modes the
-config takes, and the settings a compiled trial cannot run, each refused before any trial starts
-in one line naming it and torch's reason (service/train/compiled.py compiles; docs/hooks.md,
+"""torch.compile of a trial's model (``workload.compile``, ``search.compile``): the module inside
+DDP is compiled, DDP(compile(module)), its graph split at DDP's buckets by torch's DDPOptimizer,
+while DDP's reducer and the trial's hook run eagerly. Here: the modes the config takes, and the
+settings a compiled trial cannot run, each refused before any trial starts in one line naming it
+and torch's reason (service/train/compiled.py compiles; docs/hooks.md,
 "Under torch.compile", says what was measured)."""
 
 from __future__ import annotations

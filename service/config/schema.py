@@ -165,9 +165,10 @@ class SearchConfig(BaseModel):
                                        description="DDP's bucket size cap, MiB (25: DDP's default)")
     gradient_as_bucket_view: list[bool] = Field(default_factory=lambda: [False], min_length=1)
     static_graph: list[bool] = Field(default_factory=lambda: [False], min_length=1)
-    # whether the trials compile their DDP model; left out: workload.compile's (SweepConfig fills it in)
+    # whether the trials compile the module inside their DDP wrapper (hook and reducer stay eager);
+    # left out: workload.compile's (SweepConfig fills it in)
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1,
-                                description="torch.compile the DDP model: [false], [true] or both "
+                                description="torch.compile the module inside DDP: [false], [true] or both "
                                             "(default: as workload.compile says)")
     plan: PlanRound | None = Field(None, description="after the trials, design a per-bucket plan for a cell and "
                                    "train it as one more configuration (a last round); absent: no plan round")

@@ -17,8 +17,8 @@ Scalar = Union[bool, int, float, str]
 # network.timing_steps steps, which gives that link's step times.
 RunKind = Literal["full", "quality", "timing"]
 DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DDP's own arguments
-# The search axes besides hooks, world size and seed: DDP's knobs and whether the DDP-wrapped
-# model is compiled (torch.compile; how: workload.compile's mode)
+# The search axes besides hooks, world size and seed: DDP's knobs and whether the module inside
+# DDP is compiled (torch.compile, DDP(compile(module)); how: workload.compile's mode)
 KNOBS = (*DDP_KNOBS, "compile")
 
 
@@ -36,7 +36,7 @@ class TrialSpec(BaseModel):
     bucket_cap_mb: float = DDP_BUCKET_CAP_MB
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
-    compile: bool = False  # torch.compile of the DDP-wrapped model, with workload.compile's mode
+    compile: bool = False  # torch.compile of the module inside DDP (hook eager), workload.compile's mode
     kind: RunKind = "full"
     # The knobs the sweep varies: only these name the configuration (a knob every trial shares is
     # a setting, not a difference: `bucket_cap_mb: 1` alone keeps the baseline's label allreduce).

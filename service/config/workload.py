@@ -37,8 +37,8 @@ class WorkloadConfig(BaseModel):
     find_unused_parameters: Union[Literal["auto"], bool] = Field(
         "auto", description="auto: on exactly when the start-of-trial probe finds a parameter with no gradient")
     broadcast_buffers: bool = Field(True, description="DDP broadcasts rank 0's buffers (BatchNorm stats) every forward")
-    # torch.compile of the DDP-wrapped model (service/train/compiled.py): how a compiled trial
-    # compiles, and, without search.compile, whether every trial does
+    # torch.compile of the module inside DDP, the hook and reducer eager (service/train/compiled.py):
+    # how a compiled trial compiles, and, without search.compile, whether every trial does
     compile: Union[bool, Literal[COMPILE_MODES]] = Field(
         False, description="false | true (mode default) | a torch.compile mode: " + ", ".join(COMPILE_MODES))
 

@@ -7,8 +7,8 @@ per collective and a cost per byte a rank sends, fitted over the message sizes t
     at any other W:     the nearest probed W's fit per ring round, times rounds(kind, W)
 
 rounds: the ring's (allreduce 2(W-1), allgather and all_to_all W-1); wire_bytes: hooks/wire.py.
-One form fitted across world sizes missed its own probes by up to 87 % (docs/performance.md
-section 9b): gloo's fixed cost does not grow as the ring's rounds do on this machine (W ranks
+One form fitted across world sizes missed its own probes by up to 87 %: gloo's fixed cost does
+not grow as the ring's rounds do on this machine (W ranks
 time-share its cores), so each probed W keeps its own fit and only unprobed W are scaled by the
 ring. A W probed with more ranks than a host has cores carries this machine's time-sharing:
 a cluster cell (a core per rank) is priced from the unshared W only (:meth:`TransportFit.own_cores`).
@@ -38,8 +38,8 @@ class Sample:
     CPU time one collective cost a rank's process (every thread, gloo's included; the ranks'
     mean), what a host's cores spend where ``ms`` is also waiting. ``p25_ms``: the repeats' lower
     quartile beside their median: where the repeats are bimodal (ranks time-sharing cores, a
-    host's quota), the median is either mode by chance and this one is not (docs/performance.md
-    section 8c); the fit reads ``ms``. Both None in probes before them."""
+    host's quota), the median is either mode by chance and this one is not; the fit reads ``ms``.
+    Both None in probes before them."""
 
     kind: str
     world_size: int

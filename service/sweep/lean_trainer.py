@@ -19,9 +19,9 @@ Once per Ray instance, the first trial's controller also starts Ray Data's
 ``_AutoscalingCoordinatorActor`` (its fixed scaling policy sends the workers' resources to it, so
 that an autoscaling cluster grows to fit). On an instance of fixed size, such as the local one a
 sweep starts, nothing scales: ``autoscaling_requests=False`` leaves that actor unstarted
-(1.6 CPU-s per sweep, docs/performance.md section 8c). On a cluster the requests stay.
+(1.6 CPU-s per sweep, measured side by side). On a cluster the requests stay.
 
-Measured side by side (docs/performance.md, "The first hour"): 4 fewer processes per trial.
+Measured side by side (docs/performance.md, "Per-trial overhead"): 4 fewer processes per trial.
 Imported only where a trainer is built (it imports torch, through ``ray.train.torch``).
 """
 

@@ -1,7 +1,7 @@
 """Progress of a running sweep: a cheap channel from each trial's rank 0 to the driver.
 
 Ray Train's own reporting (``ray.train.report``) is a barrier across all ranks (its cost:
-docs/performance.md, section 1), so it cannot carry per-step progress. Instead:
+docs/performance.md, "Per-trial overhead"), so it cannot carry per-step progress. Instead:
 
 - :class:`ProgressBoard` is a small Ray actor (0 CPUs) owned by the driver. It holds, per
   trial, the latest step and loss and whether the trial is running or done.

@@ -1,6 +1,6 @@
 """How this service starts and tunes Ray: the environment variables and ray.init arguments
 that decide what a trial costs beyond its training (each one's measured effect, and the Ray
-settings measured and not kept, are in docs/performance.md, section 1; ``bench/overhead.py``
+settings measured and not kept, are in docs/performance.md, "Per-trial overhead"; ``bench/overhead.py``
 measures them).
 
     from service.sweep import ray_runtime

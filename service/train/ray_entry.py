@@ -5,7 +5,7 @@ It reads rank and world size from Ray, resumes from Ray's checkpoint after a cra
 trial's MLflow run from rank 0 through the sweep's TrialRuns actor (``RunWriter``: no rank
 imports MLflow or opens the store), and reports to Ray at checkpoints only
 (``ray.train.report`` is a barrier across the ranks, never per step: its cost is in
-docs/performance.md, section 1). The trial's summary goes to its MLflow run, where the sweep
+docs/performance.md, "Per-trial overhead"). The trial's summary goes to its MLflow run, where the sweep
 reads how it ended; nothing reads it from Ray. The loop itself is plain PyTorch
 (service/train/loop.py).
 """
