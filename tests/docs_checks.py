@@ -6,7 +6,9 @@ root whose code it is checked against, and returns its problems as ``doc:line: w
   ``make TARGET`` in a shell fence (or an untyped one, or an inline code span) parses: the
   module's own ``main`` is called with the doc's argv and stopped right after argparse parsed it
   (a renamed or removed flag fails, nothing starts); a parsed ``config`` is then loaded and its
-  trials expanded, as ``--dry-run`` does. ``make X`` must be a Makefile target.
+  trials expanded, as ``--dry-run`` does. ``make X`` must be a Makefile target. A repository
+  script (``python bench/overhead.py --rounds 1``) must exist and, where it has a guarded
+  ``main``, parse the same way; ``python -m pytest FILE`` must name existing files.
 * yaml: every ```yaml block is a sweep config that loads, or says it is a fragment of one and
   loads deep-merged into it (see FRAGMENT). A Kubernetes manifest (``apiVersion`` and ``kind``
   in every document) is not a sweep config and is skipped.
@@ -170,8 +172,8 @@ def _segments(line: str) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class Command:
-    kind: str  # "module" (python -m service...) or "make"
-    name: str  # the module, or "make"
+    kind: str  # "module" (python -m service...), "script" (python bench/x.py), "pytest" or "make"
+    name: str  # the module, the script's path, "pytest" or "make"
     argv: list[str]
 
 
@@ -187,9 +189,14 @@ def command(tokens: list[str], anywhere: bool) -> Command | None:
         return Command("make", "make", tokens[1:])
     starts = range(len(tokens)) if anywhere else range(min(1, len(tokens)))
     for i in starts:
-        if PYTHONS.match(tokens[i]) and tokens[i + 1:i + 2] == ["-m"] and len(tokens) > i + 2 \
-                and re.fullmatch(r"service(\.\w+)*", tokens[i + 2]):
+        if not PYTHONS.match(tokens[i]) or len(tokens) < i + 2:
+            continue
+        if tokens[i + 1] == "-m" and len(tokens) > i + 2 and re.fullmatch(r"service(\.\w+)*", tokens[i + 2]):
             return Command("module", tokens[i + 2], tokens[i + 3:])
+        if tokens[i + 1:i + 3] == ["-m", "pytest"]:
+            return Command("pytest", "pytest", tokens[i + 3:])
+        if re.fullmatch(r"[\w-]+(/[\w.-]+)*\.py", tokens[i + 1]):  # a script of the repository
+            return Command("script", tokens[i + 1], tokens[i + 2:])
     return None
 
 
@@ -265,6 +272,29 @@ def _stop_after_parsing():
         argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = parse_args, parse_known
 
 
+def script_entry_point(path: Path):
+    """A script's ``main``, called as ``python path ARGS`` would (``sys.argv`` set where it takes
+    no argv): only where the file defines one and runs it behind ``if __name__ == "__main__"``,
+    so importing it starts nothing. None: no such main."""
+    tree = ast.parse(path.read_text())
+    main = _defines(tree.body, "main")
+    guarded = any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+    if not isinstance(main, ast.FunctionDef) or not guarded:
+        return None
+    spec = importlib.util.spec_from_file_location(f"_docs_script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+
+    def as_run(argv):  # its folder first on sys.path, as `python path` has it (bench's `import _common`)
+        saved = sys.argv, list(sys.path)
+        sys.argv, sys.path[:0] = [str(path), *argv], [str(path.parent)]
+        try:
+            spec.loader.exec_module(module)
+            return module.main(argv) if main.args.args else module.main()
+        finally:
+            sys.argv, sys.path[:] = saved
+    return as_run
+
+
 def entry_point(module: str):
     """The ``main`` that ``python -m module`` calls: the module's own, or the one its
     ``__main__.py`` (or the module, behind ``if __name__ == "__main__"``) imports. Found by
@@ -290,10 +320,10 @@ def entry_point(module: str):
     return None
 
 
-def parse_command(module: str, argv: list[str]) -> tuple[argparse.Namespace | None, str | None]:
-    """(what the module's CLI parsed from argv, None) or (None, why it does not parse); None,
-    None: it printed help or its version and exits 0."""
-    main = entry_point(module)
+def parse_command(module: str, argv: list[str], main=None) -> tuple[argparse.Namespace | None, str | None]:
+    """(what the module's CLI (or ``main``) parsed from argv, None) or (None, why it does not
+    parse); None, None: it printed help or its version and exits 0."""
+    main = main or entry_point(module)
     if main is None:
         return None, f"no module {module} with a main to run"
     err = io.StringIO()
@@ -325,21 +355,42 @@ def config_problems(arg: str, root: Path) -> list[str]:
     return []
 
 
+def _script_problems(cmd: Command, root: Path) -> list[str]:
+    """pytest: the test files it names exist. A script: it exists, and where it has a guarded
+    ``main`` its argparse parser accepts the argv (a bench's flags)."""
+    if cmd.kind == "pytest":
+        files = [a.split("::")[0] for a in cmd.argv if a.split("::")[0].endswith(".py")]
+        return [f"no such file {f}" for f in files if not (root / f).is_file()]
+    path = root / cmd.name
+    if not path.is_file():
+        return [f"no such script {cmd.name}"]
+    main = script_entry_point(path)
+    if main is None:
+        return []
+    _, why = parse_command(cmd.name, cmd.argv, main)
+    return [why] if why else []
+
+
 def check_commands(doc: Path, root: Path = ROOT) -> list[str]:
     problems = []
     for number, cmd in commands(doc.read_text()):
-        where, shown = _where(doc, root, number), shlex.join([cmd.name, *cmd.argv])
+        where = _where(doc, root, number)
+        shown = shlex.join({"module": ["python", "-m"], "pytest": ["python", "-m"], "script": ["python"]}
+                           .get(cmd.kind, []) + [cmd.name, *cmd.argv])
         if any(PLACEHOLDER.search(a) for a in cmd.argv):
             continue  # the user fills it in
         if cmd.kind == "make":
             why = _make_problem(cmd.argv, root)
             problems += [f"{where}: `{shown}`: {why}"] if why else []
             continue
+        if cmd.kind in ("script", "pytest"):
+            problems += [f"{where}: `{shown}`: {why}" for why in _script_problems(cmd, root)]
+            continue
         namespace, why = parse_command(cmd.name, cmd.argv)
         if why:
-            problems.append(f"{where}: `python -m {shown}`: {why}")
+            problems.append(f"{where}: `{shown}`: {why}")
         elif isinstance(config := getattr(namespace, "config", None), str) and not NAMED_ARGUMENT.fullmatch(config):
-            problems += [f"{where}: `python -m {shown}`: config: {line}" for line in config_problems(config, root)]
+            problems += [f"{where}: `{shown}`: config: {line}" for line in config_problems(config, root)]
     return problems
 
 

@@ -2,8 +2,9 @@
 them (the checks live in tests/docs_checks.py). Docs drifted where nothing checked them: a renamed
 test still cited, a deleted bench still named as current, run logs in a user's guide.
 
-* every ``python -m service...`` and ``make TARGET`` command parses with the module's own
-  argparse parser (nothing starts), and its config loads and expands, as ``--dry-run`` does;
+* every ``python -m service...``, ``python bench/X.py`` and ``make TARGET`` command parses with
+  its own argparse parser (nothing starts), and its config loads and expands, as ``--dry-run``
+  does;
 * every ```yaml block loads through the config loader, or says which config it is a fragment
   of (``<!-- fragment: tune_configs/quant.yaml -->`` above the fence) and loads merged into it;
 * every cited ``tests/<file>.py::name`` is defined there;
@@ -99,6 +100,25 @@ def test_the_command_check_fails_on_a_broken_command(tmp_path):
     assert "invalid int value: 'two'" in problems[2]
     assert "no such file, and not a preset name" in problems[3]
     assert "no Makefile target swept" in problems[5]
+
+
+def test_the_command_check_fails_on_a_bench_flag_or_a_test_file_that_is_gone(tmp_path):
+    doc = _doc(tmp_path, """
+        ```bash
+        sudo .venv/bin/python bench/projection.py --world-sizes 2 4 8 --links 0.25 0.5 --repeats 2
+        .venv/bin/python bench/overhead.py --rounds 1 --profiles ours warm
+        .venv/bin/python bench/overhead.py --rounds 1 --seeds 2
+        .venv/bin/python bench/verdicts.py compare adaptive=DIR adaptive_hog=DIR
+        .venv/bin/python bench/verdicts.py comapre adaptive=DIR
+        .venv/bin/python bench/network.py
+        .venv/bin/python -m pytest tests/test_docs_hygiene.py tests/test_no_such_file.py::test_x -q
+        ```
+        """)
+    problems = check_commands(doc, ROOT)
+    assert _lines(problems) == [4, 6, 7, 8], problems
+    assert "invalid choice: 'comapre'" in problems[1] and "no such script bench/network.py" in problems[2]
+    assert problems[3].endswith("`python -m pytest tests/test_docs_hygiene.py tests/test_no_such_file.py::test_x -q`: "
+                                "no such file tests/test_no_such_file.py")
 
 
 def test_the_command_check_fails_on_a_config_key_the_loader_refuses(tmp_path):
