@@ -19,7 +19,8 @@ root whose code it is checked against, and returns its problems as ``doc:line: w
 * paths and names: every path and ``package.module.name`` in inline backticks exists.
 
 Run over another checkout: ``python tests/docs_checks.py /work/wt-docs`` (its code is imported
-from there), every problem grouped by check and document.
+from there; a second root checks the first's docs against that tree's code), every problem
+grouped by check and document.
 """
 
 from __future__ import annotations
@@ -710,15 +711,21 @@ CHECKS = {
 }
 
 
-def all_problems(root: Path = ROOT) -> dict[str, list[str]]:
-    """Every check over README.md and docs/*.md of ``root``: {check: problems}."""
-    return {name: [p for doc in docs(root) for p in check(doc, root)] for name, check in CHECKS.items()}
+def all_problems(root: Path = ROOT, code: Path | None = None) -> dict[str, list[str]]:
+    """Every check over README.md and docs/*.md of ``root``, against the code of ``code``
+    (default: the same tree): {check: problems}, each ``doc:line: what``."""
+    code = code or root
+    return {name: [p.replace(f"{root}/", "", 1) for doc in docs(root) for p in check(doc, code)]
+            for name, check in CHECKS.items()}
 
 
 def main(argv: list[str]) -> int:
+    """``python tests/docs_checks.py [DOCS_ROOT [CODE_ROOT]]``: a docs branch's docs can be
+    checked against the code they are to be merged with."""
     root = Path(argv[0]).resolve() if argv else ROOT
-    sys.path.insert(0, str(root))  # that tree's code: its CLIs and config loader
-    found = all_problems(root)
+    code = Path(argv[1]).resolve() if len(argv) > 1 else root
+    sys.path.insert(0, str(code))  # that tree's code: its CLIs and config loader
+    found = all_problems(root, code)
     for name, problems in found.items():
         print(f"== {name}: {len(problems)}")
         for p in problems:
