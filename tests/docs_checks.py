@@ -358,11 +358,17 @@ def config_problems(arg: str, root: Path) -> list[str]:
 
 def _script_problems(cmd: Command, root: Path) -> list[str]:
     """pytest: the test files it names exist. A script: it exists, and where it has a guarded
-    ``main`` its argparse parser accepts the argv (a bench's flags)."""
+    ``main`` its argparse parser accepts the argv (a bench's flags). Only paths in a folder of
+    the repository (bench/, tests/, ...) are the repository's: ``python my_train.py`` is the user's."""
+    def ours(path: str) -> bool:
+        return "/" in path and (root / path.split("/")[0]).is_dir()
+
     if cmd.kind == "pytest":
         files = [a.split("::")[0] for a in cmd.argv if a.split("::")[0].endswith(".py")]
-        return [f"no such file {f}" for f in files if not (root / f).is_file()]
+        return [f"no such file {f}" for f in files if ours(f) and not (root / f).is_file()]
     path = root / cmd.name
+    if not ours(cmd.name):
+        return []
     if not path.is_file():
         return [f"no such script {cmd.name}"]
     main = script_entry_point(path)

@@ -112,6 +112,7 @@ def test_the_command_check_fails_on_a_bench_flag_or_a_test_file_that_is_gone(tmp
         .venv/bin/python bench/verdicts.py comapre adaptive=DIR
         .venv/bin/python bench/network.py
         .venv/bin/python -m pytest tests/test_docs_hygiene.py tests/test_no_such_file.py::test_x -q
+        python my_train.py --epochs 3
         ```
         """)
     problems = check_commands(doc, ROOT)
