@@ -200,7 +200,7 @@ def test_resume_measures_every_link_the_plan_round_trains_on():
     assert trials_to_measure(no_plan, trials, pending) == pending
 
 
-def test_the_plan_section_says_in_one_sentence_why_its_pricing_differs_from_the_cluster_answer():
+def test_the_plan_section_names_the_answer_first_and_says_how_its_design_is_priced():
     # The band (15 % wide) keeps allreduce everywhere: reverting fp16's bucket costs 11 %. The
     # cluster's answer, priced with each configuration's own compute and by time to target,
     # named fp16_compress: the section names that answer, says how each is priced, and gives
@@ -226,8 +226,10 @@ def test_the_plan_section_says_in_one_sentence_why_its_pricing_differs_from_the_
     assert a.plan.choices == ("allreduce", "allreduce")
     text = "\n".join(plan_section.markdown(a, Cluster, "report.cluster", cluster_winner="fp16_compress"))
     assert "time to target 5.9 s" in text
-    assert ("The cluster's answer above names fp16_compress, this section allreduce: a plan mixes buckets on "
+    # the section names the answer first (the headline's), and the design as one candidate of it
+    assert text.split("\n")[2].startswith("The answer at this cell: **fp16_compress**")
+    assert ("The design picks allreduce by its step, the answer stays fp16_compress: a plan mixes buckets on "
             "one backward pass, so here every configuration is priced with allreduce's compute") in text
     agreeing = "\n".join(plan_section.markdown(a, Cluster, "report.cluster", cluster_winner="allreduce"))
-    assert "names fp16_compress" not in agreeing and "priced with allreduce's compute" in agreeing
-    assert "the cluster's answer above, which names allreduce too" in agreeing
+    assert "fp16_compress" not in agreeing.split("|---|")[0] and "priced with allreduce's compute" in agreeing
+    assert "The answer at this cell: **allreduce**" in agreeing

@@ -412,8 +412,8 @@ def test_the_report_shows_the_decision_map_and_answers_for_the_cluster(store, bu
     # and it names the headline's answer (answer.json's), saying in one sentence why its own figures differ
     named = json.loads((out / "answer.json").read_text())["cluster"]["answer"]
     assert f": {'keep' if named == 'allreduce' else 'use'} {named}" in cluster
-    assert (f"the cluster's answer above, which names {named} too" in summary
-            or f"The cluster's answer above names {named}, this section" in summary), summary
+    plan_section = summary.split("### A per-bucket plan for W=16 on 25 Gbit/s (report.cluster)")[1]
+    assert plan_section.strip().startswith(f"The answer at this cell: **{named}**"), summary
     assert "Transport measured for this sweep (transport.json)</h3>" in page and "500.0 µs" in page
     assert "quality from W=1" in summary
     # projection.csv: every row of a cell says that cell's one answer, the map's and the headline's rule

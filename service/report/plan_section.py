@@ -16,11 +16,15 @@ HEADING = "A per-bucket plan for W={w} on {gbps:g} Gbit/s ({source})"
 def markdown(a: Optional[PlanAnswer], cell=None, source: str = "report.cluster",
              cluster_winner: Optional[str] = None) -> list[str]:
     """The section's lines for summary.md (nothing without a cell: report.cluster or search.plan's);
-    ``cluster_winner``: the configuration the cluster's answer names at this same cell, if any."""
+    ``cluster_winner``: the answer at this same cell under the one rule (the headline's, for
+    report.cluster's cell), which the section names first: the plan is one candidate of it."""
     if a is None:
         return []
     heading = HEADING.format(w=cell.world_size, gbps=cell.link_gbps, source=source) if cell else "A per-bucket plan"
     lines = [f"### {heading}", ""]
+    if cluster_winner is not None:
+        lines += [f"The answer at this cell: **{cluster_winner}** (the one rule's, as in the headline and the map); "
+                  "a plan becomes the answer only once its own trials win beyond the error (search.plan trains it).", ""]
     if a.plan is None:
         return lines + [f"No plan: {a.why_not}.", ""]
     p = a.plan
@@ -52,20 +56,18 @@ def _priced(a: PlanAnswer, choices: tuple[str, ...], step_ms: float) -> str:
 
 
 def pricing_sentence(pick: str, cluster_winner: Optional[str]) -> str:
-    """The one sentence that says why this section's figures are not the cluster's answer's, and
-    whether the two name the same configuration: a plan mixes buckets on one backward pass, so
-    it prices every configuration with the baseline's compute and by its step; the cluster's
-    answer (the headline's, the projection table's, the map's) prices each with its own trials'
-    compute, what the error bands were measured on, and ranks by time to target."""
+    """The one sentence that says how this section's figures differ from the answer's: a plan
+    mixes buckets on one backward pass, so it prices every configuration with the baseline's
+    compute and by its step; the answer (the headline's, the projection table's, the map's)
+    prices each with its own trials' compute, what the error bands were measured on, and
+    decides by time to target beyond the error. Where the plan's design picks another
+    configuration, the answer still stands."""
     how = (f"a plan mixes buckets on one backward pass, so here every configuration is priced with "
-           f"{BASELINE_HOOK}'s compute and compared by its step, where the projection prices each with its own "
-           "trials' compute (the backward as its hook slowed it on this machine, what its error band was "
-           "measured on) and ranks by time to target")
-    if cluster_winner is None:
-        return f"Why these figures are not the projection table's: {how}."
-    if cluster_winner == pick:
-        return f"Why these figures are not those of the cluster's answer above, which names {pick} too: {how}."
-    return f"The cluster's answer above names {cluster_winner}, this section {pick}: {how}."
+           f"{BASELINE_HOOK}'s compute and compared by its step, where the answer prices each with its own "
+           "trials' compute (what its error band was measured on) and decides by time to target beyond the error")
+    if cluster_winner is None or cluster_winner == pick:
+        return f"How these figures are priced: {how}."
+    return f"The design picks {pick} by its step, the answer stays {cluster_winner}: {how}."
 
 
 def _trained_text(a: PlanAnswer, cell) -> str:

@@ -79,8 +79,10 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     out.answer = decision.sweep_answer(recs, report_cfg.cluster, answered, refused, price, bases)
     out.cluster = cluster_answer.cluster_text(report_cfg.cluster, answered, refused)
     cell = out.plan_at[0]
-    if answered is not None and answered.winner is not None and _same_cell(cell, report_cfg.cluster):
-        out.cluster_winner = answered.winner.config   # the plan section names the same answer
+    at_plan = answered if _same_cell(cell, report_cfg.cluster) else cluster_answer.cluster_cell(
+        bases, cell, transport=price.transport)[0]
+    if at_plan is not None and at_plan.winner is not None:
+        out.cluster_winner = at_plan.winner.config   # the plan section names the same answer first
     out.plan = plan.answer(bases, cell, price.transport,
                            measured=None if cell is None else plan.measured_steps(sweep.trials, cell))
     grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), price.latency_ms,
