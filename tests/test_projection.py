@@ -539,3 +539,56 @@ def test_a_cell_is_decided_only_where_both_readings_of_the_transport_probe_agree
     # a probe from before the quartile was recorded: the seeds' spread alone, as before
     old = replace(bimodal, samples=tuple(replace(s, p25_ms=None) for s in bimodal.samples))
     assert old.quartile() is None and not cell(old).too_close
+
+
+def test_the_map_the_star_the_csv_and_answer_json_are_priced_one_way(store, built):
+    """report.project's latency (50 µs) and report.cluster's (100 µs) differ: the map, the star,
+    the projection table and the cluster answer are all priced at the cluster's, with one
+    transport, so the map's cell under the star is the cluster answer itself."""
+    from service.answer.data import load_sweep, open_store, recommendations
+    from service.report.projected import projected
+
+    out, _ = built
+    reader = open_store(store["uri"])
+    sweep = load_sweep(reader, store["parent"])
+    cfg = report_section(sweep.config_text)
+    scale = projected(sweep, recommendations(sweep), reader, cfg, out)
+    assert scale.pricing.latency_ms == cfg.cluster.latency_ms == 0.1 != cfg.project.latency_ms
+    under_star = scale.map_cells[(cfg.cluster.world_size, cfg.cluster.link_gbps)]
+    star, _ = cluster_answer.cluster_cell(scale.bases, cfg.cluster, transport=scale.pricing.transport)
+    assert under_star.winner.step_ms == pytest.approx(star.winner.step_ms)
+    assert (under_star.winner.config, under_star.decided) == (star.winner.config, star.decided)
+    written = json.loads((out / "answer.json").read_text())["cluster"]
+    assert (written["answer"], written["decided"]) == (star.winner.config, star.decided)
+    csv_8 = next(c for c in scale.cells if (c.config, c.world_size, c.link_gbps) == ("allreduce", 8, 10.0))
+    map_8 = projection.project_cell(next(b for b in scale.bases if b.config == "allreduce"), 8, 10.0,
+                                    cfg.cluster.latency_ms, transport=scale.pricing.transport)
+    assert csv_8.step_ms == pytest.approx(map_8.step_ms)
+
+
+def test_the_plan_round_designs_with_the_transport_the_plan_section_shows(store, tmp_path):
+    """search.plan with report.cluster.transport: the plan round (service/sweep/plan_round.py) and
+    the report's plan section price the plan with the same transport, the cluster's probe, so the
+    report never calls a plan it trained 'not yet trained'."""
+    from service.answer.data import load_sweep, open_store, recommendations
+    from service.report.projected import projected
+    from service.sweep import plan_round
+
+    fast = TransportFit({k: (KindFit(16, 0.025, 2e-7, 0.0),) for k in ("allreduce", "allgather", "all_to_all")},
+                        (), {16: 2.0})
+    path = tmp_path / "transport.json"
+    path.write_text(json.dumps(fast.to_json()))
+    text = CONFIG.replace("cluster: {world_size: 16, link_gbps: 25, latency_ms: 0.1}",
+                          f"cluster: {{world_size: 16, link_gbps: 25, latency_ms: 0.1, transport: {path}}}")
+    text = text.replace("  seed: [0]\n", "  seed: [0]\n  plan: {cell: cluster}\n")
+    (tmp_path / "plan.yaml").write_text(text)
+    cfg, _ = load_config(str(tmp_path / "plan.yaml"))
+    designed = plan_round.design(cfg, store["parent"], store["uri"])
+    reader = open_store(store["uri"])
+    sweep = load_sweep(reader, store["parent"])
+    shown = projected(sweep, recommendations(sweep), reader, cfg.report, tmp_path).plan
+    assert designed.plan is not None and shown.plan is not None
+    assert designed.plan.step_ms == pytest.approx(shown.plan.step_ms)
+    with_sweeps = plan_round.answer(projection.bases(sweep.trials, recommendations(sweep), reader.step_timeline),
+                                    cfg.report.cluster, reader.transport(store["parent"]))
+    assert with_sweeps.plan.step_ms != pytest.approx(designed.plan.step_ms)  # the sweep's own probe prices otherwise

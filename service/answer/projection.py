@@ -105,6 +105,7 @@ class Basis:
     timeline_world_size: int
     other_quality: tuple[QualityAt, ...] = ()   # at the other world sizes it ran
     error_feedback: Optional[bool] = None        # its hook's setting (None: the hook has none)
+    spread: float = 0.0                          # its measured time to target's spread at W_m (QualityAt.spread)
 
     @property
     def crossing_step(self) -> Optional[float]:
@@ -113,7 +114,7 @@ class Basis:
     def quality_at(self, world_size: int) -> QualityAt:
         """Its quality at ``world_size``: that W's own where it ran there, else W_m's."""
         own = next((q for q in self.other_quality if q.world_size == world_size), None)
-        return own or QualityAt(self.measured_world_size, self.crossing_steps, self.matches_quality)
+        return own or QualityAt(self.measured_world_size, self.crossing_steps, self.matches_quality, self.spread)
 
 
 @dataclass(frozen=True)
@@ -246,7 +247,7 @@ def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialT
         out.append(Basis(config, first.hook, top.world_size, int(first.record.params["global_batch_size"]),
                          recorded[1], top.crossing_steps, top.matches, recorded[0],
                          tuple(q for w, q in sorted(quality.items()) if w != top.world_size),
-                         error_feedback_of(first.hook, first.hook_params)))
+                         error_feedback_of(first.hook, first.hook_params), top.spread))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
     return _pooled(out)
 

@@ -32,6 +32,7 @@ class Projected:
     cluster_winner: Optional[str] = None                       # what the cluster's answer names, at plan_at's cell
     pricing: Optional[pricing.Pricing] = None                   # how every projected figure was priced
     answer: Optional[decision.SweepAnswer] = None               # the sweep's answer (answer.json)
+    map_cells: dict = field(default_factory=dict)              # (W, link) -> the map's CellWinner
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
@@ -85,8 +86,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
         out.cluster_winner = at_plan.winner.config   # the plan section names the same answer first
     out.plan = plan.answer(bases, cell, price.transport,
                            measured=None if cell is None else plan.measured_steps(sweep.trials, cell))
-    grid = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), price.latency_ms,
-                                transport=price.transport)
+    grid = out.map_cells = decision_map.winners(bases, decision_map.map_world_sizes(global_batch), price.latency_ms,
+                                                transport=price.transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
     cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
