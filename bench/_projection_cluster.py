@@ -43,51 +43,6 @@ def on_host(host) -> contextlib.AbstractContextManager:
     return host_cpu.joined(host.cgroup)
 
 
-COMM_INDEX = 10_000  # a comm cgroup's host index, past any network's hosts
-
-
-def comm_cgroup(cgroup: str) -> str:
-    """The sibling of host ``cgroup``'s cgroup for its communication threads (``--comm-apart``):
-    named as a host of the same owner (so service.network.host_cpu.remove_leftovers() finds it
-    too) with an index no host has; no quota."""
-    from service.network.names import HOST_RE, host_name
-
-    owner, token, index = HOST_RE.match(os.path.basename(cgroup)).groups()
-    return os.path.join(os.path.dirname(cgroup), host_name(int(owner), token, COMM_INDEX + int(index)))
-
-
-def threads_apart(host) -> None:
-    """Every thread of this process but its main one (gloo's workers and connection loop, made by
-    a group's first collectives) into :func:`comm_cgroup`, a cgroup without a quota: the host's
-    collectives then wait on no host's quota, as on a host with cores to spare for them; the
-    main thread (forward, backward, the hooks' encoding) stays in the host's share. Idempotent:
-    call it again after new threads may have started. Nothing without a host cgroup."""
-    if not getattr(host, "cgroup", ""):
-        return
-    if not os.path.exists(os.path.join(os.path.dirname(host.cgroup), "tasks")):
-        raise RuntimeError("moving one thread between cgroups needs cgroup v1's cpu controller")
-    apart = comm_cgroup(host.cgroup)
-    os.makedirs(apart, exist_ok=True)
-    with open(f"{apart}/tasks") as f:
-        there = set(f.read().split())
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) != os.getpid() and tid not in there:
-            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-                with open(f"{apart}/tasks", "w") as f:  # cgroup v1: a thread by itself
-                    f.write(tid)
-
-
-def gloo_threads_apart(group, host) -> None:
-    """A rank's gloo threads made (three collectives on ``group``: its workers and connection
-    loop start with the first), then moved off ``host``'s quota (:func:`threads_apart`)."""
-    import torch
-    import torch.distributed as dist
-
-    for _ in range(3):
-        dist.all_reduce(torch.zeros(1 << 16), group=group)
-    threads_apart(host)
-
-
 def remove_apart(owner: int) -> None:
     """The comm cgroups of ``owner``'s hosts, removed (their threads ended with the ranks)."""
     from service.network import host_cpu

@@ -58,9 +58,9 @@ def _rank_main(rank: int, world_size: int, port: int, net, comm_apart: bool, que
             join_group(port, rank, world_size)
             group = netem.process_group_on_host(net.hosts[rank])
             if comm_apart:
-                from _projection_cluster import gloo_threads_apart
+                from service.network.host_cpu import gloo_threads_apart
 
-                gloo_threads_apart(group, net.hosts[rank])
+                gloo_threads_apart(group, net.hosts[rank].cgroup)
             samples, where = probe(group=group, host=net.hosts[rank].namespace)
             dist.destroy_process_group()
         queue.put((rank, {"samples": [asdict(s) for s in samples], "hosts": asdict(where)}, None))

@@ -192,7 +192,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
     torch.set_num_threads(1)
     group = netem.process_group_on_host(net.hosts[rank])
     if getattr(args, "comm_apart", False):  # re-checked before every trial
-        cluster_mod.gloo_threads_apart(group, net.hosts[rank])
+        host_cpu.gloo_threads_apart(group, net.hosts[rank].cgroup)
     cfg = sweep_config(hook_entries(args.hooks, settings(args)), world_size, args.steps, args.steps)
     basis = cluster_mod.BASIS_ARM if args.host_cpus else LOOPBACK
     arms = ([basis] if world_size == 2 else []) + list(args.links)
@@ -211,7 +211,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
                         net.reshape(None if arm == cluster_mod.BASIS_ARM else arm)
                     dist.barrier()
                 if getattr(args, "comm_apart", False):
-                    cluster_mod.threads_apart(net.hosts[rank])
+                    host_cpu.threads_apart(net.hosts[rank].cgroup)
                 run = _trial(trial, cfg, rank, world_size, None if arm == LOOPBACK else group)
                 out["runs"].append({"hook": trial.hook, "label": trial.config_label, "arm": arm,
                                     "repeat": rep, **run})

@@ -243,3 +243,38 @@ def test_trees_alternates_a_bench_between_two_checkouts_and_pairs_them(tmp_path)
     assert "median of 2 paired repeats" in proc.stdout
     assert calls.read_text().split() == ["--quick", "--quick"]  # the other arm's two runs, and only those
     assert data["pythons"] == {"this": sys.executable, "other": str(other_python)}
+
+
+def test_cluster_check_refuses_a_machine_with_fewer_than_16_cores_in_one_line(tmp_path):
+    res = subprocess.run(["bash", str(ROOT / "scripts/cluster_check.sh")], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{_fake_nproc(tmp_path, 2)}:{os.environ['PATH']}"})
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "cluster_check: needs at least 16 cores (a core per emulated host at W = 16); this machine has 2"]
+
+
+def test_cluster_check_runs_the_held_out_cells_at_w_8_and_16_with_every_hook_through_the_bench(tmp_path, monkeypatch):
+    # on 16 cores the script hands bench/projection.py its arguments: they parse there (a
+    # renamed flag fails here, not on the borrowed machine)
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import projection as bench_projection
+
+    seen = tmp_path / "argv"
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\nshift\nprintf '%s\\n' \"$@\" > {seen}\n")
+    python.chmod(0o755)
+    res = subprocess.run(["bash", str(ROOT / "scripts/cluster_check.sh")], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHON": str(python),
+                              "PATH": f"{_fake_nproc(tmp_path, 16)}:{os.environ['PATH']}"})
+    assert res.returncode == 0, res.stderr
+    args = bench_projection.parse(seen.read_text().split())
+    assert args.world_sizes == [2, 8, 16] and args.links == [0.5, 1.0] and args.hooks is None  # every hook
+    assert args.error_feedback == ["on", "off"] and args.comm_apart and args.host_cpus * 16 <= 16 - 0.4
+
+
+def _fake_nproc(folder: Path, cores: int) -> Path:
+    """A folder whose nproc says ``cores``: the script's core count, as another machine would give it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "nproc").write_text(f"#!/bin/sh\necho {cores}\n")
+    (folder / "nproc").chmod(0o755)
+    return folder

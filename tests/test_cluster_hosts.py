@@ -449,3 +449,15 @@ def test_a_report_priced_with_the_clusters_probe_tracks_the_cells_measured_on_it
     assert "priced with your cluster's transport probe" in summary.splitlines()[3]
     assert f"your cluster's probe ({cluster_probe.path}), probed W = 2 across 2 hosts" in summary
     assert f"across links of {LINK_GBPS:g} Gbit/s" in summary
+    # the sweep copied the probe onto its parent run: with the file gone, a rebuild from MLflow
+    # alone gives the same answer.json
+    from service.report import build_report
+
+    written = next(iter((tmp_path / "results").rglob("answer.json"))).read_text()
+    aside = Path(str(cluster_probe.path) + ".moved")
+    os.rename(cluster_probe.path, aside)
+    try:
+        build_report(sweep.parent_run_id, uri, tmp_path / "rebuilt", attach=False)
+    finally:
+        os.rename(aside, cluster_probe.path)
+    assert (tmp_path / "rebuilt" / "answer.json").read_text() == written

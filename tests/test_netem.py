@@ -479,6 +479,8 @@ def test_a_two_link_sweep_on_hosts_of_their_own_cpu_interrupted_then_resumed(tmp
         # hook's own wire bytes of every step on each of the 2 hosts
         assert m["link_tx_bytes"] >= 2 * m["comm_bytes_per_step"] * m["steps_done"], name
         assert m["host_cpus"] == 0.8, name  # the share its hosts had
+        # its ranks computed in the share, their gloo threads beside it: the emulation the cluster bands describe
+        assert m["comm_threads_apart"] == 1.0, name
         # (by step: the interrupted run's own points, if it logged any before SIGINT, are the same steps)
         timed = {x.step: x.value for x in client.get_metric_history(run.info.run_id, "loss")}
         assert [timed[k] for k in sorted(timed)] == losses[:4], name  # the same math on the shaped link as on loopback

@@ -162,9 +162,9 @@ def test_threads_apart_leaves_the_calling_thread_in_its_hosts_share_and_the_rest
             thread.start()
             started.wait(10)
             try:
-                cluster_mod.threads_apart(host)
-                cluster_mod.threads_apart(host)  # again: nothing new to move, no error
-                apart = cluster_mod.comm_cgroup(host.cgroup)
+                host_cpu.threads_apart(host.cgroup)
+                host_cpu.threads_apart(host.cgroup)  # again: nothing new to move, no error
+                apart = host_cpu.comm_cgroup(host.cgroup)
                 assert _cgroup_of(h, threading.get_native_id()) == host.cgroup
                 assert _cgroup_of(h, thread.native_id) == apart
                 with open(f"{apart}/cpu.cfs_quota_us") as f:
@@ -174,6 +174,31 @@ def test_threads_apart_leaves_the_calling_thread_in_its_hosts_share_and_the_rest
                 thread.join(10)
         assert _cgroup_of(h, threading.get_native_id()) == host_cpu.own_cgroup(h)  # back home, every thread
     cluster_mod.remove_apart(os.getpid())
+    assert not [p for p in host_cpu.list_cgroups() if host_cpu.owner_of(os.path.basename(p)) == os.getpid()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or getattr(host_cpu.hierarchy(), "version", None) != 1,
+                    reason="moving one thread needs root and cgroup v1 (CI: both)")
+def test_threads_apart_keeps_the_calling_thread_even_when_it_is_not_the_main_one():
+    """Under Ray Train V2 a rank's training loop may run on a thread other than the process's main
+    one (service/train/ray_entry.py's host_group): that thread, the rank's compute, keeps the share."""
+    h = host_cpu.hierarchy()
+    seen = {}
+    with netem.Network(1, link_gbps=None, host_cpus=0.5) as net:
+        host = net.hosts[0]
+        with host_cpu.joined(host.cgroup):
+            def rank_loop() -> None:
+                seen["moved"] = host_cpu.threads_apart(host.cgroup)
+                seen["mine"] = _cgroup_of(h, threading.get_native_id())
+                seen["main"] = _cgroup_of(h, main)
+
+            main = threading.get_native_id()
+            worker = threading.Thread(target=rank_loop)
+            worker.start()
+            worker.join(10)
+        apart = host_cpu.comm_cgroup(host.cgroup)
+        assert seen == {"moved": True, "mine": host.cgroup, "main": apart}
+    assert not os.path.isdir(apart)  # removed with the network
     assert not [p for p in host_cpu.list_cgroups() if host_cpu.owner_of(os.path.basename(p)) == os.getpid()]
 
 

@@ -13,7 +13,14 @@ service/network/names.py) also gets a CPU cgroup of that name:
   driver's cgroup), so a container's or a slice's own limit still holds over every host (v2 lets a
   cgroup with processes of its own have none with the cpu controller: there the preflight says so);
 * a rank's process joins its host with :func:`joined` (its pid into ``cgroup.procs``: the whole
-  process, its gloo and Ray threads too) and goes back where it came from after the trial;
+  process) and goes back where it came from after the trial; once its gloo group is made,
+  :func:`gloo_threads_apart` moves every thread but the rank's own (gloo's workers and connection
+  loop, Ray's) to the host's *comm* cgroup (:func:`comm_cgroup`), which has no quota: the rank's
+  compute (forward, backward, the hooks' encoding) runs in the host's share and its collectives
+  beside it, as on a cluster host with cores to spare for them. This is the one emulation the
+  committed cluster bands were measured on (bench/projection.py) and the one a sweep runs
+  (cgroup v1 only: v2 moves single threads only in threaded subtrees, so there the whole process
+  stays in the share);
   :func:`remove` first moves any process still inside (a rank killed before it could leave)
   to the parent, then removes the cgroup.
 
@@ -28,6 +35,7 @@ import contextlib
 import math
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -196,6 +204,50 @@ def joined(path: str) -> Iterator[None]:
         if home and os.path.isdir(home):
             with contextlib.suppress(OSError):  # the cgroup was removed under us: nothing to leave
                 _write(f"{home}/cgroup.procs", str(os.getpid()))
+
+
+COMM_INDEX = 10_000  # a comm cgroup's host index, past any network's hosts
+
+
+def comm_cgroup(cgroup: str) -> str:
+    """The sibling of host ``cgroup`` for its communication threads: named as a host of the same
+    owner (so :func:`remove_leftovers` finds it too) with an index no host has; no quota."""
+    from service.network.names import HOST_RE
+
+    owner, token, index = HOST_RE.match(os.path.basename(cgroup)).groups()
+    return os.path.join(os.path.dirname(cgroup), host_name(int(owner), token, COMM_INDEX + int(index)))
+
+
+def threads_apart(cgroup: str) -> bool:
+    """Every thread of this process but the calling one into :func:`comm_cgroup` of its host
+    ``cgroup``: the host's collectives then wait on no quota, while the calling thread (the
+    rank's compute) keeps the host's share. Idempotent: call it again after new threads may have
+    started. False where it cannot (no cgroup, or cgroup v2: the whole process stays in the share)."""
+    if not cgroup or not os.path.exists(os.path.join(os.path.dirname(cgroup), "tasks")):
+        return False
+    apart = comm_cgroup(cgroup)
+    os.makedirs(apart, exist_ok=True)
+    if not _read(f"{apart}/cpu.cfs_quota_us"):
+        raise HostCpuError(f"{apart}: no cpu controller to move gloo's threads to")
+    there = set(_read(f"{apart}/tasks").split())
+    mine = str(threading.get_native_id())  # under Ray Train V2 not necessarily the main thread
+    for tid in os.listdir("/proc/self/task"):
+        if tid != mine and tid not in there:
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                _write(f"{apart}/tasks", tid)  # cgroup v1: a thread by itself
+    return True
+
+
+def gloo_threads_apart(group, cgroup: str) -> bool:
+    """A rank's gloo threads made (three collectives on ``group``: its workers and connection loop
+    start with the first; every rank of the group calls it), then moved off the host's quota
+    (:func:`threads_apart`)."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        dist.all_reduce(torch.zeros(1 << 16), group=group)
+    return threads_apart(cgroup)
 
 
 def remove(path: str, wait_s: float = 5.0) -> None:

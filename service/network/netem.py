@@ -205,8 +205,8 @@ class Network:
         _run("ip", "-n", ns, "link", "set", IFNAME, "up")
         self._shape(ns)
         cgroup = host_cpu.create(ns, self.host_cpus) if self.host_cpus else ""
-        if cgroup:
-            self._created.append(("cgroup", cgroup))
+        if cgroup:  # and its comm cgroup, made by its rank's process (host_cpu.gloo_threads_apart)
+            self._created += [("cgroup", cgroup), ("cgroup", host_cpu.comm_cgroup(cgroup))]
         return Host(ns, IFNAME, address, cgroup)
 
     def reshape(self, link_gbps: float | None, latency_ms: float | None = None) -> None:

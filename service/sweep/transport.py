@@ -32,14 +32,14 @@ def _probe_loop(config: dict) -> None:
 
     import ray.train
 
-    from service.train.ray_entry import network_group, on_host_cpu
+    from service.train.ray_entry import host_group, on_host_cpu
     from service.train.transport_probe import probe
 
     rank = ray.train.get_context().get_world_rank()
     hosts = (config.get("network") or {}).get("hosts")
     started = time.perf_counter()
     with on_host_cpu(config, rank):
-        samples, hosts_seen = probe(group=network_group(config, rank), host=hosts[rank]["namespace"] if hosts else None)
+        samples, hosts_seen = probe(group=host_group(config, rank)[0], host=hosts[rank]["namespace"] if hosts else None)
     seconds = time.perf_counter() - started
     if rank != 0:
         ray.train.report({"probe_s": seconds})

@@ -77,10 +77,13 @@ def train_loop_per_worker(config: dict) -> None:
                              checkpoint_dir_name=f"step_{step:08d}")
 
     with on_host_cpu(config, rank):
+        group, apart = host_group(config, rank)
+        if logger is not None and apart:  # the emulation the run's step was measured on: every trial says it
+            logger.log(0, comm_threads_apart=1.0)
         ctx = TrainingContext(rank=rank, world_size=world_size, device=device, logger=logger,
                               progress=config.get("progress"), start=start,
                               checkpoint_fn=checkpoint_fn if cfg.checkpoint.every else None,
-                              on_fault=on_fault, process_group=network_group(config, rank))
+                              on_fault=on_fault, process_group=group)
         run_training(trial, cfg, ctx)
 
 
@@ -96,8 +99,22 @@ def network_group(config: dict, rank: int):
     return netem.process_group_on_host(network["hosts"][rank])
 
 
+def host_group(config: dict, rank: int):
+    """:func:`network_group`, and on hosts that own their CPU (network.host_cpus) its gloo threads
+    moved beside the host's share (service/network/host_cpu.py's gloo_threads_apart: the rank's
+    compute in the share, its collectives off it, the emulation the cluster bands describe).
+    Inside :func:`on_host_cpu`; every rank calls it. Returns (the group, whether its threads moved)."""
+    group = network_group(config, rank)
+    hosts = (config.get("network") or {}).get("hosts")
+    if group is None or not hosts or not hosts[rank].get("cgroup"):
+        return group, False
+    from service.network import host_cpu
+
+    return group, host_cpu.gloo_threads_apart(group, hosts[rank]["cgroup"])
+
+
 def on_host_cpu(config: dict, rank: int):
-    """With network.host_cpus, this rank's whole process (its gloo threads too) inside its host's
+    """With network.host_cpus, this rank's whole process inside its host's
     CPU cgroup while it trains (service/network/host_cpu.py), and back where it was after: Ray
     Train V2 kills its workers when the trial ends, but a process must not outlive its host's
     share in a cgroup the sweep removes."""
