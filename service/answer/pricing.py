@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from hooks.wire import ALLREDUCE
 from service.step_model.transport import ProbeHosts, TransportFit
 
 
@@ -46,7 +47,7 @@ class Pricing:
         saves nothing there. None without a probe."""
         if self.transport is None:
             return None
-        per_byte = [f.per_byte_ms for f in self.transport.kinds.get("allreduce", ()) if f.per_byte_ms > 0]
+        per_byte = [f.per_byte_ms for f in self.transport.kinds.get(ALLREDUCE, ()) if f.per_byte_ms > 0]
         if not per_byte:
             return None
         return 8.0 / (min(per_byte) * 1e6)   # bits per ns = Gbit/s: one byte every per_byte_ms

@@ -91,7 +91,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     loopback) where trials ran; ``here``: the measured answers per W (decision.Measured), painted
     in a top row of their own; ``hidden_above_gbps``: the link rate above which the hosts' own
     transport is slower than the link, those cells dotted."""
-    from matplotlib.patches import Patch, Rectangle
+    from matplotlib.patches import Rectangle
 
     from service.report import plots
 
@@ -109,14 +109,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     top = len(links)  # the 'measured here' row, above the fastest link
     cells_drawn = [((w, links.index(g)), p, (w, g) == cluster) for (w, g), p in painted.items()]
     cells_drawn += [((w, top), p, False) for w, p in here_row.items()]
-    for (w, y), p, starred in cells_drawn:
-        x = sizes.index(w)
-        face = colour[p.colour_of] if p.colour_of is not None else "white"
-        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
-                               hatch="///" if p.hatched else None, lw=0.5))
-        if p.names:  # in the cluster's cell, below its star (:data:`STAR_DY`), which would hide it
-            ax.text(x, y - (LABEL_DY if starred else 0.0), " | ".join(key[c] for c in p.names),
-                    ha="center", va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    _draw_cells(ax, cells_drawn, sizes, colour, key)
     hidden = [(w, g) for (w, g) in painted if hidden_above_gbps is not None and g > hidden_above_gbps]
     for w, g in hidden:  # the hosts' own transport is slower than this link: a faster one changes nothing
         ax.add_patch(Rectangle((sizes.index(w) - 0.5, links.index(g) - 0.5), 1, 1, fill=False, hatch="..",
@@ -139,17 +132,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
         ax.axhline(top - 0.5, color="black", lw=1.5)
     ax.set_xlabel("world size (ranks, log2)")
     ax.set_ylabel("link speed per rank (Gbit/s, log)")
-    handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
-    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///",
-                      label="too close to call: the answer's colour (allreduce where the tie holds it), the runner-up named second")]
-    if hidden:
-        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="..",
-                             label=f"link faster than these hosts move bytes (~{hidden_above_gbps:.3g} Gbit/s): "
-                                   "a faster link changes nothing"))
-    handles += [plt.Line2D([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
-                plt.Line2D([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
-    if cluster is not None:
-        handles.append(plt.Line2D([], [], marker="*", color="black", ls="", ms=12, label="report.cluster"))
+    handles = _legend(configs, colour, key, hidden_above_gbps if hidden else None, cluster is not None)
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     heading = "fastest to target at matching quality (projected)"
     ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11, pad=14)  # room for the loopback marks
@@ -159,3 +142,40 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
         fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
     fig.tight_layout(rect=(0, 0.01 + lines * 12 / 72 / fig.get_figheight(), 1, 1))
     return plots._save(fig, Path(path))
+
+
+def _draw_cells(ax, cells_drawn: list, sizes: list[int], colour: dict, key: dict) -> None:
+    """Each cell ((W, row), its CellPaint, whether the star sits in it): its answer's colour,
+    hatched where too close to call, the candidates' numbers written in it."""
+    from matplotlib.patches import Rectangle
+
+    for (w, y), p, starred in cells_drawn:
+        x = sizes.index(w)
+        face = colour[p.colour_of] if p.colour_of is not None else "white"
+        ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=face, edgecolor="white",
+                               hatch="///" if p.hatched else None, lw=0.5))
+        if p.names:  # in the cluster's cell, below its star (:data:`STAR_DY`), which would hide it
+            ax.text(x, y - (LABEL_DY if starred else 0.0), " | ".join(key[c] for c in p.names),
+                    ha="center", va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+
+
+def _legend(configs: list[str], colour: dict, key: dict, hidden_above_gbps: Optional[float], starred: bool) -> list:
+    """The map's legend: each configuration by its number, then what hatching, dots and marks mean."""
+    from matplotlib.patches import Patch
+
+    from service.report import plots
+
+    line = plots.plt.Line2D
+    handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
+    handles += [Patch(facecolor="white", edgecolor="grey", hatch="///",
+                      label="too close to call: the answer's colour (allreduce where the tie holds it), "
+                            "the runner-up named second")]
+    if hidden_above_gbps is not None:
+        handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="..",
+                             label=f"link faster than these hosts move bytes (~{hidden_above_gbps:.3g} Gbit/s): "
+                                   "a faster link changes nothing"))
+    handles += [line([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
+                line([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
+    if starred:
+        handles.append(line([], [], marker="*", color="black", ls="", ms=12, label="report.cluster"))
+    return handles

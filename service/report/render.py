@@ -344,7 +344,8 @@ def shared_knobs_text(sweep: Sweep) -> str:
     if len(settings) != 1:
         return ""
     off = {k: v for k, v in json.loads(settings.pop()).items() if v != KNOB_DEFAULTS.get(k, v)}
-    compiled = " Every trial compiled its DDP model (torch.compile)." if off.pop("compile", False) else ""
+    compiled = (" Every trial compiled the module inside DDP (torch.compile; the reducer and the hook stay eager)."
+                if off.pop("compile", False) else "")
     return (f" Every trial ran with DDP's {', '.join(f'{k}={v}' for k, v in off.items())}." if off else "") + compiled
 
 
