@@ -362,7 +362,9 @@ def test_the_report_projects_every_configuration_from_its_recorded_timeline(stor
     out, _ = built
     rows = list(csv.DictReader(open(out / projection.CSV)))
     assert {r["config"] for r in rows} == {"allreduce", "fp16_compress", "quantized_allreduce-c256"}
-    assert {(int(r["world_size"]), float(r["link_gbps"])) for r in rows} == {(8, 10.0), (8, 100.0), (64, 10.0), (64, 100.0)}
+    # report.project's cells, and report.cluster's (W = 16 on 25 Gbit/s): its rows carry the headline's answer
+    assert {(int(r["world_size"]), float(r["link_gbps"])) for r in rows} == {(8, 10.0), (8, 100.0), (64, 10.0),
+                                                                            (64, 100.0), (16, 25.0)}
     for r in rows:
         assert r["measured_world_size"] == r["timeline_world_size"] == "1"
         if r["world_size"] == "64":  # 32 samples over 64 ranks
@@ -592,3 +594,44 @@ def test_the_plan_round_designs_with_the_transport_the_plan_section_shows(store,
     with_sweeps = plan_round.answer(projection.bases(sweep.trials, recommendations(sweep), reader.step_timeline),
                                     cfg.report.cluster, reader.transport(store["parent"]))
     assert with_sweeps.plan.step_ms != pytest.approx(designed.plan.step_ms)  # the sweep's own probe prices otherwise
+
+
+ANSWER_PROBE = """<script>
+window.addEventListener('load', () => {
+  const text = s => Array.from(document.querySelectorAll(s)).map(e => e.textContent.trim());
+  const plan = Array.from(document.querySelectorAll('h3')).find(h => h.textContent.startsWith('A per-bucket plan'));
+  let after = plan ? plan.nextElementSibling : null;
+  while (after && after.tagName !== 'P') after = after.nextElementSibling;
+  const probe = document.createElement('pre');
+  probe.id = 'answer-probe';
+  probe.textContent = JSON.stringify({headline: text('p.headline'), plan: after ? after.textContent : '',
+                                      page: document.documentElement.scrollWidth});
+  document.body.appendChild(probe);
+});
+</script></body>"""
+
+
+def test_every_part_of_the_report_names_the_one_answer_in_headless_chromium(store, built, tmp_path):
+    """At 1400 px: the headline's sentences, the plan section and projection.csv's cluster rows
+    say what answer.json says, for the world size the sweep ran and for report.cluster."""
+    from tests.test_report import run_chromium
+
+    out, page = built
+    answer = json.loads((out / "answer.json").read_text())
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("</body>", ANSWER_PROBE))
+    dom = run_chromium(["--window-size=1400,3000", "--virtual-time-budget=10000", "--dump-dom", probed.as_uri()],
+                       tmp_path)
+    assert "answer-probe" in dom.stdout, dom.stderr[-2000:]
+    seen = json.loads(dom.stdout.split('<pre id="answer-probe">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
+    assert seen["page"] <= 1400, seen
+    here, cluster = seen["headline"][:2]
+    measured = answer["measured"]["1"]
+    assert here == f"Here: {'keep' if measured['answer'] == 'allreduce' else 'use'} {measured['answer']} at W = 1 on loopback."
+    named = answer["cluster"]["answer"]
+    assert cluster.startswith(f"Your cluster (W = 16 on 25 Gbit/s, report.cluster): "
+                              f"{'keep' if named == 'allreduce' else 'use'} {named}")
+    assert seen["plan"].startswith(f"The answer at this cell: {named} "), seen["plan"]
+    rows = [r for r in csv.DictReader((out / projection.CSV).open()) if (r["world_size"], r["link_gbps"]) == ("16", "25.0")]
+    assert rows and {(r["cell_winner"], r["cell_decided"]) for r in rows} == {
+        (named, str(answer["cluster"]["decided"]).lower())}

@@ -109,5 +109,5 @@ def html_parts(lines: list[str]) -> Optional[dict]:
         return None
     table = [[c.strip().strip("`") for c in line.strip("|").split("|")] for line in lines if line.startswith("|")]
     return {"heading": lines[0].lstrip("# "), "header": table[0] if table else [],
-            "rows": [r for r in table[2:]], "paragraphs": [line.replace("`", "") for line in lines[1:]
+            "rows": [r for r in table[2:]], "paragraphs": [line.replace("`", "").replace("**", "") for line in lines[1:]
                                                         if line and not line.startswith("|")]}

@@ -75,6 +75,11 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
     global_batch = max(b.global_batch for b in bases)
     sizes, links = projection.cells(report_cfg.project, global_batch)
     out.cells = projection.project(bases, sizes, links, price.latency_ms, transport=price.transport)
+    cluster = report_cfg.cluster
+    if cluster is not None and (cluster.world_size not in sizes or cluster.link_gbps not in links):
+        # the cluster's cell has its rows too: projection.csv says the headline's answer there
+        out.cells += projection.project(bases, [cluster.world_size], [cluster.link_gbps], price.latency_ms,
+                                        transport=price.transport)
     out.csv = projection.write_csv(out.cells, out_dir / projection.CSV)
     answered, refused = cluster_answer.cluster_cell(bases, report_cfg.cluster, transport=price.transport)
     out.answer = decision.sweep_answer(recs, report_cfg.cluster, answered, refused, price, bases)
@@ -90,8 +95,8 @@ def projected(sweep, recs, reader, report_cfg, out_dir: Path, title: str = "", p
                                                 transport=price.transport)
     measured = sorted({(t.world_size, (t.timing or t).record.link_gbps) for t in sweep.trials if t.state == "ok"},
                       key=lambda m: (m[0], m[1] or 0))
-    cluster = None if report_cfg.cluster is None else (report_cfg.cluster.world_size, report_cfg.cluster.link_gbps)
-    out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=cluster,
+    star = None if cluster is None else (cluster.world_size, cluster.link_gbps)
+    out.image = decision_map.plot(grid, measured, out_dir / decision_map.IMAGE, title=title, cluster=star,
                                   quality_from=decision_map.quality_note(bases, price.latency_ms) + "\n"
                                   + price.transport_source(), here=out.answer.measured,
                                   hidden_above_gbps=price.hidden_above_gbps())
