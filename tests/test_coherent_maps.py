@@ -111,7 +111,7 @@ def sweep_bases() -> list[Basis]:
 
 def grid(bases) -> dict:
     bands = ErrorBands(tuple(MeasuredBand(b.hook, None, 2, -5.0, 5.0) for b in bases), "x")
-    return decision_map.winners(bases, list(SIZES), LATENCY_MS, LINKS, bands, pairs=PairBands((), "x"))
+    return projection.grid_answers(bases, list(SIZES), LATENCY_MS, LINKS, bands, pairs=PairBands((), "x"))
 
 
 def test_a_close_call_wears_the_answers_colour_hatched_and_names_both_candidates():

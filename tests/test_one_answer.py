@@ -35,7 +35,7 @@ def test_the_map_at_a_measured_world_size_keeps_allreduce_where_the_measurement_
     # W = 2 cell. But measured at W = 2 its time to target moved by 8 % from seed to seed, and
     # the measured answer kept allreduce: the map's W = 2 column must not decide against that.
     bases = [measured_at_2("allreduce", 100.0, 0.08), measured_at_2("bf16_compress", 97.0, 0.08)]
-    cells = decision_map.winners(bases, [2, 8], LATENCY_MS, (1.0, 10.0, 400.0), EXACT, pairs=NO_PAIRS)
+    cells = projection.grid_answers(bases, [2, 8], LATENCY_MS, (1.0, 10.0, 400.0), EXACT, pairs=NO_PAIRS)
     for link in (1.0, 10.0, 400.0):
         at2 = cells[(2, link)]
         assert at2.winner.config == "allreduce" and at2.too_close, (link, at2)

@@ -11,6 +11,7 @@ import numpy as np
 import hooks
 from service.report import hook_styles, plots
 from service.report.hook_styles import hook_style
+from service.answer.projection import MAP_LINKS_GBPS
 from service.report import LossCurve
 
 STOP_MARKERS = {"X", "P"}  # the loss plot's "went NaN" / "failed here" marks
@@ -159,7 +160,7 @@ def test_the_cluster_star_leaves_its_cells_label_readable(tmp_path: Path, monkey
     real_save = plots._save
     monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
     a, b = SimpleNamespace(config="allreduce"), SimpleNamespace(config="bf16_compress")
-    sizes, links = [2, 4, 8, 16, 32, 64], decision_map.MAP_LINKS_GBPS
+    sizes, links = [2, 4, 8, 16, 32, 64], MAP_LINKS_GBPS
     cells = {(w, g): CellWinner(w, g, a, b, True) for w in sizes for g in links}
     decision_map.plot(cells, [], tmp_path / "map.png", cluster=(32, 10.0))
     fig = figures[0]
@@ -194,7 +195,7 @@ def test_the_decision_maps_footnote_clears_the_axis_label(tmp_path: Path, monkey
     real_save = plots._save
     monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
     a = SimpleNamespace(config="allreduce")
-    cells = {(w, g): CellWinner(w, g, a, None, False) for w in (2, 4, 8) for g in decision_map.MAP_LINKS_GBPS}
+    cells = {(w, g): CellWinner(w, g, a, None, False) for w in (2, 4, 8) for g in MAP_LINKS_GBPS}
     decision_map.plot(cells, [], tmp_path / "map.png",
                       quality_from="quality: W=2 their own trials' ...\ntransport: the sweep's own probe, W = 2 on loopback")
     fig = figures[0]
@@ -221,7 +222,7 @@ def test_a_measured_cells_circle_leaves_its_label_readable(tmp_path: Path, monke
     real_save = plots._save
     monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
     a, b = SimpleNamespace(config="allreduce"), SimpleNamespace(config="bf16_compress")
-    links = list(decision_map.MAP_LINKS_GBPS)
+    links = list(MAP_LINKS_GBPS)
     cells = {(w, g): CellWinner(w, g, a, b, True) for w in (2, 4, 8) for g in links}
     decision_map.plot(cells, [(4, 1.0)], tmp_path / "map.png")
     fig = figures[0]

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from service import report
 from service.report import decision_map
-from service.report import cluster_answer
+from service.report import cluster_answer, projection_table
 from service.answer import projection
 from service.config import ConfigError, load_config
 from service.config.loading import report_section
@@ -73,13 +73,13 @@ def test_time_to_target_is_the_crossing_step_times_the_projected_step():
     step = 2.5 + 5.0 + 10.0 + 1000 * 2 * 7 * (5e-6 + 1e6 / 8 / 1.25e9)
     assert p.step_ms == pytest.approx(step)
     assert p.time_to_target_s == pytest.approx(150.0 * step / 1000)  # mean crossing step of the two seeds
-    assert projection.cell_text(p) == f"{150 * step / 1000:.3g} s ({step:.3g} ms/step)"
+    assert projection_table.cell_text(p) == f"{150 * step / 1000:.3g} s ({step:.3g} ms/step)"
 
 
 def test_a_seed_that_never_reached_the_target_leaves_no_time():
     p = projection.project_cell(basis(crossings=(100.0, None)), 8, 10.0, LATENCY_MS, NO_BANDS)
     assert p.step_ms > 0 and p.time_to_target_s is None
-    assert projection.cell_text(p).startswith("target not reached (")
+    assert projection_table.cell_text(p).startswith("target not reached (")
 
 
 def test_a_cell_with_more_ranks_than_samples_is_refused_with_its_reason(tmp_path):
@@ -275,7 +275,7 @@ def test_seeds_whose_timelines_disagree_make_a_close_call():
 def test_default_cells_and_the_maps_grid_keep_a_sample_per_rank():
     assert projection.default_world_sizes(64) == [8, 16, 32, 64]
     assert projection.default_world_sizes(4) == [8]  # refused cell by cell, with the reason
-    assert decision_map.map_world_sizes(64) == [2, 4, 8, 16, 32, 64]
+    assert projection.map_world_sizes(64) == [2, 4, 8, 16, 32, 64]
     cfg = report_section("report:\n  project: {link_gbps: 40}\n")
     assert projection.cells(cfg.project, 32) == ([8, 16, 32], [40.0])
 
@@ -557,7 +557,7 @@ def test_the_map_the_star_the_csv_and_answer_json_are_priced_one_way(store, buil
     scale = projected(sweep, recommendations(sweep), reader, cfg, out)
     assert scale.pricing.latency_ms == cfg.cluster.latency_ms == 0.1 != cfg.project.latency_ms
     under_star = scale.map_cells[(cfg.cluster.world_size, cfg.cluster.link_gbps)]
-    star, _ = cluster_answer.cluster_cell(scale.bases, cfg.cluster, transport=scale.pricing.transport)
+    star, _ = projection.cell_answer(scale.bases, cfg.cluster, transport=scale.pricing.transport)
     assert under_star.winner.step_ms == pytest.approx(star.winner.step_ms)
     assert (under_star.winner.config, under_star.decided) == (star.winner.config, star.decided)
     written = json.loads((out / "answer.json").read_text())["cluster"]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from service.report import cluster_answer
+from service.report import cluster_answer, projection_table
 from service.answer import projection
 from service.answer.projection import Basis, QualityAt
 from service.step_model import bands as step_bands
@@ -56,9 +56,10 @@ def test_the_table_and_the_cluster_answer_say_beyond_the_checked_world_size(tmp_
     bands = band_file(tmp_path)
     b = Basis("allreduce", "allreduce", 1, 64, (trial_timeline(),), (100.0,), True, 1)
     cells = projection.project([b], [4, 64], [10.0], 0.025, bands)
-    _, (row,) = projection.table(cells)
+    _, (row,) = projection_table.table(cells)
     assert row[3] == "-5 to +1 % (checked at W = 4); -7 to +4 % (checked at W = 8, used beyond it at W = 64)"
-    answer = cluster_answer.cluster_answer([b], SimpleNamespace(world_size=64, link_gbps=10.0, latency_ms=0.025), bands)
+    cell = SimpleNamespace(world_size=64, link_gbps=10.0, latency_ms=0.025)
+    answer = cluster_answer.cluster_text(cell, *projection.cell_answer([b], cell, bands))
     assert "error band -7 to +4 % (checked at W = 8, used beyond it)" in answer and "at 25 µs per message" in answer
 
 
@@ -76,7 +77,7 @@ def test_a_configuration_shows_each_band_once_and_a_one_value_band_as_one_value(
     bands = step_bands.error_bands(path)
     b = Basis("allreduce", "allreduce", 1, 64, (trial_timeline(),), (100.0,), True, 1)
     cells = projection.project([b], [8, 16, 32], [10.0, 25.0], 0.025, bands)
-    _, (row,) = projection.table(cells)
+    _, (row,) = projection_table.table(cells)
     assert row[3] == "-18 % (checked at W = 8, used beyond it at W = 16, 32)"
     assert bands.for_cell("allreduce", None, 2).described() == "-5 to -3 % (checked at W = 2)"
     assert step_bands.pct_range(-0.4, 0.3) == "+0 %" and step_bands.pct_range(-0.6, 0.4) == "-1 to +0 %"
@@ -106,7 +107,7 @@ def test_a_world_size_the_sweep_ran_keeps_its_own_quality_verdict():
     assert at8.winner.config == "quantization_pertensor"
     cells = projection.project([q], [2, 8, 16], [10.0], 0.025, none)
     assert [c.quality.world_size for c in cells] == [2, 4, 4]
-    assert projection.quality_from(cells) == "W=2 (not matching) at W=2; W=4 at W=8, 16"
+    assert projection_table.quality_from(cells) == "W=2 (not matching) at W=2; W=4 at W=8, 16"
     # projection.csv's measured_world_size and matches_quality are the cell's quality W's
     assert [c.row()["measured_world_size"] for c in cells] == [2, 4, 4]
     assert [c.row()["matches_quality"] for c in cells] == [False, True, True]

@@ -1,33 +1,13 @@
-"""The headline's projected half: report.cluster's cell priced (service/answer/projection.py's
-:func:`~service.answer.projection.project_cell` for every basis) and decided by its
-:func:`~service.answer.projection.winner`, in the sentence the headline says it."""
+"""report.cluster's cell as projected (service/answer/projection.py's ``cell_answer``), in the
+sentence the report's "How this was priced" block says it: its time to target, error band and
+runner-up."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from service.answer.projection import Basis, CellProjection, CellWinner, cell_text, project_cell, winner
-from service.step_model.bands import ErrorBands
-from service.step_model.pairs import PairBands
-from service.step_model.transport import TransportFit
-
-
-def cluster_cell(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
-                 transport: Optional[TransportFit] = None,
-                 pairs: Optional[PairBands] = None) -> tuple[Optional[CellWinner], str]:
-    """``report.cluster``'s cell as the headline answers it: (its :func:`winner`, ''), or (None,
-    why it was not priced); (None, '') without a cluster. The plan section names this winner."""
-    if cluster is None or not bases_:
-        return None, ""
-    at = [project_cell(b, cluster.world_size, cluster.link_gbps, cluster.latency_ms, bands, transport) for b in bases_]
-    refused = next((p.refused for p in at if p.refused), "")
-    return (None, refused) if refused else (winner(at, pairs), "")
-
-
-def cluster_answer(bases_: list[Basis], cluster, bands: Optional[ErrorBands] = None,
-                   transport: Optional[TransportFit] = None, pairs: Optional[PairBands] = None) -> str:
-    """The headline's projected half: 'projected for W=64 on 10 Gbit/s: ...' (empty without a cluster)."""
-    return cluster_text(cluster, *cluster_cell(bases_, cluster, bands, transport, pairs))
+from service.answer.projection import CellProjection, CellWinner
+from service.report.projection_table import cell_text
 
 
 def cluster_text(cluster, cell: Optional[CellWinner], refused: str = "") -> str:

@@ -17,32 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from service.answer.projection import Basis, CellProjection, CellWinner, default_world_sizes, project, winner
-from service.step_model.bands import ErrorBands
-from service.step_model.pairs import PairBands
+from service.answer.projection import Basis, CellWinner
 
 IMAGE = "decision_map.png"
-MAP_LINKS_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0)
-FIRST_MAP_W = 2
 # The cluster's star sits in the upper part of its cell and the cell's label (a close call's two
 # names) moves to the lower part: on the centre, the star hid the label. A cell is 1 unit high.
 STAR_DY, LABEL_DY = 0.27, 0.15
 MEASURED_DX = 0.34  # a measured cell's circle, left of the centre: a close call's names sit there
-
-
-def map_world_sizes(global_batch: int) -> list[int]:
-    """2, 4, ... up to the global batch."""
-    return default_world_sizes(global_batch, FIRST_MAP_W)
-
-
-def winners(bases: list[Basis], world_sizes: list[int], latency_ms: float, links_gbps=MAP_LINKS_GBPS,
-            bands: Optional[ErrorBands] = None, transport=None,
-            pairs: Optional[PairBands] = None) -> dict[tuple[int, float], CellWinner]:
-    """(W, link) -> the cell's winner, every basis priced there at ``latency_ms`` (and the sweep's ``transport``)."""
-    by_cell: dict[tuple[int, float], list[CellProjection]] = {}
-    for p in project(bases, world_sizes, links_gbps, latency_ms, bands, transport):
-        by_cell.setdefault((p.world_size, p.link_gbps), []).append(p)
-    return {cell: winner(ps, pairs) for cell, ps in by_cell.items()}
 
 
 def quality_note(bases: list[Basis], latency_ms: float) -> str:

@@ -385,7 +385,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
     """report.html: self-contained (images inline as data URIs), from templates/report.html.j2;
     ``scale``: the projected half (service/report/projected.py's Projected)."""
     from service.report import transport_table  # imports hooks (torch): only when a report is built
-    from service.answer import projection
+    from service.report import projection_table
     from service.report.projected import EMPTY
     picks = {(r.choice.config, r.world_size, r.link) for r in recs if r.choice is not None}
     quality = "Final eval accuracy" if quality_metric == "final_eval_accuracy" else "Final loss"
@@ -406,15 +406,15 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
                 "data": base64.b64encode(path.read_bytes()).decode(),
                 "caption": _CAPTIONS.get(name, "").format(quality=quality)}
                for name, path in images.items()]
-    projected = projection.table(scale.cells) if scale.cells else None
+    projected = projection_table.table(scale.cells) if scale.cells else None
     return _TEMPLATES.get_template("report.html.j2").render(
         sweep=sweep, states=sorted(Counter(t["state"] for t in trials).items()),
         headline=headline(scale.answer or decision.sweep_answer(recs), sweep, _hidden(scale)), how_priced=how_priced(scale, sweep, recs),
         recs=recs, rule=rule_text(sweep),
         baseline=BASELINE_HOOK, place=place, summary=summary, images=images_, trials=trials,
         projection_header=projected[0] if projected else None,
-        projection_rows=projected[1] if projected else None, projection_note=projection.note(scale.latency_ms, latency_from=scale.pricing.latency_from if scale.pricing else "report.project.latency_ms"),
-        projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection.refusals(scale.cells),
+        projection_rows=projected[1] if projected else None, projection_note=projection_table.note(scale.latency_ms, latency_from=scale.pricing.latency_from if scale.pricing else "report.project.latency_ms"),
+        projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection_table.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         transport_missing=transport_table.not_measured(scale.transport_failure),
         plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at,
