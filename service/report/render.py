@@ -103,7 +103,7 @@ def _cluster_sentence(c, backend: str, hidden_above_gbps: float | None) -> str:
     else:
         call = f" (too close to call against {a.runner_up}: {a.margin_pct:.0f} % inside the {_error(a)} error)"
     hosts = _priced_on(c, backend)
-    hidden = ("" if hidden_above_gbps is None or c.link_gbps <= hidden_above_gbps else
+    hidden = ("" if hidden_above_gbps is None else
               f"; on such hosts a link above {hidden_above_gbps:.2g} Gbit/s changes nothing: they move bytes slower")
     return f"{where}: {verb} {a.answer}{call}, {hosts}{hidden}."
 
