@@ -136,3 +136,13 @@ def test_the_cluster_transport_is_read_from_the_parent_runs_copy_once_the_file_i
     path.write_text(json.dumps(TransportFit({}, (), {}).to_json()))  # or changed: the copy stands
     tracking.log_cluster_transport(parent, uri, cfg.report.cluster)  # a --resume keeps its first copy
     assert pricing.pricing(open_store(uri), parent, report_cfg).transport == fit
+
+
+def test_the_here_sentence_names_allreduce_once_whatever_it_was_weighed_against():
+    def rec(w, other):
+        return recommend.recommend(w, "loopback", [candidate("allreduce", [10, 10], [1.0, 1.0], spread=1.0),
+                                                   candidate(other, [9.8, 9.8], [1.0, 1.0], spread=1.0)])
+
+    answer = decision.sweep_answer([rec(2, "bf16_compress"), rec(4, "quantization_pertensor")])
+    assert [m.answer.runner_up for m in answer.measured.values()] == ["bf16_compress", "quantization_pertensor"]
+    assert render.headline(answer) == ["Here: keep allreduce at W = 2 and 4 on loopback."]

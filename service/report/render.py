@@ -49,8 +49,8 @@ def _here_clauses(answer: SweepAnswer) -> list[str]:
     groups: dict[tuple, list[tuple[int, str]]] = {}
     for w, m in sorted(answer.measured.items()):
         for where, a in (m.links or {m.link: m.answer}).items():
-            key = (a.answer, a.decided or a.answer == BASELINE_HOOK, a.runner_up if not a.decided else None,
-                   a.why_none)
+            firm = a.decided or a.answer == BASELINE_HOOK  # allreduce is kept the same way, decided or not
+            key = (a.answer, firm, None if firm else a.runner_up, a.why_none)
             groups.setdefault(key, []).append((w, where))
     clauses = []
     for (choice, firm, tied_with, why_none), places in groups.items():
