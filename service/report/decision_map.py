@@ -13,6 +13,7 @@ link is faster than the hosts' own transport are dotted (a faster link changes n
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -86,7 +87,7 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     palette = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
     colour = {c: palette(i) for i, c in enumerate(configs)}
     key = {c: str(i + 1) for i, c in enumerate(configs)}  # a close cell names its two by these
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(12, 6.5))
     top = len(links)  # the 'measured here' row, above the fastest link
     cells_drawn = [((w, links.index(g)), p, (w, g) == cluster) for (w, g), p in painted.items()]
     cells_drawn += [((w, top), p, False) for w, p in here_row.items()]
@@ -117,10 +118,11 @@ def plot(cells: dict[tuple[int, float], CellWinner], measured: list[tuple[int, O
     ax.legend(handles=handles, fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     heading = "fastest to target at matching quality (projected)"
     ax.set_title(f"{title}: {heading}" if title else heading, fontsize=11, pad=14)  # room for the loopback marks
+    if quality_from:  # wrapped to the figure's width: a long line would squeeze the axes
+        quality_from = "\n".join(textwrap.fill(line, 170) for line in quality_from.splitlines())
+        fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
     # the footnote's lines get room of their own below the axis' label (tight_layout ignores fig.text)
     lines = quality_from.count("\n") + 1 if quality_from else 0
-    if quality_from:
-        fig.text(0.01, 0.01, quality_from, fontsize=8, color="dimgrey")
     fig.tight_layout(rect=(0, 0.01 + lines * 12 / 72 / fig.get_figheight(), 1, 1))
     return plots._save(fig, Path(path))
 
@@ -149,12 +151,10 @@ def _legend(configs: list[str], colour: dict, key: dict, hidden_above_gbps: Opti
     line = plots.plt.Line2D
     handles = [Patch(facecolor=colour[c], label=f"{key[c]} {c}") for c in configs]
     handles += [Patch(facecolor="white", edgecolor="grey", hatch="///",
-                      label="too close to call: the answer's colour (allreduce where the tie holds it), "
-                            "the runner-up named second")]
+                      label="hatched: too close to call (answer | runner-up)")]
     if hidden_above_gbps is not None:
         handles.append(Patch(facecolor="white", edgecolor="0.35", hatch="..",
-                             label=f"link faster than these hosts move bytes (~{hidden_above_gbps:.3g} Gbit/s): "
-                                   "a faster link changes nothing"))
+                             label=f"dotted: faster than these hosts move bytes (~{hidden_above_gbps:.3g} Gbit/s)"))
     handles += [line([], [], marker="o", color="black", mfc="none", ls="", label="measured (emulated link)"),
                 line([], [], marker="v", color="black", mfc="none", ls="", label="measured on loopback")]
     if starred:
