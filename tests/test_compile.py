@@ -59,6 +59,10 @@ def test_workload_compile_sets_the_mode_and_without_search_compile_compiles_ever
     ({"compile": [False, True], "bucket_cap_mb": [0.5, 25]}, {}, "search.bucket_cap_mb: 0.5 with compile: "
                                                                   "torch.compile's DDPOptimizer"),
     ({}, {"compile": "fast"}, "workload.compile: 'fast' is not allowed; allowed: false, true or a torch.compile mode"),
+    # CUDA graphs, both modes that use them: a graph would capture what DDP's hooks launch
+    ({}, {"compile": "reduce-overhead"}, "workload.compile: 'reduce-overhead' is not allowed: its CUDA graphs would "
+                                         "capture what DDP's comm hooks launch"),
+    ({}, {"compile": "max-autotune"}, "workload.compile: 'max-autotune' is not allowed: its CUDA graphs would capture"),
     ({"compile": [True, True]}, {}, "search.compile: [True, True] lists a value twice"),
 ])
 def test_what_compile_cannot_run_is_one_config_line(tmp_path, search, workload, fragment):

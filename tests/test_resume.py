@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -237,26 +238,86 @@ def test_ctrl_c_while_the_transport_probe_runs_stops_the_sweep_with_130(tmp_path
     """SIGINT while the probe's TorchTrainer runs (before any trial): the probe's fit() used to
     install Ray Train's own SIGINT handler, which aborted the probe quietly (recorded as a failed
     probe) or exited 1. Now the sweep stops as for any Ctrl-C: 130, its parent run KILLED, the
-    --resume line printed, nothing left running."""
+    --resume line printed, nothing left running. Under load (two busy loops from the signal to the
+    exit), as service.probe's: the probe's thread is still inside Ray, so the sweep neither
+    disconnects from Ray nor ends by the interpreter's exit (either crashed service.probe with
+    SIGSEGV, 2 of 12 interrupts under such load) but kills its Ray instance and leaves by
+    os._exit(130); its log says so."""
     config = tmp_path / "resume.yaml"
     config.write_text(CONFIG.replace("world_size: [1, 2]", "world_size: [2]"))
     uri = store_uri(tmp_path)
     left = tmp_path / "left-probe.json"
     proc = subprocess.Popen(reaped(left, sweep_cmd(config)), cwd=tmp_path, env=sweep_env(uri, ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    busy = []
     try:
         deadline = time.monotonic() + 600
         while not _probe_workers(proc.pid):  # no trial starts before the probe has ended
             assert proc.poll() is None and time.monotonic() < deadline, "the probe never started"
             time.sleep(0.25)
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=300)
     finally:
+        for b in busy:
+            b.kill()
+            b.wait()
         if proc.poll() is None:
             proc.kill()
     assert left_running(left) == {}
+    assert "its thread was inside Ray, so this driver does not disconnect" in _sweep_log(tmp_path)
     assert proc.returncode == 130, f"{out}\n{err}"
     assert "Traceback" not in out + err and "transport measured" not in out
     assert f"{config} --resume" in out
     runs = all_runs(MlflowClient(tracking_uri=uri), "resume_test")
     assert [r.info.status for r in parents(runs)] == ["KILLED"] and children(runs) == []
+
+
+def _sweep_log(tmp_path: Path) -> str:
+    logs = sorted(tmp_path.rglob("sweep-*.log"))
+    return logs[-1].read_text() if logs else ""
+
+
+@pytest.mark.ray
+def test_ctrl_c_again_and_again_while_the_interrupted_sweep_writes_its_report_still_exits_130(tmp_path):
+    """Ctrl-C mid-trial, then Ctrl-C again and again, every 0.1 s from the moment the interrupted
+    sweep says in its log that it writes its report until it exits: each later signal is ignored
+    (service/sweep/signals.py stop_once), so the sweep still exits 130 with the --resume hint and no
+    traceback. (Before: a second Ctrl-C in the report's import of matplotlib raised
+    KeyboardInterrupt there, and the process died by SIGINT, without the hint.) One trial at W = 1:
+    no probe, the cheapest sweep that trains."""
+    config = tmp_path / "resume.yaml"
+    config.write_text(CONFIG.replace("world_size: [1, 2]", "world_size: [1]"))
+    uri = store_uri(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    left = tmp_path / "left-report.json"
+    proc = subprocess.Popen(reaped(left, sweep_cmd(config)), cwd=tmp_path, env=sweep_env(uri, ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    signals_sent, lines, err_lines = 0, [], []
+    readers = [threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True),
+               threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)]
+    for r in readers:
+        r.start()
+    try:
+        wait_for_a_trial_mid_training(proc, client)
+        deadline = time.monotonic() + 300
+        proc.send_signal(signal.SIGINT)
+        while "interrupted: writing the report" not in _sweep_log(tmp_path):
+            assert proc.poll() is None and time.monotonic() < deadline, "the interrupted sweep wrote no report"
+            time.sleep(0.05)
+        while proc.poll() is None:  # Ctrl-C, again and again, through the report and the summary
+            proc.send_signal(signal.SIGINT)
+            signals_sent += 1
+            time.sleep(0.1)
+        for r in readers:
+            r.join(timeout=60)
+        out, err = "".join(lines), "".join(err_lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left_running(left) == {}
+    assert signals_sent >= 2, "the report was written before a second signal could land"
+    assert proc.returncode == 130, f"{out}\n{err}"
+    assert "Traceback" not in out + err, f"{out}\n{err}"
+    assert f"{config} --resume" in out, out
+    assert [r.info.status for r in parents(all_runs(client, "resume_test"))] == ["KILLED"]

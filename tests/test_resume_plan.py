@@ -2,9 +2,14 @@
 
 Real SQLite MLflow store, runs written through service.tracking as the sweep writes them (the
 trial_key tag --resume matches on comes with the run: tracking.identity_tags); no
-Ray (the interrupted-sweep path end to end is tests/test_resume.py).
+Ray (the interrupted-sweep path end to end is tests/test_resume.py; the links a --resume measures, at
+run_sweep's call, with netem hosts and the test's init_ray stopping it where Ray would start).
 """
 from __future__ import annotations
+
+import io
+import os
+import re
 
 import pytest
 
@@ -90,3 +95,49 @@ def test_resume_of_a_sweep_with_runs_from_an_older_version_is_refused_in_one_lin
     with pytest.raises(SweepError, match="cannot resume: .*older version") as err:
         plan_resume(cfg, cfg.trials(), uri)
     assert "\n" not in str(err.value)
+
+
+class _RayNotStarted(Exception):
+    """Raised by the test's init_ray: the sweep stops where Ray would start, its links measured."""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_resume_of_a_network_sweep_with_a_plan_measures_the_links_its_plan_round_trains_on(uri, tmp_path,
+                                                                                          monkeypatch):
+    """At run_sweep's call (service/sweep/run.py), with the real store, the real plan_resume and
+    the real link measurement (netem hosts, a gloo exchange): a sweep on two links with search.plan
+    was interrupted in its last trial, fp16_compress on 1 Gbit/s. Its --resume has one trial
+    pending, on 1 Gbit/s, but its plan round trains at every link the baseline (allreduce) ran:
+    0.5 Gbit/s too. Measuring only the pending trials' links (the call without
+    plan_round.trials_to_measure) left 0.5 unmeasured, and the plan trial there failed with
+    KeyError after training. The test's init_ray stops the sweep where Ray would start: the links
+    are measured before it (nothing of Ray is needed to see which)."""
+    from service.sweep.run import run_sweep
+
+    cfg = SweepConfig.model_validate({
+        "name": "resume_network_plan",
+        "workload": {"name": "mlp_digits", "steps": 20, "global_batch_size": 8, "lr": 0.05},
+        "search": {"hooks": ["allreduce", "fp16_compress"], "world_size": [2], "seed": [0],
+                   "plan": {"cell": {"world_size": 2, "link_gbps": 1}}},
+        "network": {"link_gbps": [0.5, 1]}})
+    trials = cfg.trials()
+    last = next(i for i, t in enumerate(trials) if t.hook == "fp16_compress" and t.link_gbps == 1)
+    trials = [t for i, t in enumerate(trials) if i != last] + [trials[last]]  # interrupted last
+    parent = tracking.start_parent_run(cfg, None, tracking_uri=uri)
+    for i, trial in enumerate(trials):
+        run_id = tracking.start_child_run(parent, trial, cfg, tracking_uri=uri)
+        tracking.end_run(run_id, "KILLED" if i == len(trials) - 1 else "FINISHED", tracking_uri=uri)
+    tracking.end_run(parent, "KILLED", tracking_uri=uri)
+    started = []
+
+    def init_ray(cfg, pending):
+        started.append([t.key for t in pending])
+        raise _RayNotStarted
+
+    out = io.StringIO()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(_RayNotStarted):
+        run_sweep(cfg, tmp_path / "sweep.yaml", cfg.trials(), resume=True, out=out, init_ray=init_ray)
+    assert started == [[trials[-1].key]], (started, out.getvalue())  # one trial pending, on 1 Gbit/s
+    measured = sorted(float(m) for m in re.findall(r"network: link ([\d.]+) Gbit/s \(", out.getvalue()))
+    assert measured == [0.5, 1.0], out.getvalue()  # and the baseline's 0.5 Gbit/s link, for the plan round

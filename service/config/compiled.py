@@ -8,13 +8,27 @@ and torch's reason (service/train/compiled.py compiles; docs/hooks.md,
 from __future__ import annotations
 
 from service.config.errors import FieldProblem
+from service.text import short_value
 
-# torch.compile's modes that leave the step's communication to DDP: "max-autotune" (with CUDA
-# graphs) is left out, as CUDA graphs would capture what DDP's hooks launch outside them.
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+# torch.compile's modes that leave the step's communication to DDP. The modes with CUDA graphs
+# ("reduce-overhead", "max-autotune") are refused: a graph would capture what DDP's hooks launch
+# outside the compiled module (the reducer's collectives, a hook's own kernels and state).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # torch's DDPOptimizer (dynamo's graph split at DDP's buckets) asserts that no bucket is smaller
 # than DDP's first bucket, 1 MiB (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
 MIN_COMPILED_BUCKET_CAP_MB = 1.0
+
+
+def mode_refusal(value) -> str | None:
+    """Why workload.compile's ``value`` is refused, one line (None: allowed)."""
+    if isinstance(value, bool) or value in COMPILE_MODES:
+        return None
+    allowed = f"allowed: false, true or a torch.compile mode: {', '.join(COMPILE_MODES)}"
+    if value in CUDA_GRAPH_MODES:
+        return (f"{value!r} is not allowed: its CUDA graphs would capture what DDP's comm hooks launch outside "
+                f"the compiled module; {allowed}")
+    return f"{short_value(value)} is not allowed; {allowed}"
 
 
 def compile_refusals(cfg) -> None:

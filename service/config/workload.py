@@ -7,7 +7,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from service.config.compiled import COMPILE_MODES
+from service.config.compiled import COMPILE_MODES, mode_refusal
 from service.config.errors import FieldProblem, exception_text
 from service.config.limits import MAX_GLOBAL_BATCH, MAX_GRAD_ACCUMULATION, MAX_LR, MAX_STEPS
 from service.config.sections import STRICT
@@ -65,9 +65,9 @@ class WorkloadConfig(BaseModel):
     @field_validator("compile", mode="before")
     @classmethod
     def _bool_or_mode(cls, value: Any) -> Any:
-        if not isinstance(value, bool) and value not in COMPILE_MODES:
-            raise ValueError(f"{short_value(value)} is not allowed; allowed: false, true or a torch.compile "
-                             f"mode: {', '.join(COMPILE_MODES)}")
+        refusal = mode_refusal(value)
+        if refusal is not None:
+            raise ValueError(refusal)
         return value
 
     @property

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from service.config import ConfigError, load_config
+from service.sweep import signals
 from service.sweep.errors import SweepError
 from service.sweep.logs import start_log_file
 from service.sweep.results import format_table, mlflow_ui_hint, trial_rows, write_report
 from service.sweep.run import adaptive_range, run_sweep, seed_rounds
+from service.sweep.transport import probe_interrupted
 from service.text import count, one_line
 
 log = logging.getLogger("service.sweep")
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     log_path = start_log_file(cfg)
+    signals.stop_once()  # a Ctrl-C stops the sweep once: any after it finish the same exit (130, the hint)
     try:
         outcome = run_sweep(cfg, config_path, trials, resume=args.resume)
     except SweepError as exc:
@@ -83,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the sweep failed: {one_line(exc)} (details: {log_path})", file=sys.stderr)
         return 1
 
+    if outcome.interrupted:
+        log.info("interrupted: writing the report")  # (tests/test_resume.py signals again here)
     report_line = write_report(cfg, outcome)  # first: it records each trial's time to target
     rows = trial_rows(outcome.parent_run_id, outcome.tracking_uri, outcome.trials or trials,
                       ran_only=cfg.search.adaptive is not None)
@@ -94,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     print(report_line, flush=True)
     if outcome.interrupted:
         print(f"Interrupted: unfinished trials ended KILLED. Finish them with: "
-              f"python -m service.sweep {args.config} --resume")
+              f"python -m service.sweep {args.config} --resume", flush=True)
+        if probe_interrupted():  # at once, as service.probe: the interpreter's exit with the probe's
+            sys.stderr.flush()  # thread inside Ray crashed the process (SIGSEGV in place of 130)
+            logging.shutdown()
+            os._exit(130)
         return 130
     return 1 if outcome.failed else 0
 

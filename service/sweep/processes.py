@@ -137,15 +137,18 @@ class LocalRay:
         self._lock = threading.Lock()
         self._stopped = False
 
-    def stop(self) -> set[int]:
-        """The driver disconnected (``_disconnect``), then every process of the instance killed.
-        Returns the pids still alive after that (empty: everything stopped, or stopped before)."""
+    def stop(self, disconnect: bool = True) -> set[int]:
+        """The driver disconnected (``_disconnect``; not with ``disconnect`` False: a thread of this
+        process is still inside Ray, and the process leaves by os._exit), then every process of the
+        instance killed. Returns the pids still alive after that (empty: everything stopped, or
+        stopped before)."""
         with self._lock:  # Ctrl-C's path and the sweep's end both stop it: the first one does
             if self._stopped:
                 return set()
             self._stopped = True
         tree = descendants(self.roots)  # before the disconnect: orphans lose their parent
-        _disconnect()
+        if disconnect:
+            _disconnect()
         tree = _frozen(tree)
         kill(tree)
         deadline = time.monotonic() + 5.0

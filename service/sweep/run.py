@@ -380,13 +380,22 @@ def _interrupted(board) -> bool:
 
 def stop_ray(local_ray, out: TextIO) -> None:
     """Ray shut down; with a local instance this sweep started (``local_ray``), every one of its
-    processes stopped (service/sweep/processes.py), and a line on ``out`` if one would not stop."""
+    processes stopped (service/sweep/processes.py), and a line on ``out`` if one would not stop.
+    Where a Ctrl-C came while the transport probe's thread was inside Ray, the driver does not
+    disconnect (transport.probe_interrupted: that crashed the process); the CLI then leaves by os._exit."""
+    from service.sweep.transport import probe_interrupted
+
+    inside = probe_interrupted()
+    if inside:
+        log.info("interrupted inside the transport probe: its thread was inside Ray, so this "
+                 "driver does not disconnect (it exits at once after the report)")
     if local_ray is None:
         import ray
 
-        ray.shutdown()  # a cluster's Ray (or a bench's own): this driver disconnects, its trials end
+        if not inside:
+            ray.shutdown()  # a cluster's Ray (or a bench's own): this driver disconnects, its trials end
         return
-    left = local_ray.stop()
+    left = local_ray.stop(disconnect=not inside)
     if left:
         print(f"warning: could not stop {len(left)} process(es) of this sweep's Ray instance "
               f"(pids {' '.join(map(str, sorted(left)))}): kill them by hand", file=out, flush=True)

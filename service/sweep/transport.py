@@ -100,6 +100,19 @@ def hosts_for_probe(cfg, world_size: int):
         net.remove()
 
 
+_left_inside_ray: list[threading.Thread] = []  # probe threads a Ctrl-C left running
+
+
+def probe_interrupted() -> bool:
+    """Whether a Ctrl-C (or SIGTERM) came while a probe's thread was inside Ray. Then this process
+    must not call ray.shutdown() nor end by the interpreter's exit: either, with that thread inside
+    Ray's core worker, crashed the process under load (SIGSEGV, exit -11 in place of 130: tests/
+    test_cluster.py's interrupted probe). It disconnects nothing and leaves by ``os._exit``
+    (service/sweep/cli.py; service/sweep/probe_cli.py does the same). Decided at the signal, not
+    later: the thread may end any moment after it, or not."""
+    return bool(_left_inside_ray)
+
+
 def off_the_main_thread(fn, *args):
     """``fn(*args)`` on a daemon thread, waited for here. Ray Train's fit() installs its own
     SIGINT handler when called on the main thread (as Tune's trials never do), which aborted the
@@ -117,8 +130,12 @@ def off_the_main_thread(fn, *args):
 
     thread = threading.Thread(target=run, name="transport-probe", daemon=True)
     thread.start()
-    while thread.is_alive():
-        thread.join(0.5)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except BaseException:  # Ctrl-C: the thread goes on inside Ray (see probe_interrupted)
+        _left_inside_ray.append(thread)
+        raise
     if "error" in done:
         raise done["error"]
     return done["value"]
