@@ -284,3 +284,19 @@ def test_the_layout_check_fails_on_planted_loose_modules(tmp_path):
     (tmp_path / "one_more.py").write_text("")
     assert len(too_many_loose_modules(tmp_path)) == MAX_TOP_LEVEL_MODULES + 1
 
+
+
+def test_the_answer_is_decided_below_the_report_and_the_sweep():
+    """service.answer decides (the one rule, the pricing, the plan's design, answer.json); the
+    report renders it and the sweep's plan round designs from it: nothing the plan round reaches
+    climbs into service.report, and service.answer imports neither."""
+    graph = _import_graph()
+    reached, todo = set(), ["service.sweep.plan_round"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo += sorted(graph.get(module, ()))
+    assert not [m for m in reached if package_of(m) == "service.report"], sorted(reached)
+    answer = package_graph(graph)["service.answer"]
+    assert not answer & {"service.report", "service.sweep"}, answer
