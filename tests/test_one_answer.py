@@ -129,8 +129,8 @@ def test_the_cluster_transport_is_read_from_the_parent_runs_copy_once_the_file_i
     uri = store_uri(tmp_path)
     parent = tracking.start_parent_run(cfg, str(config), tracking_uri=uri)
     tracking.log_cluster_transport(parent, uri, cfg.report.cluster)
+    path.unlink()   # moved away after the sweep: the recorded config still reads, the copy prices
     report_cfg = report_section(config.read_text())
-    path.unlink()   # moved away after the sweep
     price = pricing.pricing(open_store(uri), parent, report_cfg)
     assert price.transport == fit and price.from_cluster and price.cluster_file == str(path)
     path.write_text(json.dumps(TransportFit({}, (), {}).to_json()))  # or changed: the copy stands

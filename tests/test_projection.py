@@ -446,8 +446,14 @@ def test_report_cluster_transport_prices_the_cluster_answer_and_the_map_with_tha
                         (), {16: 2.0}, (ProbeHosts(16, 16, 1, 1.0, "Cluster CPU", False),))
     path = tmp_path / "transport.json"
     path.write_text(json.dumps(fast.to_json()))
+    # a sweep about to run refuses a missing file; its recorded config, read back for a report, does
+    # not ask for it (the sweep copied it onto its parent run)
+    missing = CONFIG.replace("cluster: {world_size: 16, link_gbps: 25, latency_ms: 0.1}",
+                             f"cluster: {{world_size: 16, link_gbps: 25, transport: {tmp_path / 'none.json'}}}")
+    (tmp_path / "missing.yaml").write_text(missing)
     with pytest.raises(ConfigError, match="not a transport.json"):
-        report_section(f"report:\n  cluster: {{world_size: 16, link_gbps: 25, transport: {tmp_path / 'none.json'}}}\n")
+        load_config(str(tmp_path / "missing.yaml"))
+    assert report_section(missing).cluster.transport == str(tmp_path / "none.json")
     reader = open_store(store["uri"])
     sweep = load_sweep(reader, store["parent"])
     recs = recommendations(sweep)

@@ -64,9 +64,14 @@ def pricing(reader, parent_run_id: str, report_cfg) -> Pricing:
         return Pricing(sweeps, latency, sweeps, "", latency_from)
     copied = reader.cluster_transport(parent_run_id)
     if copied is None:  # a sweep from before the copy was made: the file as configured
+        from service.answer.data import ReportError
         from service.step_model.transport import read_file
 
-        return Pricing(read_file(cluster.transport), latency, sweeps, cluster.transport, latency_from)
+        try:
+            return Pricing(read_file(cluster.transport), latency, sweeps, cluster.transport, latency_from)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ReportError(f"report.cluster.transport {cluster.transport}: cannot be read ({exc}), and this sweep "
+                              "has no copy of it on its parent run: put the file back to rebuild the report") from None
     fit, path = copied
     return Pricing(fit, latency, sweeps, path or cluster.transport, latency_from)
 

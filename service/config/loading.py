@@ -164,12 +164,12 @@ def display_path(path: Path) -> str:
 def report_section(text: str | None, shown: str = "the sweep's config"):
     """The ``report:`` section of a sweep's config text (the report reads the one the sweep ran
     with, from its parent run): its defaults where the text has none; ConfigError where it is bad."""
-    from service.config.sections import ReportConfig
+    from service.config.sections import RECORDED, ReportConfig
 
     raw = _parse_yaml(text, shown) if text else None
     section = raw.get("report") if isinstance(raw, dict) else None
     try:
-        return ReportConfig.model_validate(section or {})
+        return ReportConfig.model_validate(section or {}, context={RECORDED: True})
     except ValidationError as exc:
         raise ConfigError(exception_text(exc), source=shown) from None
 
@@ -180,7 +180,7 @@ def plan_cell(text: str | None, report, shown: str = "the sweep's config"):
     from ('search.plan' or 'report.cluster')."""
     from pydantic import BaseModel, ConfigDict
 
-    from service.config.sections import PlanRound
+    from service.config.sections import RECORDED, PlanRound
 
     class _PlanOnly(BaseModel):  # the search section's plan, its other keys left to the sweep that ran them
         model_config = ConfigDict(extra="ignore")
@@ -189,7 +189,7 @@ def plan_cell(text: str | None, report, shown: str = "the sweep's config"):
     raw = _parse_yaml(text, shown) if text else None
     search = raw.get("search") if isinstance(raw, dict) else None
     try:
-        round_ = _PlanOnly.model_validate(search if isinstance(search, dict) else {}).plan
+        round_ = _PlanOnly.model_validate(search if isinstance(search, dict) else {}, context={RECORDED: True}).plan
     except ValidationError as exc:
         raise ConfigError(exception_text(exc), source=shown) from None
     if round_ is None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from service.config.errors import FieldProblem
 from service.config.limits import (DEFAULT_FLUSH_SECONDS, DEFAULT_PROJECTED_LATENCY_MS, DEFAULT_TARGET_TOLERANCE,
                                    MAX_HOST_CPUS, MAX_LATENCY_MS, MAX_LINK_GBPS, MIN_HOST_CPUS,
                                    MAX_PROJECTED_WORLD_SIZE, MAX_STEPS, MAX_WORLD_SIZE)
 from service.text import short_value
+
+RECORDED = "recorded"  # validation context: a config read back from a sweep's parent run, not run anew
 
 # Strict types: YAML already yields ints, floats, bools and strings, so "300" for a step count
 # is a mistake worth naming, not something to coerce.
@@ -148,8 +150,10 @@ class ClusterCell(BaseModel):
 
     @field_validator("transport")
     @classmethod
-    def _transport(cls, path: str | None) -> str | None:
-        if path is not None:
+    def _transport(cls, path: str | None, info: ValidationInfo) -> str | None:
+        # a report rebuilt from MLflow reads the copy the sweep made of the file (RECORDED): the
+        # file may be gone by then
+        if path is not None and not (info.context or {}).get(RECORDED):
             from service.step_model.transport import read_file
 
             try:
