@@ -321,3 +321,29 @@ def test_ctrl_c_again_and_again_while_the_interrupted_sweep_writes_its_report_st
     assert "Traceback" not in out + err, f"{out}\n{err}"
     assert f"{config} --resume" in out, out
     assert [r.info.status for r in parents(all_runs(client, "resume_test"))] == ["KILLED"]
+
+
+@pytest.mark.ray
+def test_a_probe_whose_group_cannot_form_is_recorded_on_the_parent_run_and_in_the_report_and_the_sweep_goes_on(tmp_path):
+    """The sweep's own transport probe fails for real: gloo is told to bind an interface this
+    machine does not have (GLOO_SOCKET_IFNAME), so the probe's group cannot form. The sweep says
+    so in one line, records why on its parent run (tag transport_not_measured) and in its report,
+    and goes on to its trials (whose W = 2 group cannot form either: they end failed, each with a
+    run; the sweep exits 1, never with a traceback)."""
+    config = tmp_path / "resume.yaml"
+    config.write_text(CONFIG.replace("world_size: [1, 2]", "world_size: [2]"))
+    uri = store_uri(tmp_path)
+    left = tmp_path / "left-noprobe.json"
+    env = {**sweep_env(uri, ROOT), "GLOO_SOCKET_IFNAME": "chk-noif0"}
+    res = subprocess.run(reaped(left, sweep_cmd(config)), cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert left_running(left) == {}
+    assert "transport not measured (" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == 1 and "Traceback" not in res.stdout + res.stderr, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = all_runs(MlflowClient(tracking_uri=uri), "resume_test")
+    (parent,) = parents(runs)
+    why = parent.data.tags["transport_not_measured"]
+    assert why.startswith("its probe failed (") and "\n" not in why
+    assert len(children(runs)) == 1  # the sweep went on to its trial
+    summary = next(tmp_path.rglob("summary.md")).read_text()
+    assert f"not measured for this sweep: {why};" in summary
