@@ -641,3 +641,10 @@ def test_every_part_of_the_report_names_the_one_answer_in_headless_chromium(stor
     rows = [r for r in csv.DictReader((out / projection.CSV).open()) if (r["world_size"], r["link_gbps"]) == ("16", "25.0")]
     assert rows and {(r["cell_winner"], r["cell_decided"]) for r in rows} == {
         (named, str(answer["cluster"]["decided"]).lower())}
+
+
+def test_a_failed_probe_is_named_even_where_nothing_was_projected():
+    from service.report.projected import EMPTY, Projected
+
+    md = Projected([], transport_failure="its probe failed (ControllerError: x)").markdown()
+    assert EMPTY in md and "not measured for this sweep: its probe failed (ControllerError: x);" in md

@@ -36,8 +36,9 @@ class Projected:
 
     def markdown(self) -> str:
         lines = ["", "## Projected time to target at scale", ""]
-        if not self.cells:
+        if not self.cells:  # a failed probe still says why (the trials may have recorded nothing to price)
             lines += [EMPTY, ""] + ([self.compiled_note, ""] if self.compiled_note else [])
+            lines += transport_table.markdown(None, self.transport_failure) if self.transport_failure else []
             return "\n".join(lines)
         header, rows = projection_table.table(self.cells)
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

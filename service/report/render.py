@@ -417,6 +417,7 @@ def render_html(sweep: Sweep, rows: list[SummaryRow], recs: list[recommend.Recom
         projection_empty=EMPTY, compiled_note=scale.compiled_note, cluster=scale.cluster, refusals=projection_table.refusals(scale.cells),
         transport=transport_table.table(scale.transport), transport_heading=transport_table.HEADING,
         transport_missing=transport_table.not_measured(scale.transport_failure),
+        transport_failed=bool(scale.transport_failure),
         plan=plan_section.html_parts(plan_section.markdown(scale.plan, *scale.plan_at,
                                                              cluster_winner=scale.cluster_winner)),
         local_store=uris.tracking_store(sweep.tracking_uri).kind == "sqlite",
