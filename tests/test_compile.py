@@ -130,6 +130,16 @@ def test_every_hook_compiled_puts_eagers_bytes_on_the_wire_and_trains_within_the
         assert max(gaps) <= DEFAULT_TARGET_TOLERANCE, gaps
 
 
+def test_powersgd_compiled_on_eagers_buckets_follows_eager_to_float_rounding(compiled):
+    """PowerSGD keeps its error, P and Q per bucket index and draws each bucket's first Q from one
+    generator: on the same buckets (no rebuild) its compiled run is eager's, so a gap on rebuilt
+    buckets is other random projections, not its state (bench/powersgd_compile.py measures both)."""
+    for rank in (0, 1):
+        same = compiled[rank]["powersgd", "same_buckets"]
+        assert same["compiled"]["calls"] == same["eager"]["calls"]
+        assert same["compiled"]["loss"] == pytest.approx(same["eager"]["loss"], rel=1e-5)
+
+
 @pytest.mark.parametrize("name", list(hooks.available()))
 def test_every_hook_compiled_names_the_nan_where_it_began(compiled, name):
     for rank in (0, 1):
