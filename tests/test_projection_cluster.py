@@ -191,13 +191,14 @@ def test_threads_apart_keeps_the_calling_thread_even_when_it_is_not_the_main_one
                 seen["moved"] = host_cpu.threads_apart(host.cgroup)
                 seen["mine"] = _cgroup_of(h, threading.get_native_id())
                 seen["main"] = _cgroup_of(h, main)
+                seen["cores"] = host_cpu.machine_cores(h)  # the share this thread computes in
 
             main = threading.get_native_id()
             worker = threading.Thread(target=rank_loop)
             worker.start()
             worker.join(10)
         apart = host_cpu.comm_cgroup(host.cgroup)
-        assert seen == {"moved": True, "mine": host.cgroup, "main": apart}
+        assert seen == {"moved": True, "mine": host.cgroup, "main": apart, "cores": pytest.approx(0.5)}
     assert not os.path.isdir(apart)  # removed with the network
     assert not [p for p in host_cpu.list_cgroups() if host_cpu.owner_of(os.path.basename(p)) == os.getpid()]
 

@@ -108,11 +108,14 @@ def own_cgroup(h: Hierarchy, pid: int | str = "self") -> str:
 
 
 def machine_cores(h: Hierarchy | None) -> float:
-    """Cores this process may use: its CPU affinity, capped by its own cgroup's quota (a container's)."""
+    """Cores the calling thread may use: its CPU affinity, capped by its own cgroup's quota (a
+    container's, an emulated host's). The thread's, not the process's: on a host whose gloo
+    threads were moved beside its share (:func:`threads_apart`), the process's main thread may be
+    one of them, and the rank's own thread is the one in the share."""
     cores = float(len(os.sched_getaffinity(0)))
     if h is None:
         return cores
-    here = own_cgroup(h)
+    here = own_cgroup(h, "thread-self")
     if h.version == 1:
         quota, period = _read(f"{here}/cpu.cfs_quota_us", "-1"), _read(f"{here}/cpu.cfs_period_us", "100000")
     else:
