@@ -422,13 +422,15 @@ def test_a_two_link_sweep_on_hosts_of_their_own_cpu_interrupted_then_resumed(tmp
     def ranks_in_their_hosts() -> bool:
         if "transport measured" not in log.read_text():  # the probe's own hosts come first
             return False
-        cgroups = [p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]
+        cgroups = _host_cgroups(proc.pid)
         return len(cgroups) == 2 and all(len(Path(c, "cgroup.procs").read_text().split()) == 1 for c in cgroups)
 
     try:
         _wait_until(proc, log, ranks_in_their_hosts)  # a timing trial trains on its two hosts
         mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
-        assert sorted(os.path.basename(p) for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p) == sorted(mine)
+        assert sorted(os.path.basename(p) for p in _host_cgroups(proc.pid)) == sorted(mine)
+        # and beside each, the cgroup its rank's gloo threads run in, off the host's share
+        assert len([p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]) == 2 * len(mine)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
     finally:
@@ -544,3 +546,9 @@ def test_zz_nothing_of_ours_is_left_on_the_machine():
     for owner in _OWNERS - {None}:
         if _mine(owner.pid):  # (a pid now another test's: its hosts are not ours)
             assert f"{netem.PREFIX}-{owner.pid}-" not in listed
+
+
+def _host_cgroups(owner: int) -> list[str]:
+    """``owner``'s host cgroups, without the comm cgroups beside them (host_cpu.comm_cgroup)."""
+    return [p for p in host_cpu.list_cgroups() if f"-{owner}-" in p
+            and int(names.HOST_RE.match(os.path.basename(p)).group(3)) < host_cpu.COMM_INDEX]
