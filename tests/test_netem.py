@@ -429,8 +429,6 @@ def test_a_two_link_sweep_on_hosts_of_their_own_cpu_interrupted_then_resumed(tmp
         _wait_until(proc, log, ranks_in_their_hosts)  # a timing trial trains on its two hosts
         mine = [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{proc.pid}-")]
         assert sorted(os.path.basename(p) for p in _host_cgroups(proc.pid)) == sorted(mine)
-        # and beside each, the cgroup its rank's gloo threads run in, off the host's share
-        assert len([p for p in host_cpu.list_cgroups() if f"-{proc.pid}-" in p]) == 2 * len(mine)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
     finally:
