@@ -144,15 +144,16 @@ class PlanText:
     def buckets_text(self, buckets: dict[int, Config]) -> str:
         return ";".join(f"{index}={self.config_text(config)}" for index, config in buckets.items())
 
-    def param(self, name: str, parse: Callable, write: Callable, default: str, allowed: str) -> Param:
-        """A plan parameter: a mapping or its text, kept as canonical text; one-line ValueError
-        naming the hook and the parameter."""
+    def param(self, name: str, parse: Callable, write: Callable, default: str, allowed: str,
+              hook: str = NAME) -> Param:
+        """A parameter holding configurations (a plan's; diloco's outer hook): a mapping or its
+        text, kept as canonical text; one-line ValueError naming the hook and the parameter."""
 
         def canonical(value: Any) -> str:
             try:
                 return write(parse(value))
             except ValueError as exc:
-                raise ValueError(f"hook {NAME!r}: parameter {name!r}: {exc}") from None
+                raise ValueError(f"hook {hook!r}: parameter {name!r}: {exc}") from None
 
         return Param(default, lambda v: isinstance(v, (str, Mapping)), allowed, canonical)
 

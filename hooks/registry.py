@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from . import basic, plan, powersgd, qsgd, quantization, quantized_allreduce, sign, sparsify
+from . import basic, local_sgd, plan, powersgd, qsgd, quantization, quantized_allreduce, sign, sparsify
 from .spec import HookSpec
 from .state import HookState
 
@@ -71,3 +71,5 @@ def build(name: str, process_group=None, **params) -> tuple[HookState, Callable]
 
 
 _SPECS[plan.NAME] = plan.make_spec(spec, validate, build)
+for _periodic in local_sgd.make_specs(spec, validate, build):
+    _SPECS[_periodic.name] = _periodic

@@ -99,6 +99,13 @@ class HookSpec:
     * ``waits_in_call``: the hook waits inside its call for (some of) its collectives, holding
       the autograd thread, so the rest of the backward pass waits with it (quantized_allreduce's
       all_to_all; PowerSGD's compressed exchange): the step model stalls the backward by it;
+    * ``sync(params) -> (hook, params)``: a scheme that communicates less often (hooks/local_sgd.py)
+      exchanges after the optimizer step every ``period`` steps, not in its DDP hook: the loop calls
+      ``state.after_step(step)`` and evaluates under ``state.anchored()`` (``periodic``), and the
+      step model prices the exchange as one call of this hook on every parameter; None for a hook
+      whose DDP call is all its communication;
+    * ``label(params) -> [str]``: the parts after the hook's name that name a configuration (run
+      names, e.g. ``p16``), where its parameters' default naming does not say it best; None: the default;
     * ``lossy``, ``doc`` (one line).
 
     How a report draws a hook is the report's (service/report/hook_styles.py), not the hook's.
@@ -115,12 +122,19 @@ class HookSpec:
     chunked: bool = False
     decodes_each_rank: bool = False
     waits_in_call: bool = False
+    sync: Optional[Callable[[dict], tuple]] = None
+    label: Optional[Callable[[dict], list]] = None
     lossy: bool = False
     doc: str = ""
 
     def __post_init__(self):
         if self.chunked and CHUNK_SIZE not in self.parameters:
             raise ValueError(f"hook {self.name!r} is chunked but has no {CHUNK_SIZE!r} parameter")
+
+    @property
+    def periodic(self) -> bool:
+        """Does the hook exchange every ``period`` steps after the optimizer step (``sync``)?"""
+        return self.sync is not None
 
     @property
     def params(self) -> dict[str, Any]:

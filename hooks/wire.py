@@ -27,6 +27,11 @@ class Collective(NamedTuple):
     kind: str
     nbytes: float
     count: float = 1.0
+    group: int = 0  # ranks in the collective's group (post_local_sgd's groups); 0: every rank
+
+    def ranks(self, world_size: int) -> int:
+        """The ranks the collective runs across at ``world_size``."""
+        return min(self.group, world_size) if self.group else world_size
 
 
 def check_kind(kind: str) -> None:

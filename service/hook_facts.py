@@ -32,3 +32,18 @@ def sixteen_bit(hook: str) -> bool:
     """Does the hook put 16 bits per gradient value on the wire (fp16/bf16 casts)?"""
     spec = _spec(hook)
     return spec is not None and spec.wire_bits == 16
+
+
+def label_parts(hook: str, params: dict[str, Any]) -> Optional[list[str]]:
+    """The parts after the hook's name that name its configuration where its spec says them
+    (``HookSpec.label``: post_local_sgd's ``p16``), None where the parameters' default naming does."""
+    spec = _spec(hook)
+    if spec is None or spec.label is None:
+        return None
+    return spec.label({**spec.params, **params})
+
+
+def periodic(hook: str) -> bool:
+    """Does the hook exchange every ``period`` steps after the optimizer step (local SGD, DiLoCo)?"""
+    spec = _spec(hook)
+    return spec is not None and spec.periodic

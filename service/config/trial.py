@@ -58,7 +58,9 @@ class TrialSpec(BaseModel):
     @property
     def config_label(self) -> str:
         """The configuration's label, one per configuration whatever its world size, seed and link:
-        `{hook}-c{chunk_size}`, the -c part only for chunked hooks (e.g. `quantization_perchannel-c512`).
+        `{hook}-c{chunk_size}`, the -c part only for chunked hooks (e.g. `quantization_perchannel-c512`),
+        or the parts a hook's spec names its configurations by (``HookSpec.label``: `post_local_sgd-p16`,
+        `diloco-p64-bf16_compress`).
 
         Other parameters appear only when they differ from the hook's default (e.g. a swept
         PowerSGD rank: `powersgd-rank4`), so the names in a grid stay distinct; so do
@@ -66,6 +68,16 @@ class TrialSpec(BaseModel):
         (`-b1` for bucket_cap_mb 1, `-view`, `-static`, `-compiled`).
         """
         parts = [self.hook]
+        own = hook_facts.label_parts(self.hook, self.hook_params)
+        if own is not None:  # the hook names its configurations itself (post_local_sgd-p16)
+            parts += own
+        else:
+            parts += self._param_parts()
+        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items() if k in self.named_knobs]
+        return "-".join(parts)
+
+    def _param_parts(self) -> list[str]:
+        parts = []
         chunk = hook_facts.chunk_size(self.hook, self.hook_params)
         if chunk is not None:
             parts.append(f"c{chunk}")
@@ -76,8 +88,7 @@ class TrialSpec(BaseModel):
                 parts.append(key if value else f"no_{key}")
             else:
                 parts.append(f"{key}{value}")
-        parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items() if k in self.named_knobs]
-        return "-".join(parts)
+        return parts
 
     def non_default_params(self) -> dict[str, Any]:
         """The hook parameters that differ from the hook's defaults, plus chunk_size always

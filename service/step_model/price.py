@@ -52,7 +52,7 @@ from typing import Optional
 from hooks.cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
 from hooks.registry import spec
 from hooks.wire import wire_bytes
-from service.step_model.timeline import BucketTiming, Cost, LinearCost, StepTimeline
+from service.step_model.timeline import BucketTiming, Cost, LinearCost, StepTimeline, SyncTiming
 from service.step_model.transport import TransportFit
 
 
@@ -76,6 +76,7 @@ class StepPrice:
     step_ms: float
     compute_ms: float
     buckets: tuple[BucketPrice, ...]
+    sync_ms: float = 0.0   # a periodic hook's exchange at the cell (step_ms holds it amortized over its period)
 
 
 def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_gbps: float,
@@ -87,8 +88,8 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     measured = _collectives(timeline, bucket, timeline.world_size)
     target = _collectives(timeline, bucket, world_size)
     overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
-    wire = sum(collective_seconds(c.kind, c.nbytes, world_size, link_gbps, latency_s, c.count) for c in target)
-    wire_then = sum(collective_seconds(c.kind, c.nbytes, timeline.world_size, timeline.link_gbps,
+    wire = sum(collective_seconds(c.kind, c.nbytes, c.ranks(world_size), link_gbps, latency_s, c.count) for c in target)
+    wire_then = sum(collective_seconds(c.kind, c.nbytes, c.ranks(timeline.world_size), timeline.link_gbps,
                                        timeline.latency_s, c.count) for c in measured)
     if transport is not None:
         moved = _moved_s(transport, target, world_size, overlapping)
@@ -97,8 +98,8 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
     # the others: measured = transport + wire.
     transport = max(bucket.comm_ms / 1000.0 - (0.0 if overlapping else wire_then), 0.0)
-    sent_then = sum(wire_bytes(c.kind, c.nbytes, timeline.world_size) for c in measured)
-    sent = sum(wire_bytes(c.kind, c.nbytes, world_size) for c in target)
+    sent_then = sum(wire_bytes(c.kind, c.nbytes, c.ranks(timeline.world_size)) for c in measured)
+    sent = sum(wire_bytes(c.kind, c.nbytes, c.ranks(world_size)) for c in target)
     transport = transport * sent / sent_then if sent_then else 0.0
     return 1000.0 * (max(transport, wire) if overlapping else transport + wire)
 
@@ -123,7 +124,7 @@ def _moved_s(transport: TransportFit, collectives: list, world_size: int, overla
     wire add up: the hosts' own part (``TransportFit.own_ms``: a probed link's wire taken out),
     to which the caller adds the cell's wire."""
     ms = transport.ms if overlapping else transport.own_ms
-    return sum(ms(c.kind, c.nbytes, world_size, c.count) for c in collectives) / 1000.0
+    return sum(ms(c.kind, c.nbytes, c.ranks(world_size), c.count) for c in collectives) / 1000.0
 
 
 def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) -> list:
@@ -236,3 +237,22 @@ def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: in
     if transport is not None and cell.cores is None:  # a cluster: no W probed on shared cores
         transport = transport.own_cores()
     return price_step(shaped, w, cell.link_gbps, cell.latency_s, transport)
+
+
+def price_sync(timeline: StepTimeline, sync: SyncTiming, cell: Cell) -> float:
+    """A periodic hook's exchange at ``cell`` (ms): its measured compute (the flatten, the outer
+    step, the copies; time-shared as :func:`price_cell` shares a step's) plus its collectives,
+    one call of the exchange's hook on every parameter priced as a bucket is (:func:`comm_ms`)."""
+    share = sharing(cell.world_size, cell.cores) / sharing(timeline.world_size, cell.cores)
+    transport = cell.transport
+    if transport is not None and cell.cores is None:
+        transport = transport.own_cores()
+    bucket = BucketTiming(ready_ms=0.0, numel=sync.numel, encode_ms=0.0, comm_ms=sync.comm_ms,
+                          decode=LinearCost(0.0), element_size=sync.element_size, hook=sync.hook,
+                          hook_params=dict(sync.hook_params))
+    return sync.compute_ms * share + comm_ms(timeline, bucket, cell.world_size, cell.link_gbps, cell.latency_s, transport)
+
+
+def amortized(step: StepPrice, sync_ms: float, period: int) -> StepPrice:
+    """A local step's price with the exchange every ``period`` steps spread over them."""
+    return replace(step, step_ms=step.step_ms + sync_ms / period, sync_ms=sync_ms)

@@ -119,3 +119,21 @@ class StepTimeline:
     def compute_ms(self) -> float:
         """The step without communication: forward, backward (encodes included), optimizer."""
         return self.forward_ms + self.backward_end_ms + self.optimizer_ms
+
+
+@dataclass(frozen=True)
+class SyncTiming:
+    """A periodic hook's exchange (hooks/local_sgd.py), once every ``period`` optimizer steps after
+    the optimizer step: one call of ``hook`` (with ``hook_params``) on ``numel`` values of
+    ``element_size`` bytes, every parameter (post_local_sgd: an allreduce of the parameters;
+    diloco: its outer hook on the pseudo-gradient). ms, medians over the trial's exchanges:
+    ``comm_ms`` its collectives (from their launch to their completion, the outer hook's decode
+    included), ``compute_ms`` the rest (flattening, the outer hook's encode, the outer step, copies)."""
+
+    period: int
+    hook: str
+    numel: int
+    compute_ms: float
+    comm_ms: float
+    element_size: int = 4
+    hook_params: dict = field(default_factory=dict)

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Iterable, Optional
 
 from hooks.cost import DEFAULT_LATENCY_S
-from service.step_model.price import Cell, CellRefused, ComputeScaling, StepPrice, price_cell, price_step, rank_batch
-from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, fit_linear
+from service.step_model.price import (Cell, CellRefused, ComputeScaling, StepPrice, amortized, price_cell, price_step,
+                                      price_sync, rank_batch)
+from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, SyncTiming, fit_linear
 from service.step_model.transport import ProbeHosts, TransportFit
 
 ARTIFACT = "step_timeline.json"
@@ -43,6 +44,7 @@ class TrialTimeline:
     sampled_steps: tuple[int, ...]
     compute_points: tuple[ComputePoint, ...] = ()
     hosts: Optional[ProbeHosts] = None   # where the ranks computed it (None: a timeline from before it was recorded)
+    sync: Optional[SyncTiming] = None    # a periodic hook's exchange (its sampled steps are local ones); None: none
 
     @property
     def compute(self) -> Optional[ComputeScaling]:
@@ -58,7 +60,8 @@ class TrialTimeline:
         """The timeline priced where it was measured (its W, link and latency): the model's step,
         set beside the trial's measured median step (``timeline_vs_measured``)."""
         t = self.timeline
-        return price_step(t, t.world_size, t.link_gbps, t.latency_s).step_ms
+        step = price_step(t, t.world_size, t.link_gbps, t.latency_s)
+        return self._with_sync(step, Cell(t.world_size, t.link_gbps, t.latency_s)).step_ms
 
     def price(self, global_batch: int, world_size: int, link_gbps: float,
               latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None,
@@ -74,7 +77,14 @@ class TrialTimeline:
                 raise CellRefused(f"W={world_size} changes the rank's batch ({self.timeline.batch} samples measured) "
                                   "and the trial measured no compute at a second batch size")
             scaling = ComputeScaling(LinearCost(self.timeline.forward_ms), LinearCost(self.timeline.backward_end_ms))
-        return price_cell(self.timeline, scaling, global_batch, Cell(world_size, link_gbps, latency_s, transport, cores))
+        cell = Cell(world_size, link_gbps, latency_s, transport, cores)
+        return self._with_sync(price_cell(self.timeline, scaling, global_batch, cell), cell)
+
+    def _with_sync(self, step: StepPrice, cell: Cell) -> StepPrice:
+        """``step`` (a local step's price) with a periodic hook's exchange amortized over its period."""
+        if self.sync is None:
+            return step
+        return amortized(step, price_sync(self.timeline, self.sync, cell), self.sync.period)
 
     def summary(self, measured_step_ms: float) -> dict[str, float]:
         """The run's headline metrics: the model's own step and its ratio to the measured median."""
@@ -89,7 +99,8 @@ class TrialTimeline:
         t["link_gbps"] = None if math.isinf(self.timeline.link_gbps) else self.timeline.link_gbps  # JSON has no inf
         return {"format": FORMAT, "timeline": t, "sampled_steps": list(self.sampled_steps),
                 "compute_points": [asdict(p) for p in self.compute_points],
-                **({"hosts": asdict(self.hosts)} if self.hosts is not None else {})}
+                **({"hosts": asdict(self.hosts)} if self.hosts is not None else {}),
+                **({"sync": asdict(self.sync)} if self.sync is not None else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> "TrialTimeline":
@@ -100,7 +111,8 @@ class TrialTimeline:
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
                    tuple(ComputePoint(**p) for p in data["compute_points"]),
-                   ProbeHosts(**data["hosts"]) if data.get("hosts") else None)
+                   ProbeHosts(**data["hosts"]) if data.get("hosts") else None,
+                   SyncTiming(**data["sync"]) if data.get("sync") else None)
 
 
 def pooled_compute(timelines: Iterable[TrialTimeline]) -> list[TrialTimeline]:

@@ -11,11 +11,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.state import HookState
+from service import hook_facts
 from service.train.batches import GlobalBatches
 from service.train.training_options import Precision
 from service.workloads import Workload, to_device
 
 SHARED_STATE_FILE = "trainer.pt"  # model, optimizer, step, data position (rank 0 writes it)
+# a periodic hook's ranks hold their own models and optimizer states between exchanges: each rank's
+RANK_STATE_FILE = "trainer_rank{rank}.pt"
 HOOK_STATE_FILE = "hook_state_rank{rank}.pt"  # each rank's hook state (error feedback differs)
 
 
@@ -37,6 +40,7 @@ class RankCheckpoint:
     rank: int
     hook_state: Optional[dict[str, Any]]
     trainer: Optional[TrainerState] = None
+    own_trainer: bool = False  # ``trainer`` is this rank's own (a periodic hook's), not rank 0's shared one
 
 
 def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches,
@@ -44,13 +48,15 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     """This rank's training state at the end of ``step``.
 
     ``trainer`` (model, optimizer, step, data position) is identical on every rank under
-    DDP, so only rank 0's is kept; ``hook_state`` is per rank (PowerSGD's error-feedback
-    memory is each rank's own residual).
+    DDP, so only rank 0's is kept (a periodic hook's ranks train their own copies between
+    exchanges: each rank's is kept); ``hook_state`` is per rank (PowerSGD's error-feedback
+    memory is each rank's own residual; local SGD's anchor, DiLoCo's outer momentum).
     """
     own = isinstance(hook_state, HookState)
+    per_rank = own and hook_facts.periodic(hook_state.name)  # local steps: the ranks' models differ
     trainer = (TrainerState(model.module.state_dict(), optimizer.state_dict(), step, batches.position(step + 1))
-               if rank == 0 else None)
-    return RankCheckpoint(rank, hook_state.state_dict() if own else None, trainer)
+               if rank == 0 or per_rank else None)
+    return RankCheckpoint(rank, hook_state.state_dict() if own else None, trainer, per_rank)
 
 
 def restore(checkpoint: Optional[RankCheckpoint], model: DDP, optimizer, hook_state, wl: Workload, device,
@@ -88,13 +94,16 @@ def save_checkpoint_dir(directory: str, state: RankCheckpoint) -> None:
     """Write one rank's part of a checkpoint into ``directory`` (Ray merges the ranks').
     The files hold plain dicts (torch.save), so they do not depend on these classes' paths."""
     if state.trainer is not None:
-        torch.save(asdict(state.trainer), os.path.join(directory, SHARED_STATE_FILE))
+        name = RANK_STATE_FILE.format(rank=state.rank) if state.own_trainer else SHARED_STATE_FILE
+        torch.save(asdict(state.trainer), os.path.join(directory, name))
     torch.save(state.hook_state, os.path.join(directory, HOOK_STATE_FILE.format(rank=state.rank)))
 
 
 def load_checkpoint_dir(directory: str, rank: int) -> RankCheckpoint:
     """This rank's view of a merged checkpoint directory."""
     hook_file = os.path.join(directory, HOOK_STATE_FILE.format(rank=rank))
-    trainer = torch.load(os.path.join(directory, SHARED_STATE_FILE), weights_only=False)
+    own_file = os.path.join(directory, RANK_STATE_FILE.format(rank=rank))
+    own = os.path.exists(own_file)
+    trainer = torch.load(own_file if own else os.path.join(directory, SHARED_STATE_FILE), weights_only=False)
     return RankCheckpoint(rank, torch.load(hook_file, weights_only=False) if os.path.exists(hook_file) else None,
-                          TrainerState(**trainer))
+                          TrainerState(**trainer), own)

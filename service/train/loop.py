@@ -11,7 +11,9 @@ fidelity every ``tracking.fidelity_every`` steps (when asked), paired timing's b
 every ``tracking.paired_timing_every`` steps (ahead of the step on every other one, after it on
 the others: service/train/paired_timing.py), the step's DDP timeline on
 ``tracking.timeline_steps`` sampled steps (timestamps, then a local compute window; all ranks'
-gathered once at the end: service/train/step_sampling.py), logging
+gathered once at the end: service/train/step_sampling.py), a periodic hook's exchange after the
+optimizer step every ``period`` steps (local SGD, DiLoCo: hooks/local_sgd.py; evals then read the
+parameters the ranks agree on), logging
 (``service.tracking``, rank 0, batched), evaluation every ``eval_every`` steps,
 checkpoints every ``checkpoint.every`` steps. Each verdict is read the same three lines
 wherever the loop needs one, so every side effect shows where it happens (as nanoGPT's
@@ -34,6 +36,7 @@ metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
 from __future__ import annotations
 
 import os
+import statistics
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
@@ -100,7 +103,9 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
         if wl_cfg.lr_schedule != "constant" or wl_cfg.lr_warmup_steps:
             set_lr(t.optimizer, lr_at(step, wl_cfg.lr, wl_cfg.steps, wl_cfg.lr_schedule, wl_cfg.lr_warmup_steps))
         t.optimizer.step()
-        monitor.submit(step, loss)  # local checks now, the cross-rank agreement's all-reduce in flight
+        monitor.submit(step, loss)  # local checks now (this rank's own weights), the agreement's all-reduce in flight
+        if t.periodic is not None:  # local SGD / DiLoCo: every period steps the ranks' models meet (collectives)
+            t.periodic.after_step(step)
         t.meter.end(step)
         t.accounting.step_ended(step)
         reporter.record(step, t.meter.last_ms, t.fidelity.end(step))
@@ -131,7 +136,8 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
     elif not eval_metrics:  # every rank, as in the loop: the default evals end in an all-reduce
-        eval_metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
+        with agreed(t):
+            eval_metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
     report = t.monitor.report
     summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, ctx.start.restarts)
@@ -140,8 +146,10 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, flo
     summary.update(t.load.summary(ctx.process_group, ctx.device))  # a collective: every rank gets here
     timeline = t.step_sampler.gather(ctx.process_group)  # with timeline_steps: ONE all_gather_object, every rank
     if timeline is not None:
-        summary.update(timeline.summary(summary["step_time_ms_median"]))
+        summary.update(timeline.summary(typical_step_ms(t, summary)))
     summary.update(t.clock.summary())  # where the trial's time went (train/phases.py)
+    if t.periodic is not None:  # syncs, sync_ms, replica_drift
+        summary.update(t.periodic.sync_summary())
     if t.compile_s is not None:  # a compiled trial's compilation, before its first step (train/compiled.py)
         summary["compile_s"] = t.compile_s
     status = "nan" if report else "ok"
@@ -173,10 +181,23 @@ def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> 
 
 def evaluate(t: TrialParts, step: int, ctx: TrainingContext) -> dict[str, float]:
     """The bare module's eval at ``step`` (``run_eval``: across the ranks), timed; rank 0 logs it."""
-    with t.clock.time("eval"):
+    with t.clock.time("eval"), agreed(t):
         metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
         t.reporter.eval(step, metrics)
     return metrics
+
+
+def typical_step_ms(t: TrialParts, summary: dict) -> float:
+    """The measured step the step model's own step is set beside: the median; a periodic hook's
+    mean, whose exchange every period steps the model amortizes over them."""
+    measured, _ = t.meter.measured()
+    return statistics.fmean(measured) if t.periodic is not None and measured else summary["step_time_ms_median"]
+
+
+def agreed(t: TrialParts):
+    """The module holding the parameters every rank agrees on for an eval: a periodic hook's
+    anchor (the last exchange's), never one rank's drifting copy; any other trial's own."""
+    return t.periodic.anchored() if t.periodic is not None else nullcontext()
 
 
 def sample_window(t: TrialParts, step: int, batches) -> None:

@@ -9,6 +9,8 @@ from typing import Any, Optional
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hooks.local_sgd import PeriodicState
+from service import hook_facts
 from service.train import preflight
 from service.train.nan import NanMonitor
 from service.train.batches import GlobalBatches
@@ -49,6 +51,9 @@ class TrialParts:
     reporter: Reporter
     clock: PhaseClock  # where the trial's wall time goes; started as the loop starts
     compile_s: Optional[float] = None  # a compiled trial's compilation (train/compiled.py); None: eager
+    # a hook that exchanges every period steps after the optimizer step (hooks/local_sgd.py): its
+    # state, whose after_step(step) the loop calls and whose anchor evals read; None for every other
+    periodic: Optional[PeriodicState] = None
 
 
 def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
@@ -73,7 +78,12 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
                 process_group=process_group, **ddp_kwargs)
     hook_state, hook = ctx.build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
-    fidelity = FidelitySampler(hook_state, hook, cfg.tracking.fidelity_every)
+    periodic = hook_state if hook_facts.periodic(trial.hook) else None
+    if periodic is not None:  # after DDP's construction: every rank's anchor is rank 0's weights
+        periodic.bind(model.module)
+    # a local step's gradient is no estimate of the mean, and its exchange is no DDP call: no
+    # fidelity sample, no paired window (its time to target is its own steps', exchanges included)
+    fidelity = FidelitySampler(hook_state, hook, 0 if periodic else cfg.tracking.fidelity_every)
     model.register_comm_hook(hook_state, fidelity.hook)
     optimizer = make_optimizer(wl_cfg, model.parameters())
     batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
@@ -88,7 +98,7 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     # its DDP wrapper broadcasts rank 0's parameters at construction (a collective). With
     # find_unused_parameters its windows and the timeline's run on a copy of the module (SideModule:
     # one more set of parameters in memory, so only then), never through the trial's reducer
-    pairing_every = 0 if is_baseline(trial) else cfg.tracking.paired_timing_every
+    pairing_every = 0 if is_baseline(trial) or periodic else cfg.tracking.paired_timing_every
     side = SideModule(wl.model, copy_module=find_unused and bool(pairing_every or cfg.tracking.timeline_steps))
     pairing = PairedTimer(side, every=pairing_every, warmup_steps=wl_cfg.warmup_steps, device=device,
                           process_group=process_group, ddp_kwargs=ddp_kwargs, skip=fidelity.due)
@@ -96,17 +106,24 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     # runs, and none when compiled (its compute windows time the bare module, eager: report/projected.py's
     # COMPILED_NOTE)
     steps = timeline_steps(0 if trial.compile else cfg.tracking.timeline_steps, first_step, wl_cfg.steps,
-                           wl_cfg.warmup_steps, skip=lambda s: fidelity.due(s) or pairing.due(s))
+                           wl_cfg.warmup_steps, skip=lambda s: fidelity.due(s) or pairing.due(s) or local_step_not(periodic, s))
     step_sampler = TimelineSampler(hook_state, side, wl, precision, steps, trial=trial, cfg=cfg, ctx=ctx)
     parts = TrialParts(wl, precision, model, hook_state, fidelity, optimizer, batches, first_step, monitor,
                        faults, meter, accounting, pairing, step_sampler, LoadMeter(),
-                       Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
+                       Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at),
+                       periodic=periodic)
     if trial.compile:  # its own phase, before the first step: no step, window or time to target pays it
         with parts.clock.time("compile"):  # every rank: a DDP wrapper's construction is a collective
             parts.compile_s = compile_trial([wl.model] + ([side.module] if side.is_copy else []),
                                             {**ddp_kwargs, "process_group": process_group}, wl,
                                             batches.micro_batches(first_step)[0], precision, wl_cfg.compile_mode)
     return parts
+
+
+def local_step_not(periodic: Optional[PeriodicState], step: int) -> bool:
+    """Is ``step`` other than a steady local step of a periodic hook (an exchange, or before
+    start_iter)? The timeline samples local steps; the exchange is timed on its own."""
+    return periodic is not None and (periodic.syncs_at(step) or step <= periodic.start_iter)
 
 
 def make_optimizer(wl_cfg, params) -> torch.optim.Optimizer:

@@ -28,12 +28,14 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from hooks.registry import spec
+from hooks.local_sgd import PeriodicState
+from hooks.registry import spec, validate
 from hooks.state import HookState
 from hooks.step_sampling import StepSampler
 from service.step_model.combine import combine_ranks
 from service.step_model.stamps import sampled_timelines
 from service.step_model.transport import ProbeHosts
+from service.step_model.timeline import SyncTiming
 from service.step_model.trial import ComputePoint, TrialTimeline
 from service.train.transport_probe import this_host
 from service.train.paired_timing import SideModule
@@ -127,7 +129,19 @@ class TimelineSampler:
             dist.all_gather_object(per_rank, mine, group=process_group)
         combined = combine_ranks([(t, w) for t, w, _ in per_rank], tuple(s.step for s in self.sampler.samples))
         # the hosts the compute was measured on: what the report names beside every projection of it
-        return None if combined is None else replace(combined, hosts=ProbeHosts.of([h for _, _, h in per_rank]))
+        return None if combined is None else replace(combined, hosts=ProbeHosts.of([h for _, _, h in per_rank]),
+                                                     sync=sync_timing(self.state))
+
+
+def sync_timing(state) -> Optional[SyncTiming]:
+    """A periodic hook's exchange as the step model prices it (this rank's medians: the exchange is
+    a collective, the same on every rank); None for any other hook, or before its first exchange."""
+    if not isinstance(state, PeriodicState) or state.sync_medians() is None:
+        return None
+    compute_ms, comm_ms = state.sync_medians()
+    hook, params = spec(state.name).sync(state.params)
+    return SyncTiming(state.period, hook, sum(w.numel() for w in state.weights), compute_ms, comm_ms,
+                      state.weights[0].element_size(), hook_params=validate(hook, **params))
 
 
 def _now(device) -> float:
