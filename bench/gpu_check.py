@@ -8,7 +8,8 @@ What it checks (one table, one row per check; exit 1 if any result is wrong):
 1. hooks: each hook of ``hooks.available()`` (default parameters) on buckets of 1 M, 4 M, 16 M
    and 64 M floats, its result against the exact mean of every rank's input (exact hooks within
    float32 rounding, lossy ones within their documented per-element bound, the bounds of
-   tests/hooks_checks.py), at world size 1 with NCCL and at world size 2 with gloo over CUDA
+   tests/hooks_checks.py; a periodic hook, post_local_sgd or diloco, by its exchange after the
+   optimizer step, whose average is exact), at world size 1 with NCCL and at world size 2 with gloo over CUDA
    tensors (NCCL refuses two ranks on one device). A collective that gloo does not offer for
    CUDA tensors is probed first and every hook that needs it is listed as skipped, with gloo's
    own one-line reason; that is not a failure.
@@ -206,7 +207,12 @@ def probe_collectives(device) -> dict[str, str | None]:
 def needed_collectives(name: str, n: int, w: int, params: dict) -> set[str]:
     import hooks
 
-    return {c.kind for c in hooks.cost.hook_collectives(name, n, w, **params)}
+    kinds = {c.kind for c in hooks.cost.hook_collectives(name, n, w, **params)}
+    spec = hooks.available()[name]
+    if spec.periodic:  # its exchange: one call of its sync hook on every parameter
+        sync, sync_params = spec.sync(params)
+        kinds |= {c.kind for c in hooks.cost.hook_collectives(sync, n, w, **sync_params)}
+    return kinds
 
 
 def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[dict]:
@@ -225,7 +231,7 @@ def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[d
     for n in sizes:
         inputs = torch.stack([gradient(n, seed=100 + r, device=device) for r in range(w)])
         exact = inputs.sum(0) / w
-        for name in hooks.available():
+        for name, spec in hooks.available().items():
             params = hooks.validate(name)
             row = {"check": "hook", "case": name, "world_size": w, "backend": backend, "device": device.type,
                    "floats": n}
@@ -236,16 +242,16 @@ def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[d
                                        f"{unsupported[missing[0]]}"})
                 continue
             try:
-                state, hook = hooks.build(name, process_group=None)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                out = hook(state, Bucket(inputs[rank].clone())).wait()
+                state, out = (exchanged(name, inputs[rank]) if spec.periodic
+                              else called(name, inputs[rank]))
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 seconds = time.perf_counter() - t0
                 err = (out.reshape(-1).float() - exact).abs()
-                limit = bound(name, inputs, params)
+                limit = bound("allreduce" if spec.periodic else name, inputs, params)
                 ratio = float((err / limit).max())
                 ok = (out.device == device and bool(torch.isfinite(out).all()) and ratio <= 1.0
                       and state.stats()["nonfinite_inputs"] == 0)
@@ -259,6 +265,34 @@ def check_hooks(rank: int, w: int, device_kind: str, sizes: list[int]) -> list[d
             dist.barrier()
         del inputs, exact
     return rows
+
+
+def called(name: str, x):
+    """(state, result) of one call of hook ``name`` on a bucket holding ``x``."""
+    import hooks
+
+    state, hook = hooks.build(name, process_group=None)
+    return state, hook(state, Bucket(x.clone())).wait()
+
+
+def exchanged(name: str, x):
+    """(state, parameters after one exchange) of periodic hook ``name`` (its exchange follows the
+    optimizer step, not its DDP call): a parameter holding ``x`` averaged by post_local_sgd; for
+    diloco (outer lr 1, no momentum) an anchor of zeros moved by the mean pseudo-gradient -x, so
+    both give the ranks' mean of ``x``."""
+    import torch
+
+    import hooks
+
+    extra = {"outer_lr": 1.0, "outer_momentum": 0.0} if name == "diloco" else {}
+    state, _ = hooks.build(name, process_group=None, period=1, **extra)
+    module = torch.nn.Linear(1, 1, bias=False).to(x.device)
+    module.weight = torch.nn.Parameter(torch.zeros_like(x))
+    state.bind(module)
+    with torch.no_grad():
+        module.weight.copy_(x)
+    state.after_step(1)
+    return state, module.weight.detach()
 
 
 def _rank_entry(rank, w, port, backend, device_kind, sizes, queue):

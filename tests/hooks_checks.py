@@ -20,7 +20,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
 
-ALL_HOOKS = list(hooks.available())
+# The hooks whose DDP call averages the gradient: what the checks here hold them to. A periodic
+# hook's DDP call keeps the gradient local by design (its exchange follows the optimizer step):
+# tests/test_local_sgd.py checks those, and check_collective_failure_propagates both kinds.
+ALL_HOOKS = [name for name, spec in hooks.available().items() if not spec.periodic]
+PERIODIC_HOOKS = [name for name, spec in hooks.available().items() if spec.periodic]
 QUANT_HOOKS = ("quantization_pertensor", "quantization_perchannel")
 COMPRESSORS = ("topk", "randomk", "signsgd", "qsgd")  # issue 18: sparsifiers, 1-bit sign, QSGD
 # Small chunks so test buckets span many chunks (and, for quantized_allreduce, many shards);
@@ -28,6 +32,8 @@ COMPRESSORS = ("topk", "randomk", "signsgd", "qsgd")  # issue 18: sparsifiers, 1
 TEST_PARAMS = {"quantization_perchannel": {"chunk_size": 64}, "quantized_allreduce": {"chunk_size": 64},
                "topk": {"ratio": 0.1}, "randomk": {"ratio": 0.3}, "signsgd": {"chunk_size": 64},
                "qsgd": {"chunk_size": 64},
+               # post-local SGD's allreduce phase (before start_iter): its DDP call's one collective
+               "post_local_sgd": {"start_iter": 10**6},
                # a plan of three hooks (DDP's test models have several buckets): each bucket is
                # checked against its own configuration's formulas and bounds (bucket_config)
                "plan": {"buckets": "0=quantization_perchannel(chunk_size=64);1=fp16_compress",
@@ -839,15 +845,16 @@ def check_collective_failure_propagates(rank: int, w: int) -> dict:
     """Every registered hook re-raises a failed collective, on every rank, both for a bare call
     and inside DDP's backward (where the reducer reads the hook's future): none returns this
     rank's own bucket or uninitialised memory as the mean. PowerSGD in both of its phases."""
-    checked = []
+    checked = check_periodic_failure_propagates(rank, w)
     cases = [(name, dict(TEST_PARAMS.get(name, {}))) for name in ALL_HOOKS]
     cases.append(("powersgd", {"start_iter": 2}))  # 2 exact calls first, then the compressing phase
     cases.append(("powersgd", {"start_iter": 2, "batched": True, "wire_dtype": "fp16"}))  # issue 27's variants
+    cases.append(("post_local_sgd", dict(TEST_PARAMS["post_local_sgd"])))
     for name, params in cases:
         state, hook = hooks.build(name, **params)
         shapes = [(40, 30), (300,)]
         tensor = layered(rank, sizes=(1200, 300), scales=(1.0, 0.1))
-        for call in range(params.get("start_iter", 0)):  # reach PowerSGD's compressing phase
+        for call in range(params.get("start_iter", 0) if name == "powersgd" else 0):  # reach PowerSGD's compressing phase
             hook(state, Bucket(tensor.clone(), shapes=shapes)).wait()
         with failing_collectives():
             _expect_injected(lambda: hook(state, Bucket(tensor.clone(), shapes=shapes)).wait(), name)
@@ -861,8 +868,27 @@ def check_collective_failure_propagates(rank: int, w: int) -> dict:
         x, y = _batch(0, rank)
         with failing_collectives():
             _expect_injected(lambda: nn.functional.cross_entropy(model(x), y).backward(), f"{name} in DDP")
-        checked.append(name if not params.get("start_iter") else f"{name}(compressing)")
+        checked.append(name if not params.get("start_iter") or name != "powersgd" else f"{name}(compressing)")
     return {"checked": checked}
+
+
+def check_periodic_failure_propagates(rank: int, w: int) -> list[str]:
+    """diloco's exchange (its outer hook's collectives after the optimizer step) re-raises a
+    failed collective on every rank: the anchor never moves by an average that never arrived."""
+    checked = []
+    for outer in ("allreduce", "quantization_perchannel(chunk_size=64)"):
+        state, _ = hooks.build("diloco", period=1, outer_hook=outer)
+        model = _mlp()
+        state.bind(model)
+        before = [a.clone() for a in state.anchor]
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * (rank + 1))
+        with failing_collectives():
+            _expect_injected(lambda: state.after_step(1), f"diloco({outer})")
+        assert all(torch.equal(a, b) for a, b in zip(state.anchor, before)), f"diloco({outer}): the anchor moved"
+        checked.append("diloco")
+    return checked
 
 
 def check_accumulation_quantized_allreduce(rank: int, w: int) -> dict:

@@ -78,9 +78,7 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     model = DDP(wl.model, device_ids=[device.index] if device.type == "cuda" else None,
                 process_group=process_group, **ddp_kwargs)
     hook_state, hook = ctx.build_hook(trial.hook, process_group=process_group, **dict(trial.hook_params))
-    periodic = hook_state if hook_facts.periodic(trial.hook) else None
-    if periodic is not None:  # after DDP's construction: every rank's anchor is rank 0's weights
-        periodic.bind(model.module)
+    periodic = bound_periodic(trial, hook_state, model)
     # a local step's gradient is no estimate of the mean, and its exchange is no DDP call: no
     # fidelity sample, no paired window (its time to target is its own steps', exchanges included)
     fidelity = FidelitySampler(hook_state, hook, 0 if periodic else cfg.tracking.fidelity_every)
@@ -118,6 +116,15 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
                                             {**ddp_kwargs, "process_group": process_group}, wl,
                                             batches.micro_batches(first_step)[0], precision, wl_cfg.compile_mode)
     return parts
+
+
+def bound_periodic(trial, hook_state, model: DDP) -> Optional[PeriodicState]:
+    """A periodic hook's state bound to the model (after DDP's construction: every rank's anchor
+    is rank 0's weights); None for every other hook."""
+    if not hook_facts.periodic(trial.hook):
+        return None
+    hook_state.bind(model.module)
+    return hook_state
 
 
 def local_step_not(periodic: Optional[PeriodicState], step: int) -> bool:
