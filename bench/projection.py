@@ -20,7 +20,8 @@ rank; the hooks one after another, rank 0 reshaping the links between barriers.
 * basis: the trial on loopback at W = 2 (the default gloo group, unshaped) - its recorded step
   timeline (``TrialTimeline``) is the model's only input;
 * measured cells: the same trial on W emulated hosts (one per rank) at each link; measured ms =
-  the trial's ``step_time_ms_median`` (rank 0's median step over the steps after warm-up);
+  the trial's ``step_time_ms_median`` (rank 0's median step over the steps after warm-up; a
+  periodic hook's ``step_time_ms_mean``: its exchange every 4 steps amortized over them);
 * projected ms: ``TrialTimeline.price(64, W, goodput, latency, transport, cores)`` of the basis,
   where goodput and latency are the cell's link as MEASURED with all W hosts sending at once
   (``service.network.link_measure.time_group``), not the nominal rate; ``transport`` the sweep's
@@ -83,6 +84,7 @@ from service.step_model.bands import ERROR_FILE, SHAPE_ERROR_FILE  # noqa: E402
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
 QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
+PERIODIC_PERIOD = 4
 ERROR_FEEDBACK = ("on",)  # default: every hook that has error feedback runs with it on (its bands say so)
 LOOPBACK = "loopback"
 CLUSTER_ERROR_FILE = ERROR_FILE  # the report reads the cluster's
@@ -90,7 +92,8 @@ CLUSTER_ERROR_FILE = ERROR_FILE  # the report reads the cluster's
 
 def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,)) -> list:
     """Every registered hook (or ``names``), as search.hooks entries: one per error-feedback
-    setting where it has it, PowerSGD compressing from step 3 so that every measured step compresses."""
+    setting where it has it, PowerSGD compressing from step 3 so that every measured step compresses,
+    a periodic hook (post_local_sgd, diloco) exchanging every PERIODIC_PERIOD steps."""
     import hooks
 
     entries = []
@@ -99,7 +102,9 @@ def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,)) 
             continue
         for ef in settings if "error_feedback" in spec.params else (None,):
             params = {} if ef is None else {"error_feedback": ef}
-            if "start_iter" in spec.params:
+            if spec.periodic:  # an exchange every 4 steps: several in a short trial's measured steps
+                params["period"] = PERIODIC_PERIOD
+            elif "start_iter" in spec.params:
                 params["start_iter"] = 2
             entries.append({"name": name, **params} if params else name)
     return entries
@@ -160,11 +165,19 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
     result = run_training(trial, cfg, TrainingContext(rank=rank, world_size=world_size, device="cpu", process_group=group,
                           logger=logger))
     wall = time.perf_counter() - t0
-    return {"status": result.status, "step_ms": result.summary["step_time_ms_median"],
+    return {"status": result.status, "step_ms": result.summary[measured_step(trial.hook)],
             "error_feedback": error_feedback_of(trial.hook, trial.hook_params),
             "final_eval_loss": result.summary.get("final_eval_loss"),
             "other_cores": (busy_cpu_s() - busy0) / wall - result.summary.get("cpu_share", 0.0),
             "timeline": result.timeline.to_json() if result.timeline else None}
+
+
+def measured_step(hook: str) -> str:
+    """The summary metric a cell's measured step is: the median step; a periodic hook's mean, its
+    exchange every period steps in it (the step model amortizes it the same way)."""
+    from service import hook_facts
+
+    return "step_time_ms_mean" if hook_facts.periodic(hook) else "step_time_ms_median"
 
 
 def _measure_links(rank: int, world_size: int, net, group, links: list[float]) -> dict:

@@ -34,7 +34,7 @@ SUMMARY_METRICS = (
     "samples_per_s", "step_time_ms_median", "step_time_ms_iqr", "comm_bytes_per_step",
     "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
     "nan_detected", "first_nan_step", "step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr",
-    "load_avg_1m", "cpu_share",
+    "load_avg_1m", "cpu_share", "syncs", "sync_ms", "replica_drift",
 )
 _HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
 _EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))

@@ -26,6 +26,8 @@ STYLES: dict[str, tuple[str, str]] = {
     "signsgd": ("tab:pink", "d"),
     "qsgd": ("navy", "8"),
     "plan": ("darkgreen", "s"),
+    "post_local_sgd": ("goldenrod", "H"),
+    "diloco": ("crimson", "x"),
 }
 # Pairs no row of STYLES uses, for registered hooks without a row (a user's own hooks).
 SPARE = (("gold", "H"), ("teal", "1"), ("maroon", "2"), ("darkviolet", "3"), ("lime", "4"), ("coral", "+"))

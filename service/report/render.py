@@ -176,7 +176,12 @@ _COLUMNS = [  # (header, metric, formatter of the mean, formatter of the std)
     ("bytes/step", "comm_bytes_per_step", format_bytes, format_bytes),
     ("compression", "compression_ratio", lambda v: f"{v:.2f}x", lambda v: f"{v:.2f}"),
     ("hook ms", "hook_time_ms", lambda v: f"{v:.2f}", lambda v: f"{v:.2f}"),
+    # a periodic hook's exchange (post_local_sgd, diloco): shown where some configuration has one
+    ("syncs", "syncs", lambda v: f"{v:.0f}", lambda v: f"{v:.0f}"),
+    ("sync ms (median)", "sync_ms", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
+    ("replica drift (max |θ_r − θ̄|)", "replica_drift", lambda v: f"{v:.3g}", lambda v: f"{v:.2g}"),
 ]
+_WHERE_ANY = ("syncs", "sync_ms", "replica_drift")
 
 
 def _cell(row: SummaryRow, metric: str, fmt, fmt_std) -> str:
@@ -230,7 +235,7 @@ _PARTS = {
     "quality": (["final_eval_loss", "final_loss", "loss_gap", "final_eval_accuracy"],
                 ["eval-loss gap vs allreduce (CI)", "eval-loss gap vs best 16-bit (CI)"]),
     "speed": (["time_to_target_s", "samples_per_s", "step_time_ms_median", "step_time_ms_iqr",
-               "comm_bytes_per_step", "compression_ratio", "hook_time_ms"],
+               "comm_bytes_per_step", "compression_ratio", "hook_time_ms", *_WHERE_ANY],
               ["speed-up vs allreduce", "speed-up vs best 16-bit"]),
 }
 
@@ -239,6 +244,7 @@ def table_cells(rows: list[SummaryRow], recs: list[recommend.Recommendation], pa
                 ) -> tuple[list[str], list[list[str]]]:
     """The ``part`` ("quality" or "speed") table of the summary: its header and rows."""
     metrics, versus = _PARTS[part]
+    metrics = [m for m in metrics if m not in _WHERE_ANY or any(r.stats.get(m, (0, 0, 0))[2] for r in rows)]
     columns = [c for m in metrics for c in _COLUMNS if c[1] == m]
     lead = (["seeds", "status", "verdict"] if part == "quality" else [])
     header = ["configuration", "world size", "link"] + lead + [c[0] for c in columns] + versus

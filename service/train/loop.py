@@ -36,7 +36,6 @@ metric steps, ``first_nan_step``, fault steps and checkpoint steps all use it.
 from __future__ import annotations
 
 import os
-import statistics
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
@@ -190,8 +189,7 @@ def evaluate(t: TrialParts, step: int, ctx: TrainingContext) -> dict[str, float]
 def typical_step_ms(t: TrialParts, summary: dict) -> float:
     """The measured step the step model's own step is set beside: the median; a periodic hook's
     mean, whose exchange every period steps the model amortizes over them."""
-    measured, _ = t.meter.measured()
-    return statistics.fmean(measured) if t.periodic is not None and measured else summary["step_time_ms_median"]
+    return summary["step_time_ms_mean" if t.periodic is not None else "step_time_ms_median"]
 
 
 def agreed(t: TrialParts):
