@@ -8,6 +8,7 @@ Every scenario of one world size runs in ONE set of spawned processes (module fi
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -248,3 +249,102 @@ def test_the_exchange_s_bytes_are_averaged_over_the_steps(ranks):
     params = 64 * 32 + 32 + 32 * 10 + 10
     full = 2 * (world_size - 1) / world_size * 4 * params
     assert summary["comm_bytes_per_step"] == pytest.approx(full / 3, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- names, refusals, pricing
+def test_trial_names_carry_the_period_and_the_outer_hook():
+    cfg = make_cfg(hooks=[{"name": "post_local_sgd", "period": [4, 16]},
+                          {"name": "diloco", "period": 64, "outer_hook": "bf16_compress"},
+                          {"name": "diloco", "outer_hook": "quantization_perchannel(chunk_size=256,error_feedback=true)"},
+                          {"name": "diloco", "period": 8, "outer_lr": 1.0, "outer_momentum": 0.0}],
+                   world_sizes=(2,))
+    assert [t.config_label for t in cfg.trials()] == [
+        "post_local_sgd-p4", "post_local_sgd-p16", "diloco-p64-bf16_compress",
+        "diloco-p64-quantization_perchannel-c256-error_feedback", "diloco-p8-olr1-om0"]
+    assert len({t.key for t in cfg.trials()}) == 5
+
+
+@pytest.mark.parametrize("entry, says", [
+    ({"name": "post_local_sgd", "period": 0}, "period"),
+    ({"name": "diloco", "outer_hook": "nope"}, "unknown hook 'nope'"),
+    ({"name": "diloco", "outer_hook": "diloco"}, "exchanges periodically"),
+    ({"name": "diloco", "outer_momentum": 1.0}, "outer_momentum"),
+    ({"name": "post_local_sgd", "group_size": 3}, "group_size: 3 does not divide world_size 2"),
+])
+def test_bad_periodic_settings_are_one_line_refusals(entry, says, tmp_path):
+    from service.config import ConfigError
+
+    text = ("name: x\nworkload: {name: mlp_digits, steps: 8}\n"
+            f"search: {{hooks: [{json_entry(entry)}], world_size: [2, 4]}}\n")
+    with pytest.raises(ConfigError) as err:
+        parse_config(text, tmp_path)
+    assert says in str(err.value) and "\n" not in str(err.value).strip()
+
+
+def parse_config(text: str, tmp_path):
+    from service.config import load_config
+
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    return load_config(str(path))
+
+
+def json_entry(entry: dict) -> str:
+    import json
+
+    return json.dumps(entry)
+
+
+def test_a_split_network_sweep_must_time_an_exchange(tmp_path):
+    from service.config import ConfigError
+
+    text = ("name: x\nworkload: {name: mlp_digits, steps: 80, warmup_steps: 5}\n"
+            "search: {hooks: [allreduce, {name: diloco, period: 64}], world_size: [2]}\n"
+            "network: {link_gbps: [1, 2.5], timing_steps: 30}\n")
+    with pytest.raises(ConfigError, match="network.timing_steps: 30 steps time no exchange of diloco with period 64 "
+                                          "after the 5 warm-up steps; allowed: 69 or more"):
+        parse_config(text, tmp_path)
+
+
+def _timeline(hook="post_local_sgd", sync=None):
+    from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
+    from service.step_model.trial import ComputePoint, TrialTimeline
+
+    bucket = BucketTiming(ready_ms=5.0, numel=100_000, encode_ms=0.1, comm_ms=0.0, decode=LinearCost(0.0))
+    step = StepTimeline(hook, 2, 32, forward_ms=10.0, buckets=(bucket,), backward_end_ms=20.0, optimizer_ms=2.0,
+                        hook_params=hooks.validate(hook))
+    return TrialTimeline(step, (6, 7), (ComputePoint(32, 10.0, 20.0), ComputePoint(16, 6.0, 11.0)), sync=sync)
+
+
+def test_the_step_model_prices_a_local_step_and_the_exchange_amortized_over_the_period():
+    from hooks.cost import collective_seconds
+    from service.step_model.timeline import SyncTiming
+    from service.step_model.trial import TrialTimeline
+
+    sync = SyncTiming(period=4, hook="allreduce", numel=1_000_000, compute_ms=3.0, comm_ms=0.0)
+    local, periodic = _timeline(), _timeline(sync=sync)
+    for w, link in ((2, 1.0), (32, 1.0), (32, 100.0)):
+        bare = local.price(64, w, link, 25e-6)
+        priced = periodic.price(64, w, link, 25e-6)
+        wire_ms = 1000 * collective_seconds("allreduce", 4_000_000, w, link, 25e-6)
+        # a cluster cell: a core per rank, so the exchange's compute as measured
+        assert priced.sync_ms == pytest.approx(3.0 + wire_ms, rel=1e-6)
+        assert priced.step_ms == pytest.approx(bare.step_ms + priced.sync_ms / 4, rel=1e-9)
+    assert bare.step_ms == pytest.approx(local.price(64, 32, 1.0, 25e-6).step_ms)  # a local step sends nothing
+    back = TrialTimeline.from_json(json.loads(json.dumps(periodic.to_json())))
+    assert back.sync == sync and back.price(64, 8, 1.0).step_ms == periodic.price(64, 8, 1.0).step_ms
+
+
+def test_post_local_sgd_groups_allreduce_within_the_group_in_the_model():
+    """group_size 2: a local step's allreduce runs across 2 ranks whatever the world size."""
+    from hooks.cost import collective_seconds
+    from hooks.wire import Collective
+
+    params = hooks.validate("post_local_sgd", group_size=2)
+    assert hooks.cost.hook_collectives("post_local_sgd", 1000, 32, **params) == [Collective("allreduce", 4000, 1.0, 2)]
+    t = _timeline().timeline
+    from dataclasses import replace as _replace
+    grouped = _replace(t, hook_params=params)
+    from service.step_model.price import comm_ms
+    assert comm_ms(grouped, t.buckets[0], 32, 1.0, 25e-6) == pytest.approx(
+        1000 * collective_seconds("allreduce", 400_000, 2, 1.0, 25e-6))

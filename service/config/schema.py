@@ -14,6 +14,7 @@ from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, fiel
                       model_validator)
 
 from service.config.compiled import compile_refusals
+from service.config.periodic import periodic_refusals
 from service.config.errors import FieldProblem, exception_text
 from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BUCKET_CAP_MB, MAX_SEED, MAX_TRIALS,
                                    MAX_WORLD_SIZE)
@@ -287,6 +288,7 @@ class SweepConfig(BaseModel):
                                                        "false, or grad_accumulation 1")
         if True in self.search.compile:
             compile_refusals(self)
+        periodic_refusals(self)
         if self.network is not None and self.resources.use_gpu:
             raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
                                           "NCCL would bypass them: set resources.use_gpu: false or remove network:")
