@@ -331,6 +331,21 @@ def cells_file(result: dict, band: dict) -> dict:
     return {**head, "cell_rows": [{k: r.get(k) for k in CELL_KEYS} for r in result["rows"]]}
 
 
+def with_added_hooks(cells: dict, later: list[dict]) -> dict:
+    """``cells`` (a committed projection_cells.json) with the rows of every hook and error-feedback
+    setting it lacks taken from ``later`` cells files (a run of only those hooks, on the same
+    cluster and cells), each one's provenance kept under ``added``."""
+    have = {(r["hook"], r["error_feedback"]) for r in cells["cell_rows"]}
+    rows, added = list(cells["cell_rows"]), list(cells.get("added", []))
+    for more in later:
+        new = [r for r in more["cell_rows"] if (r["hook"], r["error_feedback"]) not in have]
+        if new:
+            rows += new
+            added.append({"hooks": sorted({r["hook"] for r in new}), "measured": more["measured"],
+                          "cells": more["cells"], "load_average": more["load_average"]})
+    return {**cells, "cell_rows": rows, **({"added": added} if added else {})}
+
+
 def from_cells(saved: dict) -> dict:
     """The band file again from a committed projection_cells.json."""
     derived = bands(saved["cell_rows"], saved["error_feedback"])

@@ -6,6 +6,8 @@
     .venv/bin/python bench/projection.py --summarise A.json B.json --band-out P      # B's world sizes A lacks added
     .venv/bin/python bench/projection.py --summarise service/step_model/projection_cells.json [--band-out P]
                                         # the committed cells: the bands re-derived (and rewritten)
+    .venv/bin/python bench/projection.py --summarise COMMITTED_CELLS.json NEW_CELLS.json --band-out P
+                                        # the hooks the committed cells lack added from a run of only them
     sudo .venv/bin/python bench/projection.py --hooks allreduce topk --world-sizes 4 --links 1
     sudo .venv/bin/python bench/projection.py --host-cpus 0.2 --world-sizes 2 4 8 --links 0.5 1 --repeats 3 \
         --steps 20 --error-feedback on off --quality-steps 0 --full --comm-apart
@@ -352,10 +354,13 @@ def summarise_saved(args) -> int:
 
     saved = [json.loads(open(path).read()) for path in args.summarise]
     if "cell_rows" in saved[0]:  # a committed projection_cells.json: its bands again, rewritten with --band-out
-        band = {**rows_mod.from_cells(saved[0]), "raw": Path(args.summarise[0]).name}  # the cells it came from
+        cells = rows_mod.with_added_hooks(saved[0], saved[1:])  # later cells files: the hooks it lacks added
+        band = {**rows_mod.from_cells(cells), "raw": Path(args.summarise[0]).name}  # the cells it came from
         rows_mod.print_report({"rows": [], "bands": band})
         if args.band_out:
             print(f"wrote {rows_mod.write_band(band, args.band_out)}")
+            if len(saved) > 1:  # the merged cells beside the bands, and the pairs' ratio bands from them
+                write_cells_and_pairs(cells, args)
         return 0
     worlds, links = {}, []
     for run in saved:  # a later run adds the world sizes the earlier ones lack (W = 2's basis: the first's)
@@ -373,6 +378,17 @@ def summarise_saved(args) -> int:
         load = [x for run in saved for x in (run["load_average_before"][0], run["load_average_after"][0])]
         write_bands(result, args, load)
     return 0
+
+
+def write_cells_and_pairs(cells: dict, args) -> None:
+    """Merged cells beside --band-out, and the ratio bands of every pair from them."""
+    import projection_pairs
+
+    path = beside(args.band_out, "projection_cells.json")
+    print(f"wrote {rows_mod.write_band(cells, str(path))}")
+    pairs = beside(args.band_out, "projection_pairs.json")
+    projection_pairs.main(["--cells", str(path), "--out", str(pairs), "--error-feedback",
+                           *("on" if ef else "off" for ef in cells["error_feedback"])])
 
 
 def write_bands(result: dict, args, load: list[float]) -> None:
