@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 from .finite import divide_flagging_nonfinite
-from .plan import NAME as PLAN, PlanText
+from .plan import PlanText
 from .spec import HookSpec, non_negative_int, positive_int, real
 from .state import HookState
 
