@@ -47,3 +47,9 @@ def periodic(hook: str) -> bool:
     """Does the hook exchange every ``period`` steps after the optimizer step (local SGD, DiLoCo)?"""
     spec = _spec(hook)
     return spec is not None and spec.periodic
+
+
+def names_configuration(hook: str, param: str) -> bool:
+    """Is ``param`` shown with every configuration of ``hook`` even at its default (tables, the
+    sweep's closing table): a chunked hook's chunk size, a periodic hook's period."""
+    return is_chunk_size(hook, param) or (param == "period" and periodic(hook))

@@ -91,11 +91,11 @@ class TrialSpec(BaseModel):
         return parts
 
     def non_default_params(self) -> dict[str, Any]:
-        """The hook parameters that differ from the hook's defaults, plus chunk_size always
-        (it names the configuration): what tables show."""
+        """The hook parameters that differ from the hook's defaults, plus chunk_size and a periodic
+        hook's period always (they name the configuration): what tables show."""
         defaults = _hook_defaults(self.hook)
         return {k: v for k, v in self.hook_params.items()
-                if hook_facts.is_chunk_size(self.hook, k) or k not in defaults or defaults[k] != v}
+                if hook_facts.names_configuration(self.hook, k) or k not in defaults or defaults[k] != v}
 
     def knobs(self) -> dict[str, Any]:
         """This trial's knobs: DDP's (bucket_cap_mb, gradient_as_bucket_view, static_graph) and compile."""
