@@ -335,10 +335,12 @@ def with_added_hooks(cells: dict, later: list[dict]) -> dict:
     """``cells`` (a committed projection_cells.json) with the rows of every hook and error-feedback
     setting it lacks taken from ``later`` cells files (a run of only those hooks, on the same
     cluster and cells), each one's provenance kept under ``added``."""
-    have = {(r["hook"], r["error_feedback"]) for r in cells["cell_rows"]}
+    if not later:
+        return cells
+    have = {(r["hook"], r.get("error_feedback")) for r in cells["cell_rows"]}
     rows, added = list(cells["cell_rows"]), list(cells.get("added", []))
     for more in later:
-        new = [r for r in more["cell_rows"] if (r["hook"], r["error_feedback"]) not in have]
+        new = [r for r in more["cell_rows"] if (r["hook"], r.get("error_feedback")) not in have]
         if new:
             rows += new
             added.append({"hooks": sorted({r["hook"] for r in new}), "measured": more["measured"],

@@ -191,6 +191,38 @@ def test_probe_cpu_quick_splits_each_collective_into_cpu_and_waiting(tmp_path):
     assert [h["cores"] for h in data["hosts"]] == pytest.approx([data["settings"]["q"]] * 2)
 
 
+def test_projection_summarise_adds_the_hooks_committed_cells_lack_from_a_later_run(tmp_path):
+    """--summarise COMMITTED NEW --band-out: the hooks (and settings) the committed cells lack come
+    from the later run's cells, with their provenance; the hooks both have keep the committed rows."""
+    from service.step_model.bands import error_bands
+
+    def cell(hook, w, error):
+        return {"hook": hook, "error_feedback": None, "world_size": w, "link_gbps": 1.0, "link_measured_gbps": 1.0,
+                "latency_ms": 0.05, "projected_ms": 100 + error, "measured_ms": 100.0, "error_pct": error,
+                "quiet_repeats": 3, "repeats": 3, "counted": True, "why_not": None}
+
+    def cells_file(path, measured, rows):
+        path.write_text(json.dumps({"format": 2, "source": "bench/projection.py", "measured": measured,
+                                    "workload": "char_lm", "basis": "hosts", "cells": "W=2 x 1", "cell_rows": rows,
+                                    "load_average": [1.0, 1.0], "error_feedback": [True, False]}))
+        return path
+
+    committed = cells_file(tmp_path / "projection_cells_cluster.json", "2026-12-01T00:00:00Z",
+                           [cell("allreduce", 2, -3.0), cell("allreduce", 2, -2.0)])
+    later = cells_file(tmp_path / "later_cells.json", "2026-12-05T00:00:00Z",
+                       [cell("allreduce", 2, 9.0), cell("diloco", 2, -5.0), cell("diloco", 2, 4.0)])
+    out = tmp_path / "projection_error_cluster.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "projection.py"), "--summarise", str(committed),
+                           str(later), "--band-out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    bands = error_bands(out)
+    ar, dl = bands.for_cell("allreduce", None, 2), bands.for_cell("diloco", None, 2)
+    assert (ar.low_pct, ar.high_pct, dl.low_pct, dl.high_pct) == (-3.0, -2.0, -5.0, 4.0)
+    merged = json.loads(committed.read_text())
+    assert len(merged["cell_rows"]) == 4 and merged["added"][0]["hooks"] == ["diloco"]
+    assert (tmp_path / "projection_pairs_cluster.json").exists()
+
+
 def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_path):
     """bench/projection.py --summarise on a projection_cells.json: the bands per hook, error
     feedback and W again, in the format the report reads."""
