@@ -399,7 +399,7 @@ class SweepConfig(BaseModel):
 _ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
                         ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
                         ("search", "static_graph"): [False], ("workload", "compile"): False,
-                        ("search", "compile"): [False], ("search", "parallelism"): ["ddp"]}
+                        ("search", "compile"): [False], ("search", "parallelism"): ["ddp"], ("workload", "shard"): None}
 
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:
