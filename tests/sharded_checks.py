@@ -16,8 +16,10 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+import hooks
 import hooks.fsdp
 from hooks import wire
+from hooks.sharded import all_gather_collectives
 from hooks.quantize import message_bytes
 from tests.hooks_checks import run_checks as _run
 
@@ -107,9 +109,15 @@ def check_bytes_match_formulas(rank: int, w: int) -> dict:
         s = state.stats()
         rs = {"allreduce": 4 * n1, "bf16_compress": 2 * n1, "fp16_compress": 2 * n1,
               "quantized_allreduce": w * message_bytes(n1 // w, 16)}[name]
+        per_ag = {"fp32": 4, "bf16": 2}.get(gather)
         rs0 = {"allreduce": 4 * layer0, "quantized_allreduce": w * message_bytes(layer0 // w, 16)}.get(name, 2 * layer0)
         assert s["reduce_scatter_bytes"] == 2 * rs + rs0, (name, s["reduce_scatter_bytes"], 2 * rs + rs0)
-        per_ag = {"fp32": 4, "bf16": 2}.get(gather)
+        # what the spec declares (the step model's input) says the same
+        full = hooks.fsdp.validate(name, **params, all_gather=gather, all_gather_chunk_size=32)
+        declared = hooks.available()[name].sharded.collectives
+        assert sum(b for n in (layer0, n1, n1) for _, b in declared(n, w, **full)) == s["reduce_scatter_bytes"]
+        assert [b for n in (layer0, n1, n1) for _, b in all_gather_collectives(n, w, **full)] == \
+            [per_ag * n if per_ag else w * message_bytes(n // w, 32) for n in (layer0, n1, n1)]
         ag = [per_ag * n if per_ag else w * message_bytes(n // w, 32) for n in (layer0, n1, n1)]
         calls = s["all_gather_calls"]
         assert calls in (2 * LAYERS, 2 * LAYERS - 1), calls  # forward, and backward's re-gather (not the last layer's)

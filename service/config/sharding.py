@@ -80,6 +80,9 @@ def fsdp_refusals(cfg) -> None:
         refused = hooks.fsdp.refusal(entry.name)
         if refused is not None:
             raise FieldProblem(f"search.hooks[{i}]", refused)
+    if cfg.workload.precision == "bf16":
+        raise FieldProblem("workload.precision", "bf16 weights with fsdp: the sharded forms reduce and gather float32 "
+                                                 "(not wired for bf16 shards); allowed with fsdp: fp32, bf16_autocast")
     if search.plan is not None:
         raise FieldProblem("search.plan", "a per-bucket plan designs DDP's buckets; fsdp has none: remove search.plan "
                                           "or fsdp from search.parallelism")
