@@ -62,6 +62,13 @@ def test_a_sharded_parameter_without_fsdp_is_refused(tmp_path):
     assert "all_gather" in line and "fsdp" in line and "\n" not in line.strip()
 
 
+def test_workload_shard_without_fsdp_is_refused_and_with_it_kept(tmp_path):
+    line = load_error(write(tmp_path, changed("workload.shard", ["0"])))
+    assert "workload.shard" in line and "fsdp" in line
+    cfg = load_config(str(write(tmp_path, changed("workload.shard", ["0"], base=FSDP), "b.yaml")))[0]
+    assert cfg.workload.shard == ["0"]
+
+
 def test_a_bad_all_gather_format_is_refused(tmp_path):
     cfg = copy.deepcopy(FSDP)
     cfg["search"]["hooks"][1]["all_gather"] = "int4"

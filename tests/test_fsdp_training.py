@@ -55,18 +55,24 @@ def _scenarios(rank, w, checkpoint_dir):
         return out
     out["nan"] = _run(cfg(steps=8, hooks=SHARDED, parallelism=["fsdp"],
                           faults=[{"kind": "nan_grad", "step": 5, "rank": 1}]), w, rank)
-    resume = cfg(steps=9, hooks=[{"name": "quantized_allreduce", "chunk_size": 64, "error_feedback": True}],
-                 parallelism=["fsdp"], optimizer="adamw", lr=0.01, checkpoint={"every": 3, "max_failures": 1})
+    # SGD and coarse chunks: what error feedback carries moves the loss well beyond the tolerance,
+    # so a resume that lost the residuals fails; AdamW: its state comes back through the full state dict
+    for key, resume in (("sgd", cfg(steps=12, hooks=[{"name": "quantized_allreduce", "chunk_size": 2048,
+                                                      "error_feedback": True}], parallelism=["fsdp"], lr=0.3,
+                                    checkpoint={"every": 3, "max_failures": 1})),
+                        ("adamw", cfg(steps=12, parallelism=["fsdp"], optimizer="adamw", lr=0.01,
+                                      checkpoint={"every": 3, "max_failures": 1}))):
+        directory = os.path.join(checkpoint_dir, key)
 
-    def keep(step, state):  # as the Ray wrapper does: each rank writes its part of the directory
-        path = os.path.join(checkpoint_dir, f"step_{step}")
-        os.makedirs(path, exist_ok=True)
-        save_checkpoint_dir(path, state)
+        def keep(step, state):  # as the Ray wrapper does: each rank writes its part of the directory
+            path = os.path.join(directory, f"step_{step}")
+            os.makedirs(path, exist_ok=True)
+            save_checkpoint_dir(path, state)
 
-    out["whole"] = _run(resume, w, rank, checkpoint_fn=keep)
-    dist.barrier()  # every rank's part is on disk
-    start = Start(checkpoint=load_checkpoint_dir(os.path.join(checkpoint_dir, "step_6"), rank), restarts=1)
-    out["resumed"] = _run(resume, w, rank, start=start)
+        out[f"whole_{key}"] = _run(resume, w, rank, checkpoint_fn=keep)
+        dist.barrier()  # every rank's part is on disk
+        start = Start(checkpoint=load_checkpoint_dir(os.path.join(directory, "step_6"), rank), restarts=1)
+        out[f"resumed_{key}"] = _run(resume, w, rank, start=start)
     return out
 
 
@@ -82,7 +88,7 @@ def test_fsdp_allreduce_takes_ddp_allreduces_losses(ranks):
         ddp, fsdp = runs[f"allreduce-w{w}-s0"], runs[f"allreduce-fsdp-w{w}-s0"]
         assert fsdp.status == ddp.status == "ok" and len(fsdp.losses) == len(ddp.losses) == 20
         assert fsdp.losses == pytest.approx(ddp.losses, rel=1e-5, abs=1e-7), scenario
-        assert fsdp.losses[-1] < 0.8 * fsdp.losses[0]  # it trained
+        assert fsdp.losses[-1] < fsdp.losses[0] - 0.05  # it trained
         assert fsdp.summary["final_eval_loss"] == pytest.approx(ddp.summary["final_eval_loss"], rel=1e-5)
         # fp32 reduce-scatter of each layer once per step; the all-gathers of the forward and backward
         assert fsdp.summary["reduce_scatter_bytes_per_step"] == pytest.approx(
@@ -139,6 +145,7 @@ def test_a_resumed_fsdp_trial_takes_the_uninterrupted_trials_steps(ranks):
     if w != 2:
         pytest.skip("checked at W = 2")
     for rank in (0, 1):
-        (whole,), (resumed,) = results[rank]["whole"].values(), results[rank]["resumed"].values()
-        assert resumed.steps_done == 9 and len(resumed.losses) == 3 and resumed.summary["restarts"] == 1
-        assert resumed.losses == pytest.approx(whole.losses[6:], rel=1e-5, abs=1e-7)
+        for key in ("sgd", "adamw"):
+            (whole,), (resumed,) = results[rank][f"whole_{key}"].values(), results[rank][f"resumed_{key}"].values()
+            assert resumed.steps_done == 12 and len(resumed.losses) == 6 and resumed.summary["restarts"] == 1
+            assert resumed.losses == pytest.approx(whole.losses[6:], rel=1e-6, abs=1e-8), key

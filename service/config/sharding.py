@@ -67,6 +67,9 @@ def fsdp_refusals(cfg) -> None:
 
     search = cfg.search
     if FSDP not in search.parallelism:
+        if cfg.workload.shard is not None:
+            raise FieldProblem("workload.shard", "names the blocks an fsdp trial shards; add fsdp to "
+                                                 "search.parallelism or remove it")
         for i, entry in enumerate(search.hooks):
             extra = sharded_only(entry.name, entry.params)
             if extra:

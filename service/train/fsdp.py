@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -120,9 +121,13 @@ def full_state(model: ShardedModel, optimizer) -> tuple[dict, dict]:
 
 
 def load_full_state(model: ShardedModel, optimizer, model_state: dict, optimizer_state: dict) -> None:
-    """Every rank loads the same full state dicts; each keeps its shards."""
-    set_state_dict(model.module, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
-                   options=StateDictOptions(full_state_dict=True))
+    """Every rank loads the same full state dicts; each keeps its shards. An optimizer without
+    tensor state (plain SGD) keeps its own param groups: torch 2.13's full optimizer-state
+    loader places the state by a tensor it holds, and raises where there is none."""
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model.module, model_state, options=options)
+    if optimizer_state.get("state"):
+        set_optimizer_state_dict(model.module, optimizer, optimizer_state, options=options)
 
 
 # ----------------------------------------------------------------------------- faults
