@@ -31,10 +31,11 @@ SHARDED = ["allreduce", "fp16_compress", "bf16_compress", {"name": "quantized_al
 LAYERS = ((32, 64), (10, 32))  # tiny_digits' two Linear layers (out, in): its two sharded blocks
 
 
-def cfg(steps=20, hooks=("allreduce",), parallelism=("ddp", "fsdp"), faults=(), checkpoint=None, **workload):
+def cfg(steps=20, hooks=("allreduce",), parallelism=("ddp", "fsdp"), faults=(), checkpoint=None, name=TINY,
+        **workload):
     return SweepConfig.model_validate({
         "name": "fsdp-test",
-        "workload": {"name": TINY, "steps": steps, "global_batch_size": 48, "lr": 0.1, "eval_every": 10,
+        "workload": {"name": name, "steps": steps, "global_batch_size": 48, "lr": 0.1, "eval_every": 10,
                      "warmup_steps": 2, **workload},
         "search": {"hooks": list(hooks), "world_size": [2, 3], "seed": [0], "parallelism": list(parallelism)},
         "faults": list(faults), "tracking": {"flush_seconds": 0.5}, "checkpoint": checkpoint or {}})
@@ -53,6 +54,8 @@ def _scenarios(rank, w, checkpoint_dir):
                              parallelism=["fsdp"]), w, rank)}
     if w != 2:
         return out
+    # rank 0 alone evaluates an eval_fn: the final eval must still gather on every rank (it hung)
+    out["eval_fn"] = _run(cfg(steps=3, name="tests.tiny_workload:tiny_eval_fn"), w, rank)
     out["nan"] = _run(cfg(steps=8, hooks=SHARDED, parallelism=["fsdp"],
                           faults=[{"kind": "nan_grad", "step": 5, "rank": 1}]), w, rank)
     # SGD and coarse chunks: what error feedback carries moves the loss well beyond the tolerance,
@@ -138,6 +141,16 @@ def test_nan_grad_is_found_where_it_was_injected_for_every_sharded_hook(ranks):
             # the poisoned first parameter's module (block 0): its reduce-scatter input was flagged
             assert report.bucket_index == 0 and report.param_names == ["0.weight", "0.bias"], name
             assert report.per_rank[0]["flags"]["model_grad"] == 0
+
+
+def test_an_eval_fn_workload_evaluates_the_full_parameters_on_rank_0(ranks):
+    w, results = ranks
+    if w != 2:
+        pytest.skip("checked at W = 2")
+    runs = results[0]["eval_fn"]
+    ddp, fsdp = runs["allreduce-w2-s0"], runs["allreduce-fsdp-w2-s0"]
+    assert fsdp.status == "ok" and fsdp.summary["final_eval_accuracy"] == ddp.summary["final_eval_accuracy"]
+    assert "final_eval_accuracy" not in results[1]["eval_fn"]["allreduce-fsdp-w2-s0"].summary
 
 
 def test_a_resumed_fsdp_trial_takes_the_uninterrupted_trials_steps(ranks):

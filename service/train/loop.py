@@ -79,7 +79,7 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
     wl_cfg, device, checkpoint_fn = cfg.workload, ctx.device, ctx.checkpoint_fn
     t = (set_up_sharded if trial.parallelism == "fsdp" else set_up)(trial, cfg, ctx)  # FSDP2 or DDP
-    monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
+    monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, None  # None: no eval yet
     for step in range(t.first_step, wl_cfg.steps + 1):
         batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
         baseline_window(t, step, batches, device, before=True)  # every other paired window: ahead of the step
@@ -131,13 +131,15 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     return finish(t, cfg, ctx, eval_metrics)
 
 
-def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, float]) -> TrialResult:
+def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: Optional[dict[str, float]]) -> TrialResult:
     """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
     so none after a NaN stop."""
     t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
-    elif not eval_metrics:  # every rank, as in the loop: the default evals end in an all-reduce
+    # every rank alike (None, not {}: an eval_fn's other ranks hold {}), as in the loop: the default evals
+    # end in an all-reduce, and an fsdp trial's eval gathers its parameters first
+    elif eval_metrics is None:
         with agreed(t):
             eval_metrics = run_eval(eval_module(t.model), t.wl, ctx, t.precision)
     report = t.monitor.report
