@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from .finite import divide_flagging_nonfinite
-from .spec import HookSpec, error_feedback
+from . import sharded
+from .spec import HookSpec, ShardedForm, error_feedback
 from .state import HookState
 
 
@@ -122,15 +123,24 @@ def _16bit_allreduce(n, world_size, element_size, **_):
     return [("allreduce", 2 * n)]
 
 
+def _cast_sharded(dtype: torch.dtype) -> ShardedForm:
+    return ShardedForm(reduce_scatter=sharded.cast_reduce_scatter, make_state=sharded.state_factory(wire_dtype=dtype),
+                       collectives=sharded.cast_collectives, parameters=sharded.all_gather_parameters(),
+                       doc="gradient reduce-scatter in 16 bits (divide by W first)")
+
+
 SPECS = [
     HookSpec(name="allreduce", hook=allreduce, make_state=_exact_state, collectives=_fp32_allreduce,
-             doc="fp32 ring allreduce of the mean (exact; DDP's default)"),
+             doc="fp32 ring allreduce of the mean (exact; DDP's default)",
+             sharded=ShardedForm(reduce_scatter=sharded.fp32_reduce_scatter, make_state=sharded.state_factory(),
+                                 collectives=sharded.fp32_collectives, parameters=sharded.all_gather_parameters(),
+                                 doc="FSDP's own fp32 reduce-scatter (exact)")),
     HookSpec(name="allgather_then_aggregate", hook=allgather_then_aggregate, make_state=_exact_state,
              collectives=_fp32_allgather, decodes_each_rank=True, doc="allgather every rank's bucket, average locally (exact)"),
     HookSpec(name="fp16_compress", hook=fp16_compress, make_state=_cast_state(torch.float16),
              collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
-             doc="allreduce in float16 (2 bytes/float)"),
+             doc="allreduce in float16 (2 bytes/float)", sharded=_cast_sharded(torch.float16)),
     HookSpec(name="bf16_compress", hook=bf16_compress, make_state=_cast_state(torch.bfloat16),
              collectives=_16bit_allreduce, parameters=error_feedback(), wire_bits=16, lossy=True,
-             doc="allreduce in bfloat16 (2 bytes/float)"),
+             doc="allreduce in bfloat16 (2 bytes/float)", sharded=_cast_sharded(torch.bfloat16)),
 ]

@@ -233,3 +233,13 @@ def unpack(messages: torch.Tensor, n: int, chunk_size: int) -> tuple[torch.Tenso
 def message_bytes(n: int, chunk_size: int) -> int:
     """Bytes of one packed message for n floats: 8 per chunk (lo, step) + 1 per element."""
     return 8 * num_chunks(n, chunk_size) + n
+
+
+def mean_of_messages(received: torch.Tensor, n: int, chunk_size: int, out: torch.Tensor) -> torch.Tensor:
+    """A quantized reduce-scatter's receiving end (quantized_allreduce's phase 2, FSDP's uint8
+    reduce-scatter): the packed messages of ``n`` values this rank received, the rows of
+    ``received``, dequantized and summed in float32 into ``out``, divided by their count."""
+    codes, meta = unpack(received, n, chunk_size)
+    for r in range(received.shape[0]):
+        dequantize(codes[r], meta[r], chunk_size, out=out, accumulate=r > 0)
+    return out.div_(received.shape[0])

@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from . import quantize as q
 from .quantization import QuantizationState
-from .spec import HookSpec, error_feedback, positive_int
+from . import sharded
+from .spec import HookSpec, ShardedForm, error_feedback, positive_int
 from ._helpers import allgather_message, float32_out, into_bucket, param_layout, start_call
 
 
@@ -99,11 +100,8 @@ def quantized_allreduce(state: QuantizationState, bucket: dist.GradBucket) -> to
     state.account("all_to_all", send.numel())
     dist.all_to_all_single(received.view(-1), send.view(-1), group=state.group, async_op=True).wait()
 
-    r_codes, r_meta = q.unpack(received, s * chunk, chunk)
-    reduced = torch.empty(s * chunk, dtype=torch.float32, device=buf.device)  # my shard of the mean
-    for r in range(w):
-        q.dequantize(r_codes[r], r_meta[r], chunk, out=reduced, accumulate=r > 0)
-    reduced.div_(w)
+    reduced = q.mean_of_messages(received, s * chunk, chunk,
+                                 torch.empty(s * chunk, dtype=torch.float32, device=buf.device))  # my shard of the mean
     if state.error_feedback:
         idx, layout = bucket.index(), param_layout(bucket.parameters())
         carried = state._shard_residuals.get(idx)
@@ -149,4 +147,7 @@ SPEC = HookSpec(
     parameters={"chunk_size": positive_int(512), **error_feedback()}, wire_bits=8, chunked=True, lossy=True,
     waits_in_call=True,
     doc="uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
+    sharded=ShardedForm(reduce_scatter=sharded.quantized_reduce_scatter, make_state=sharded.state_factory(),
+                        collectives=sharded.quantized_collectives, parameters=sharded.all_gather_parameters(),
+                        doc="uint8 per-chunk reduce-scatter (one all_to_all; each rank's shard quantized on its own)"),
 )

@@ -72,6 +72,28 @@ CHUNK_SIZE = "chunk_size"
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShardedForm:
+    """How a hook runs under FSDP2 (hooks/sharded.py builds it; hooks/fsdp.py validates and attaches):
+
+    * ``reduce_scatter(state, shard, output)``: the gradient's mean, this rank's shard of it into
+      ``output`` (FSDP's ``ReduceScatter`` contract; ``shard`` a ``hooks.sharded.GradShard``);
+    * ``make_state(process_group, **params)``: its ``hooks.sharded.ShardState``, from the hook's
+      own parameters and ``parameters`` (every one given);
+    * ``parameters``: what only the sharded form takes (the parameter all-gather's format);
+    * ``collectives(n, world_size, **params)``: what one reduce-scatter of ``n`` float32 gradient
+      values hands to the wire, ``[(kind, payload bytes)]`` (the all-gather's is the all-gather
+      format's, hooks.sharded.all_gather_collectives);
+    * ``doc`` (one line).
+    """
+
+    reduce_scatter: Callable
+    make_state: Callable[..., Any]
+    collectives: Callable[..., list]
+    parameters: dict[str, Param] = field(default_factory=dict)
+    doc: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class HookSpec:
     """Everything about one hook, built with keywords.
 
@@ -106,7 +128,8 @@ class HookSpec:
       whose DDP call is all its communication;
     * ``label(params) -> [str]``: the parts after the hook's name that name a configuration (run
       names, e.g. ``p16``), where its parameters' default naming does not say it best; None: the default;
-    * ``lossy``, ``doc`` (one line).
+    * ``lossy``, ``doc`` (one line);
+    * ``sharded``: the hook's form under FSDP2 (:class:`ShardedForm`), None where it has none.
 
     How a report draws a hook is the report's (service/report/hook_styles.py), not the hook's.
     """
@@ -126,6 +149,7 @@ class HookSpec:
     label: Optional[Callable[[dict], list]] = None
     lossy: bool = False
     doc: str = ""
+    sharded: Optional[ShardedForm] = None  # its form under FSDP2 (search.parallelism: fsdp); None: DDP only
 
     def __post_init__(self):
         if self.chunked and CHUNK_SIZE not in self.parameters:

@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from .finite import nonfinite
-from .wire import KINDS, wire_bytes
+from .wire import ALL_KINDS, wire_bytes
 
 
 class NonfiniteBucket(NamedTuple):
@@ -64,7 +64,7 @@ class Accounting:
             self._seconds = 0.0
             if self._fidelity is not None:
                 self._fidelity = [0.0, 0.0, 0]
-        self.per_kind = {kind: [0, 0] for kind in KINDS}
+        self.per_kind = {kind: [0, 0] for kind in ALL_KINDS}
 
     def call(self, raw_bytes: int) -> None:
         self.calls += 1
@@ -100,7 +100,7 @@ class Accounting:
             "wire_bytes": self.wire_bytes,
             "seconds": seconds,
         }
-        for kind in KINDS:
+        for kind in ALL_KINDS:
             out[f"{kind}_calls"] = self.per_kind[kind][0]
             out[f"{kind}_bytes"] = self.per_kind[kind][1]
         if fidelity is not None:
@@ -124,7 +124,8 @@ class Accounting:
         self.wire_bytes = s["wire_bytes"]
         with self._lock:
             self._seconds = s["seconds"]
-        self.per_kind = {k: list(v) for k, v in s["per_kind"].items()}
+        # a checkpoint from before FSDP's kinds existed lacks them: they start at zero
+        self.per_kind = {kind: [0, 0] for kind in ALL_KINDS} | {k: list(v) for k, v in s["per_kind"].items()}
 
 
 class NonfiniteFlags:

@@ -7,6 +7,12 @@ For a payload of ``n`` bytes per rank in a group of ``W`` ranks, each rank sends
 * ring allgather:  (W-1) * n       (W-1 rounds of n)
 * all_to_all:      (W-1)/W * n     (W-1 rounds of n/W: every other rank gets its shard)
 
+FSDP's two collectives (hooks/sharded.py) are counted on the *unsharded* size ``n`` (the
+reduce-scatter's input, the all-gather's output), as FSDP sees its tensors:
+
+* ring reduce-scatter: (W-1)/W * n   (W-1 rounds of n/W)
+* ring all-gather:     (W-1)/W * n   (W-1 rounds of this rank's n/W shard)
+
 At W = 1 nothing is sent.
 """
 from __future__ import annotations
@@ -17,6 +23,11 @@ from typing import NamedTuple
 # (``{kind}_calls``, ``{kind}_bytes`` in ``HookState.stats()``) so the cost model can re-price them.
 ALLREDUCE, ALLGATHER, ALL_TO_ALL = "allreduce", "allgather", "all_to_all"
 KINDS = (ALLREDUCE, ALLGATHER, ALL_TO_ALL)
+# FSDP's: kept apart from KINDS, which the transport probe measures and the DDP step model prices
+# (neither knows these yet); ``allgather`` above is a DDP hook's, its n one rank's message.
+REDUCE_SCATTER, ALL_GATHER = "reduce_scatter", "all_gather"
+SHARDED_KINDS = (REDUCE_SCATTER, ALL_GATHER)
+ALL_KINDS = KINDS + SHARDED_KINDS  # what HookState's accounting keeps apart
 
 
 class Collective(NamedTuple):
@@ -35,8 +46,8 @@ class Collective(NamedTuple):
 
 
 def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(KINDS)}")
+    if kind not in ALL_KINDS:
+        raise ValueError(f"unknown collective {kind!r}; known: {', '.join(ALL_KINDS)}")
 
 
 def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
@@ -47,7 +58,7 @@ def wire_bytes(kind: str, nbytes: float, world_size: int) -> float:
         return 2.0 * (w - 1) / w * nbytes
     if kind == "allgather":
         return float((w - 1) * nbytes)
-    return (w - 1) / w * nbytes
+    return (w - 1) / w * nbytes  # all_to_all, reduce_scatter, all_gather
 
 
 def rounds(kind: str, world_size: int) -> int:

@@ -52,3 +52,15 @@ def tiny_exposed(seed: int) -> Workload:
     layers = [torch.nn.Linear(64, 8), torch.nn.ReLU(), torch.nn.Linear(8, 256), torch.nn.ReLU(),
               torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)]
     return Workload(torch.nn.Sequential(*layers), wl.train_set, wl.eval_set, cross_entropy)
+
+
+def tiny_eval_fn(seed: int) -> Workload:
+    """tiny_digits with its own eval_fn: rank 0 evaluates the whole eval set alone, the other
+    ranks get {} (an fsdp trial's final eval once hung on that: tests/test_fsdp_training.py)."""
+    wl = tiny_digits(seed)
+
+    def accuracy(model, eval_set) -> dict:
+        x, y = eval_set.tensors
+        return {"eval_accuracy": float((model(x).argmax(-1) == y).float().mean())}
+
+    return Workload(wl.model, wl.train_set, wl.eval_set, cross_entropy, eval_fn=accuracy)

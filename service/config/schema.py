@@ -13,6 +13,7 @@ from typing import Annotated, Any, Union
 from pydantic import (BaseModel, Discriminator, Field, Tag, ValidationInfo, field_validator,
                       model_validator)
 
+from service.config import sharding
 from service.config.compiled import compile_refusals
 from service.config.periodic import periodic_refusals
 from service.config.errors import FieldProblem, exception_text
@@ -20,7 +21,7 @@ from service.config.limits import (DDP_BUCKET_CAP_MB, MAX_ADAPTIVE_SEEDS, MAX_BU
                                    MAX_WORLD_SIZE)
 from service.config.sections import (STRICT, CheckpointConfig, Fault, NetworkConfig, PlanRound, ReportConfig, ResourcesConfig,
                                      StopConfig, TrackingConfig, check_axis, no_repeats, scalar_to_list)
-from service.config.trial import KNOBS, Scalar, TrialSpec
+from service.config.trial import KNOBS, Parallelism, Scalar, TrialSpec
 from service.config.workload import WorkloadConfig
 from service.text import did_you_mean, short_value
 
@@ -74,12 +75,14 @@ class HookEntry(BaseModel):
         import hooks  # imported late: it pulls in torch
 
         known = _known_hook(self.name).params
+        sharded = sharding.form_parameters(self.name)  # what only its sharded form takes (fsdp's)
         n_combos = math.prod(len(v) for v in self.params.values())
         if n_combos > MAX_TRIALS:  # before building them: lists multiply
             raise FieldProblem(next(iter(self.params)), f"the parameter lists make {n_combos} combinations; "
                                                         f"allowed: at most {MAX_TRIALS} trials in all")
         for key, values in self.params.items():
-            _known_param(self.name, known, key)
+            if key not in sharded:
+                _known_param(self.name, known, key)
             for value in values:
                 _validate_hook(self.name, {key: value}, field=key)
         for combo in self.combos():
@@ -126,11 +129,14 @@ def _structured(hook: Any, key: str, value: dict) -> Scalar:
     return canonical
 
 
-def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None) -> dict[str, Scalar]:
-    import hooks
-
+def _validate_hook(name: str, params: dict[str, Scalar], *, field: str | None,
+                   parallelism: str | None = None) -> dict[str, Scalar]:
+    """The full parameters under ``parallelism`` (None: fsdp where ``params`` set a parameter only
+    the hook's sharded form takes, else ddp)."""
+    if parallelism is None:
+        parallelism = "fsdp" if sharding.sharded_only(name, params) else "ddp"
     try:
-        return dict(hooks.validate(name, **params))
+        return sharding.validate(name, params, parallelism)
     except Exception as exc:  # the library promises ValueError; anything else still gets one line
         raise FieldProblem(field or "", exception_text(exc)) from None
 
@@ -171,11 +177,15 @@ class SearchConfig(BaseModel):
     compile: list[bool] = Field(default_factory=lambda: [False], min_length=1,
                                 description="torch.compile the module inside DDP: [false], [true] or both "
                                             "(default: as workload.compile says)")
+    # how the ranks hold the model: ddp (DDP, the hook as a comm hook) and/or fsdp (FSDP2, the
+    # hook's sharded form: service/config/sharding.py)
+    parallelism: list[Parallelism] = Field(default_factory=lambda: ["ddp"], min_length=1,
+                                           description="ddp, fsdp or both: DDP or FSDP2 (sharded) trials")
     plan: PlanRound | None = Field(None, description="after the trials, design a per-bucket plan for a cell and "
                                    "train it as one more configuration (a last round); absent: no plan round")
 
     _scalar_allowed = field_validator("world_size", "bucket_cap_mb", "gradient_as_bucket_view",
-                                      "static_graph", "compile", mode="before")(scalar_to_list)
+                                      "static_graph", "compile", "parallelism", mode="before")(scalar_to_list)
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -192,7 +202,7 @@ class SearchConfig(BaseModel):
             raise FieldProblem("", f"{short_value(caps)} lists a cap twice; each value runs once")
         return caps
 
-    @field_validator("gradient_as_bucket_view", "static_graph", "compile")
+    @field_validator("gradient_as_bucket_view", "static_graph", "compile", "parallelism")
     @classmethod
     def _flags(cls, values: list[bool]) -> list[bool]:
         if len(set(values)) != len(values):
@@ -289,6 +299,7 @@ class SweepConfig(BaseModel):
         if True in self.search.compile:
             compile_refusals(self)
         periodic_refusals(self)
+        sharding.fsdp_refusals(self)
         if self.network is not None and self.resources.use_gpu:
             raise FieldProblem("network", "emulated links carry gloo's (CPU) traffic between namespaces; "
                                           "NCCL would bypass them: set resources.use_gpu: false or remove network:")
@@ -304,7 +315,7 @@ class SweepConfig(BaseModel):
         n_combos = sum(math.prod(len(v) for v in e.params.values()) for e in self.search.hooks)
         n_links = len(self.network.link_gbps) if self.network is not None else 1
         n_knobs = len(self.search.ddp_knobs())
-        n_trials = n_combos * n_knobs * len(self.search.world_size) * len(self.search.seeds) * n_links
+        n_trials = n_combos * n_knobs * len(self.search.parallelism) * len(self.search.world_size) * len(self.search.seeds) * n_links
         if n_trials > MAX_TRIALS:
             raise FieldProblem("search", f"the grid has {n_trials} trials; allowed: at most {MAX_TRIALS}")
         seen: dict[str, int] = {}
@@ -342,15 +353,16 @@ class SweepConfig(BaseModel):
         bucket_cap_mb x gradient_as_bucket_view x static_graph) rotated by one place per block,
         so no configuration's trials cluster at one end of the sweep: a machine busier for a
         while then slows every configuration's trials, not one's."""
-        configurations = [(entry.name, _validate_hook(entry.name, combo, field=None), knobs)
+        configurations = [(entry.name, _validate_hook(entry.name, combo, field=None, parallelism=p), knobs, p)
                           for entry in self.search.hooks for combo in entry.combos()
+                          for p in sharding.parallelisms(self.search, entry.name, combo)
                           for knobs in self.search.ddp_knobs()]
         out, named = [], tuple(k for k in KNOBS if len(getattr(self.search, k)) > 1)  # the knobs it varies
         for i, (world, link, seed, kind) in enumerate(self._blocks()):
             turn = i % len(configurations)
-            for hook, full, knobs in configurations[turn:] + configurations[:turn]:
-                out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed,
-                                     link_gbps=link, kind=kind, named_knobs=named, **knobs))
+            for hook, full, knobs, parallelism in configurations[turn:] + configurations[:turn]:
+                out.append(TrialSpec(hook=hook, hook_params=full, world_size=world, seed=seed, link_gbps=link,
+                                     kind=kind, named_knobs=named, parallelism=parallelism, **knobs))
         return out
 
     @property
@@ -387,7 +399,7 @@ class SweepConfig(BaseModel):
 _ADDED_WITH_DEFAULTS = {("workload", "find_unused_parameters"): "auto", ("workload", "broadcast_buffers"): True,
                         ("search", "bucket_cap_mb"): [DDP_BUCKET_CAP_MB], ("search", "gradient_as_bucket_view"): [False],
                         ("search", "static_graph"): [False], ("workload", "compile"): False,
-                        ("search", "compile"): [False]}
+                        ("search", "compile"): [False], ("search", "parallelism"): ["ddp"], ("workload", "shard"): None}
 
 
 def _trial_key_prefix(hook: str, combo: dict[str, Scalar]) -> str:

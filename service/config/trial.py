@@ -16,6 +16,10 @@ Scalar = Union[bool, int, float, str]
 # (configuration, world size, seed), every step on loopback, and per link one "timing" run of
 # network.timing_steps steps, which gives that link's step times.
 RunKind = Literal["full", "quality", "timing"]
+# How the ranks hold the model: DDP (every rank all of it), or FSDP2 (each rank a shard; the
+# hook's sharded form, HookSpec.sharded, reduces the gradient). A ddp trial keeps its old names and key.
+Parallelism = Literal["ddp", "fsdp"]
+FSDP = "fsdp"
 DDP_KNOBS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")  # DDP's own arguments
 # The search axes besides hooks, world size and seed: DDP's knobs and whether the module inside
 # DDP is compiled (torch.compile, DDP(compile(module)); how: workload.compile's mode)
@@ -38,6 +42,7 @@ class TrialSpec(BaseModel):
     static_graph: bool = False
     compile: bool = False  # torch.compile of the module inside DDP (hook eager), workload.compile's mode
     kind: RunKind = "full"
+    parallelism: Parallelism = "ddp"
     # The knobs the sweep varies: only these name the configuration (a knob every trial shares is
     # a setting, not a difference: `bucket_cap_mb: 1` alone keeps the baseline's label allreduce).
     # All of them by default, as before this field (a trial recorded then keeps its label).
@@ -74,7 +79,7 @@ class TrialSpec(BaseModel):
         else:
             parts += self._param_parts()
         parts += [_KNOB_NAMES[k](v) for k, v in self.non_default_knobs().items() if k in self.named_knobs]
-        return "-".join(parts)
+        return "-".join(parts + self._parallelism_part())
 
     def _param_parts(self) -> list[str]:
         parts = []
@@ -90,10 +95,13 @@ class TrialSpec(BaseModel):
                 parts.append(f"{key}{value}")
         return parts
 
+    def _parallelism_part(self) -> list[str]:
+        return [FSDP] if self.parallelism == FSDP else []
+
     def non_default_params(self) -> dict[str, Any]:
         """The hook parameters that differ from the hook's defaults, plus chunk_size and a periodic
         hook's period always (they name the configuration): what tables show."""
-        defaults = _hook_defaults(self.hook)
+        defaults = _hook_defaults(self.hook, self.parallelism)
         return {k: v for k, v in self.hook_params.items()
                 if hook_facts.names_configuration(self.hook, k) or k not in defaults or defaults[k] != v}
 
@@ -120,13 +128,14 @@ class TrialSpec(BaseModel):
         params = ",".join(f"{k}={self.hook_params[k]!r}" for k in sorted(self.hook_params))
         ddp = ("-ddp[" + ",".join(f"{k}={getattr(self, k)!r}" for k in sorted(DDP_KNOBS)) + "]"
                if any(k in DDP_KNOBS for k in self.non_default_knobs()) else "")
-        return f"{self.hook}[{params}]{ddp}" + ("-compiled" if self.compile else "")
+        return "-".join([f"{self.hook}[{params}]{ddp}" + ("-compiled" if self.compile else "")]
+                        + self._parallelism_part())
 
     def describe(self) -> str:
         """The --dry-run line: hook, its parameters (and DDP's knobs off their defaults), world size, seed."""
         params = " ".join(f"{k}={v}" for k, v in {**self.hook_params, **self.non_default_knobs()}.items()) or "-"
         link = f" link_gbps={self.link_gbps:g}" if self.link_gbps is not None else ""
-        kind = "" if self.kind == "full" else f" {self.kind}"
+        kind = ("" if self.kind == "full" else f" {self.kind}") + ("" if self.parallelism == "ddp" else f" {FSDP}")
         return f"{self.hook:<26} {params:<40} world_size={self.world_size:<3} seed={self.seed}{link}{kind}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,8 +152,11 @@ _KNOB_NAMES = {"bucket_cap_mb": lambda cap: f"b{cap:g}", "gradient_as_bucket_vie
 COMPILED = "compiled"  # a compiled trial's label part where the sweep lists both: allreduce-compiled
 
 
-def _hook_defaults(name: str) -> dict[str, Any]:
+def _hook_defaults(name: str, parallelism: str = "ddp") -> dict[str, Any]:
     import hooks
+    import hooks.fsdp
 
     spec = hooks.available().get(name)
+    if spec is not None and parallelism == FSDP and spec.sharded is not None:
+        return hooks.fsdp.parameters(name)  # the sharded form's: the all-gather's format too
     return spec.params if spec is not None else {}

@@ -42,6 +42,11 @@ class WorkloadConfig(BaseModel):
     compile: Union[bool, Literal[COMPILE_MODES]] = Field(
         False, description="false | true (mode default) | a torch.compile mode: " + ", ".join(COMPILE_MODES))
 
+    # The blocks an fsdp trial shards one by one (module paths or class names); absent: the
+    # workload's own (Workload.shard), or every direct child holding parameters
+    shard: list[str] | None = Field(None, min_length=1, description="fsdp: the blocks to shard (module paths "
+                                    "or class names); default: the workload's, or each direct child with parameters")
+
     @model_validator(mode="before")
     @classmethod
     def _workload_defaults(cls, raw: Any) -> Any:

@@ -79,6 +79,7 @@ def trial_params(trial, run_cfg) -> dict[str, Any]:
         "optimizer": wl.optimizer,
         "grad_accumulation": wl.grad_accumulation,
         **trial.knobs(),  # DDP's: bucket_cap_mb, gradient_as_bucket_view, static_graph; and compile
+        "parallelism": trial.parallelism,  # ddp | fsdp (search.parallelism)
         "find_unused_parameters": wl.find_unused_parameters,
         "broadcast_buffers": wl.broadcast_buffers,
         "backend": "nccl" if use_gpu else "gloo",

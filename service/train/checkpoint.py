@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.state import HookState
 from service import hook_facts
+from service.train import fsdp
 from service.train.batches import GlobalBatches
 from service.train.training_options import Precision
 from service.workloads import Workload, to_device
@@ -53,6 +54,10 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     memory is each rank's own residual; local SGD's anchor, DiLoCo's outer momentum).
     """
     own = isinstance(hook_state, HookState)
+    if isinstance(model, fsdp.ShardedModel):  # gathered by every rank; rank 0's holds the tensors
+        model_state, optimizer_state = fsdp.full_state(model, optimizer)
+        trainer = TrainerState(model_state, optimizer_state, step, batches.position(step + 1)) if rank == 0 else None
+        return RankCheckpoint(rank, hook_state.state_dict() if own else None, trainer)
     per_rank = own and hook_facts.periodic(hook_state.name)  # local steps: the ranks' models differ
     trainer = (TrainerState(model.module.state_dict(), optimizer.state_dict(), step, batches.position(step + 1))
                if rank == 0 or per_rank else None)
@@ -76,6 +81,19 @@ def restore(checkpoint: Optional[RankCheckpoint], model: DDP, optimizer, hook_st
     optimizer.load_state_dict(trainer.optimizer)
     if isinstance(hook_state, HookState) and checkpoint.hook_state is not None:
         hook_state.load_state_dict(checkpoint.hook_state)  # also brings the hook's counters back to the checkpoint's
+    return int(trainer.step)
+
+
+def restore_sharded(checkpoint: Optional[RankCheckpoint], model, optimizer, hook_state) -> int:
+    """An fsdp trial's checkpoint (a gathered full state dict, the same file on every rank):
+    every rank loads it and keeps its shards (a collective); returns its step (0: none). FSDP
+    has no buckets to prime: its residuals are keyed by sharded module."""
+    if not checkpoint:
+        return 0
+    trainer = checkpoint.trainer
+    fsdp.load_full_state(model, optimizer, trainer.model, trainer.optimizer)
+    if isinstance(hook_state, HookState) and checkpoint.hook_state is not None:
+        hook_state.load_state_dict(checkpoint.hook_state)
     return int(trainer.step)
 
 

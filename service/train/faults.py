@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from service.train.fsdp import grad_hook
+
 CRASH_EXIT_CODE = 17  # what a crash fault's process exits with (Ray Train sees a dead worker)
 
 
@@ -45,12 +47,13 @@ class FaultInjector:
                 self.on_fault(index, fault)
             if fault.kind == "crash":
                 return True
-            params = [p for p in module.parameters() if p.requires_grad]
+            # on the gradient the backward computes (an fsdp trial's: its gathered parameter's), before any reduction
+            params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
             if fault.kind == "nan_grad":
-                self._handles.append(params[0].register_hook(_poison))
+                self._handles.append(grad_hook(module, *params[0], _poison))
             elif fault.kind == "scale_grad":
                 factor = float(fault.factor)  # the config requires one for scale_grad
-                self._handles += [p.register_hook(_scaler(factor)) for p in params]
+                self._handles += [grad_hook(module, n, p, _scaler(factor)) for n, p in params]
         return False
 
 

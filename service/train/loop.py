@@ -51,7 +51,10 @@ from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
 from service.train.nan import NanMonitor, NanReport
+from service.train.fsdp import ShardedModel
+from service.train.metrics import memory_per_rank_mb
 from service.train.setup import TrialParts, set_up
+from service.train.setup_fsdp import set_up_sharded
 from service.train.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, eval_share, evaluate_workload, metrics_from_sums, to_device
 
@@ -75,8 +78,8 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     """Train one trial on this rank (its process group initialised; ``ctx``: the module doc). Each side
     effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
     wl_cfg, device, checkpoint_fn = cfg.workload, ctx.device, ctx.checkpoint_fn
-    t = set_up(trial, cfg, ctx)
-    monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, {}
+    t = (set_up_sharded if trial.parallelism == "fsdp" else set_up)(trial, cfg, ctx)  # FSDP2 or DDP
+    monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, None  # None: no eval yet
     for step in range(t.first_step, wl_cfg.steps + 1):
         batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
         baseline_window(t, step, batches, device, before=True)  # every other paired window: ahead of the step
@@ -128,18 +131,21 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     return finish(t, cfg, ctx, eval_metrics)
 
 
-def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: dict[str, float]) -> TrialResult:
+def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: Optional[dict[str, float]]) -> TrialResult:
     """The summary (rank 0 logs it and closes its logger); "final" eval = the final weights,
     so none after a NaN stop."""
     t.clock.loop_ended()
     if check_stopped_on_nan(t.monitor, cfg):
         eval_metrics = {}
-    elif not eval_metrics:  # every rank, as in the loop: the default evals end in an all-reduce
+    # every rank alike (None, not {}: an eval_fn's other ranks hold {}), as in the loop: the default evals
+    # end in an all-reduce, and an fsdp trial's eval gathers its parameters first
+    elif eval_metrics is None:
         with agreed(t):
-            eval_metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
+            eval_metrics = run_eval(eval_module(t.model), t.wl, ctx, t.precision)
     report = t.monitor.report
     summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, ctx.start.restarts)
+    summary["memory_per_rank_mb"] = memory_per_rank_mb(t.model.module, t.optimizer)  # sharding's point
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))
     summary.update(t.load.summary(ctx.process_group, ctx.device))  # a collective: every rank gets here
@@ -181,7 +187,7 @@ def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> 
 def evaluate(t: TrialParts, step: int, ctx: TrainingContext) -> dict[str, float]:
     """The bare module's eval at ``step`` (``run_eval``: across the ranks), timed; rank 0 logs it."""
     with t.clock.time("eval"), agreed(t):
-        metrics = run_eval(t.model.module, t.wl, ctx, t.precision)
+        metrics = run_eval(eval_module(t.model), t.wl, ctx, t.precision)
         t.reporter.eval(step, metrics)
     return metrics
 
@@ -196,6 +202,12 @@ def agreed(t: TrialParts):
     """The module holding the parameters every rank agrees on for an eval: a periodic hook's
     anchor (the last exchange's), never one rank's drifting copy; any other trial's own."""
     return t.periodic.anchored() if t.periodic is not None else nullcontext()
+
+
+def eval_module(model) -> torch.nn.Module:
+    """The bare module an eval runs on: DDP's, or an fsdp trial's unsharded copy given the full
+    parameters (a collective: every rank)."""
+    return model.eval_module() if isinstance(model, ShardedModel) else model.module
 
 
 def sample_window(t: TrialParts, step: int, batches) -> None:

@@ -8,8 +8,10 @@ import statistics
 import time
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from hooks.state import HookState
+from hooks.wire import SHARDED_KINDS, wire_bytes
 
 
 class StepMeter:
@@ -101,10 +103,26 @@ class HookAccounting:
                                   if delta.get("payload_bytes") else 1.0),
             "hook_time_ms": delta.get("seconds", 0.0) * 1000.0 / max(steps_run, 1),
         }
+        for kind in SHARDED_KINDS:  # an fsdp trial's two collectives: reduce_scatter_bytes_per_step, ...
+            if delta.get(f"{kind}_calls"):
+                sent = wire_bytes(kind, delta[f"{kind}_bytes"], self.hook_state.world_size())
+                out[f"{kind}_bytes_per_step"] = sent / max(steps_run, 1)
         measured, after_warmup = meter.measured()
         if after_warmup:  # warm-up steps standing in for measured ones are no clean basis
             out.update(per_measured_step(len(measured), self.measured_start, now))
         return out
+
+
+def memory_per_rank_mb(module: torch.nn.Module, optimizer) -> float:
+    """MiB of parameters, gradients and optimizer state this rank holds, counted from the
+    tensors (an fsdp trial's: its shards)."""
+    tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(_local(t).numel() * t.element_size() for t in tensors) / 2**20
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 _PER_STEP = {"calls": "hook_calls_per_step", "raw_bytes": "raw_bytes_per_step",

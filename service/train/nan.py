@@ -37,6 +37,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from hooks.finite import nonfinite  # the exact NaN/inf test the hooks flag their inputs with
 from hooks.state import HookState, NonfiniteBucket
@@ -76,7 +77,13 @@ class NanReport:
 
 def nonfinite_names(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> list[str]:
     """Names of the tensors that hold NaN/inf (detail for the report: costs a sync each)."""
-    return [n for n, t in named if t is not None and not bool(torch.isfinite(t.detach()).all())]
+    return [n for n, t in named if t is not None and not bool(torch.isfinite(_local(t).detach()).all())]
+
+
+def _local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """This rank's shard of an fsdp trial's DTensor, read without a collective (else the tensor):
+    each rank checks its own, the agreement all-reduce combines them."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @dataclass
@@ -135,7 +142,7 @@ class NanMonitor:
     def local_flags(self, loss: torch.Tensor) -> torch.Tensor:
         """This rank's row: [loss, model_grad, hook, params, loss value] (on device)."""
         loss = loss.detach().float().reshape(())
-        params_bad = nonfinite(self._params)
+        params_bad = nonfinite([_local(p) for p in self._params])
         # SGD and AdamW carry any non-finite gradient into its weight (p -= lr * f(g)), so
         # finite weights after the step mean finite gradients: on CPU, where reading the flag
         # is free, the gradients are read only when the weights went bad, to tell "hook"
@@ -143,7 +150,7 @@ class NanMonitor:
         if self.grads_reach_weights and params_bad.device.type == "cpu" and not bool(params_bad):
             grads_bad = torch.zeros((), dtype=torch.bool)
         else:
-            grads_bad = nonfinite([p.grad for p in self._params])
+            grads_bad = nonfinite([_local(p.grad) for p in self._params])
         inputs_bad = self._bucket_inputs_nonfinite()
         if loss.device.type == "cpu":  # every flag reads for free on CPU: one small tensor, not five ops
             value = float(loss)

@@ -119,4 +119,4 @@ def build_char_lm(seed: int) -> Workload:
     train_set = _windows(tokens[:split], CONTEXT_LENGTH)
     eval_x, eval_y = _windows(tokens[split:], CONTEXT_LENGTH).tensors
     eval_set = TensorDataset(eval_x[:EVAL_SEQUENCES], eval_y[:EVAL_SEQUENCES])
-    return Workload(CharTransformer(), train_set, eval_set, cross_entropy)
+    return Workload(CharTransformer(), train_set, eval_set, cross_entropy, shard=("blocks",))  # each Block

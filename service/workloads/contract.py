@@ -31,6 +31,10 @@ class Workload:
 
     ``eval_fn(model, eval_set) -> {metric: float}`` replaces the default eval (the model is
     the bare module, in eval mode, under no_grad; move batches to its device yourself).
+
+    ``shard``: the blocks an fsdp trial shards one by one before the root (module paths, whose
+    children are each a block when the path is a ModuleList or Sequential, or class names);
+    empty: every direct child that holds parameters. ``workload.shard`` in a config overrides it.
     """
 
     model: nn.Module
@@ -39,6 +43,7 @@ class Workload:
     loss_fn: Optional[LossFn] = None
     batch_loss: Optional[BatchLoss] = None
     eval_fn: Optional[EvalFn] = None
+    shard: tuple[str, ...] = ()
 
     def fetch(self, dataset: Dataset, indices: torch.Tensor):
         """The batch of ``indices``, as this workload's loss takes it (on the CPU)."""

@@ -66,7 +66,7 @@ class DigitsMLP(nn.Module):
 
 def build_mlp_digits(seed: int) -> Workload:
     train_set, eval_set = _digits_tensors()
-    return Workload(DigitsMLP(), train_set, eval_set, cross_entropy)
+    return Workload(DigitsMLP(), train_set, eval_set, cross_entropy, shard=("net",))  # each Linear
 
 
 CNN_CHANNELS = (96, 192, 384)  # 1.2M parameters, conv-dominated compute

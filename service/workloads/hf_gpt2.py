@@ -66,4 +66,5 @@ def build_hf_gpt2(seed: int) -> Workload:
     )
     model = GPT2LMHeadModel(config)  # random init from torch's (seeded) RNG: nothing downloaded
     return Workload(model, windows(tokens[:split]), windows(tokens[split:], EVAL_SEQUENCES),
-                    batch_loss=hf_causal_lm_loss, eval_fn=hf_causal_lm_eval)
+                    batch_loss=hf_causal_lm_loss, eval_fn=hf_causal_lm_eval,
+                    shard=("transformer.h",))  # each GPT2Block

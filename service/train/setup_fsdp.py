@@ -1,0 +1,53 @@
+"""An fsdp trial's parts (``search.parallelism: fsdp``): the same ``TrialParts`` a ddp trial's
+set_up makes, with FSDP2 and the hook's sharded form (service/train/fsdp.py) where DDP and its
+comm hook stand. Not yet for fsdp (a ddp trial's, off here): paired timing against the baseline
+on a second wrapper, the step timeline (the DDP step model cannot price FSDP's step) and
+sampled gradient fidelity."""
+
+from __future__ import annotations
+
+import torch
+
+from service.train import fsdp, preflight
+from service.train.checkpoint import restore_sharded
+from service.train.context import TrainingContext
+from service.train.faults import FaultInjector
+from service.train.fidelity import FidelitySampler
+from service.train.metrics import HookAccounting, LoadMeter
+from service.train.batches import GlobalBatches
+from service.train.paired_timing import PairedTimer, SideModule
+from service.train.phases import PhaseClock
+from service.train.reporter import Reporter
+from service.train.setup import TrialParts, make_optimizer
+from service.train.step_sampling import TimelineSampler
+from service.train.training_options import Precision
+from service.workloads import build_workload
+
+
+def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
+    """Same weights and data on every rank (the preflight, on the unsharded model), then the
+    model sharded per block and at the root with the trial's sharded hook. Cross-rank: the
+    preflight's comparison and, with a checkpoint, loading its full state dict."""
+    wl_cfg, rank, world_size, device = cfg.workload, ctx.rank, ctx.world_size, ctx.device
+    torch.manual_seed(trial.seed)
+    wl = build_workload(wl_cfg.name, trial.seed)
+    precision = Precision(wl_cfg.precision, device)
+    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
+    preflight.check_items(wl_cfg.name, wl)
+    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    model = fsdp.shard(wl.model, wl_cfg.shard or wl.shard, ctx.process_group)
+    hook_state = fsdp.attach_hook(model, trial.hook, dict(trial.hook_params), ctx.process_group)
+    optimizer = make_optimizer(wl_cfg, model.parameters())
+    batches = GlobalBatches(len(wl.train_set), wl_cfg.global_batch_size, trial.seed,
+                            rank, world_size, wl_cfg.grad_accumulation)
+    first_step = restore_sharded(ctx.start.checkpoint, model, optimizer, hook_state) + 1
+    monitor = ctx.make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
+                               hook_name=trial.hook)
+    side = SideModule(wl.model, copy_module=False)  # no window runs on it: paired timing and timelines are off
+    return TrialParts(wl, precision, model, hook_state, FidelitySampler(hook_state, None, 0), optimizer, batches,
+                      first_step, monitor, FaultInjector(cfg.faults, rank, ctx.start.fired_faults, ctx.on_fault),
+                      ctx.make_meter(wl_cfg.warmup_steps, first_step),
+                      HookAccounting(hook_state, wl_cfg.warmup_steps, first_step),
+                      PairedTimer(side, every=0, warmup_steps=wl_cfg.warmup_steps, device=device),
+                      TimelineSampler(hook_state, side, wl, precision, (), trial=trial, cfg=cfg, ctx=ctx),
+                      LoadMeter(), Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
