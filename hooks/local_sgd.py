@@ -103,6 +103,10 @@ class PeriodicState(HookState):
                 for p, o in zip(self.weights, own):
                     p.copy_(o)
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """What this state keeps beside the model: the anchor (and the outer optimizer's state)."""
+        return list(self.anchor)
+
     def sync_summary(self) -> dict[str, float]:
         """``syncs``; ``sync_ms``: the median exchange; ``replica_drift``: the largest drift seen."""
         out = {"syncs": float(len(self.sync_times))}
@@ -298,6 +302,10 @@ class DiLoCoState(PeriodicState):
             for p, a in zip(self.weights, self.anchor):
                 p.copy_(a)
         return comm, drift
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        state = self.outer_optimizer.state.values() if self.outer_optimizer is not None else ()
+        return super().held_tensors() + [v for s in state for v in s.values() if isinstance(v, torch.Tensor)]
 
     def state_dict(self) -> dict[str, Any]:
         d = super().state_dict()

@@ -195,9 +195,12 @@ def test_every_rank_holds_the_same_parameters_at_every_exchange_and_drifts_betwe
     assert [s for s, _ in synced] == [3, 6, 9, 3, 6, 9]  # both configurations, period 3
     assert all(spread == 0.0 for _, spread in synced), synced
     assert all(spread > 0.0 for _, spread in local), local  # local steps do drift apart
-    for label in ("post_local_sgd-p3", "diloco-p3"):
+    params_mb = (64 * 32 + 32 + 32 * 10 + 10) * 4 / 2**20
+    for label, held in (("post_local_sgd-p3", 3), ("diloco-p3", 4)):
         s = summaries[label]
         assert s["syncs"] == 3 and s["sync_ms"] > 0 and s["replica_drift"] > 0
+        # parameters, gradients (SGD keeps no state), the anchor, and DiLoCo's outer momentum
+        assert s["memory_per_rank_mb"] == pytest.approx(held * params_mb, rel=1e-9), label
 
 
 def test_a_broken_averager_is_caught(ranks):

@@ -145,7 +145,8 @@ def finish(t: TrialParts, cfg, ctx: TrainingContext, eval_metrics: Optional[dict
     report = t.monitor.report
     summary = trial_summary(t.meter, t.accounting, cfg.workload.global_batch_size,
                             t.reporter.last_loss, eval_metrics, report, ctx.start.restarts)
-    summary["memory_per_rank_mb"] = memory_per_rank_mb(t.model.module, t.optimizer)  # sharding's point
+    summary["memory_per_rank_mb"] = memory_per_rank_mb(  # sharding's point; a periodic hook's anchor counts
+        t.model.module, t.optimizer, t.periodic.held_tensors() if t.periodic is not None else ())
     summary.update(t.fidelity.summary())
     summary.update(t.pairing.summary(t.meter.times_ms))
     summary.update(t.load.summary(ctx.process_group, ctx.device))  # a collective: every rank gets here

@@ -113,10 +113,11 @@ class HookAccounting:
         return out
 
 
-def memory_per_rank_mb(module: torch.nn.Module, optimizer) -> float:
+def memory_per_rank_mb(module: torch.nn.Module, optimizer, held=()) -> float:
     """MiB of parameters, gradients and optimizer state this rank holds, counted from the
-    tensors (an fsdp trial's: its shards)."""
-    tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None]
+    tensors (an fsdp trial's: its shards), plus ``held`` (a periodic hook's anchor and outer
+    optimizer state)."""
+    tensors = [t for p in module.parameters() for t in (p, p.grad) if t is not None] + list(held)
     tensors += [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
     return sum(_local(t).numel() * t.element_size() for t in tensors) / 2**20
 
