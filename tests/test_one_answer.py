@@ -146,3 +146,16 @@ def test_the_here_sentence_names_allreduce_once_whatever_it_was_weighed_against(
     answer = decision.sweep_answer([rec(2, "bf16_compress"), rec(4, "quantization_pertensor")])
     assert [m.answer.runner_up for m in answer.measured.values()] == ["bf16_compress", "quantization_pertensor"]
     assert render.headline(answer) == ["Here: keep allreduce at W = 2 and 4 on loopback."]
+
+
+def test_a_contender_whose_measured_spread_reaches_its_whole_time_is_too_close_to_call_not_a_crash():
+    """At a measured world size a projected cell is widened by the measurement's spread; a spread
+    of 100 % or more leaves a fastest seed of 0 s (a short sweep's noisy trials did: the report
+    died on a division by zero). Such a pair cannot be told apart: allreduce is kept."""
+    from service.step_model.pairs import Contender, RatioBand, decide
+
+    noisy = Contender("bf16_compress", 1.0, 0.0, 2.5)
+    base = Contender("allreduce", 1.2, 0.0, 3.0)
+    band = RatioBand(-5.0, 5.0, "measured for a / b")
+    d = decide([noisy, base], lambda a, b: band, baseline="allreduce")
+    assert (d.winner, d.runner_up, d.decided) == ("allreduce", "bf16_compress", False)

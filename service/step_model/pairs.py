@@ -237,9 +237,11 @@ def projected_call(a: Contender, b: Contender, band: RatioBand) -> PairCall:
     """a against b at a projected cell: a's slowest seed over b's fastest must clear the low end
     of the pair's band (:meth:`RatioBand.clears`), which is a margin of a's projected time over
     b's beyond ``error`` = (the seeds' and probe's spread of the ratio) / (1 + low) - 1."""
-    spread = (a.slowest / a.projected) / (b.fastest / b.projected)
     floor = 1.0 + band.low_pct / 100.0
-    error = spread / floor - 1.0 if floor > 0 else math.inf
+    if b.fastest <= 0 or floor <= 0:  # a spread of 100 % or more (b's fastest seed at 0 s): nothing clears it
+        return PairCall(b.projected / a.projected - 1.0, math.inf, band)
+    spread = (a.slowest / a.projected) / (b.fastest / b.projected)
+    error = spread / floor - 1.0
     return PairCall(b.projected / a.projected - 1.0, error, band)
 
 
