@@ -82,9 +82,10 @@ def test_the_report_ranks_and_projects_them_beside_the_per_step_hook(sweep):
     rows = list(csv.DictReader(open(out / "projection.csv")))
     cluster = {r["config"]: r for r in rows if (r["world_size"], r["link_gbps"]) == ("32", "1.0")}
     assert set(cluster) == {"allreduce", "post_local_sgd-p4", "diloco-p8-quantization_perchannel-c512"}
-    # at W = 32 on 1 Gbit/s allreduce's 4 bytes per parameter every step cost more than the others'
-    # exchange amortized over 4 or 8 steps
+    # post-local SGD's exchange is allreduce's collective on the same parameters, every 4 steps, and
+    # its local steps send nothing. (diloco's uint8 outer hook is an allgather: at W = 32 it may cost
+    # more than allreduce, as the allgather-based quantizers do beyond W = 8.)
     steps = {c: float(r["projected_step_ms"]) for c, r in cluster.items()}
-    assert steps["post_local_sgd-p4"] < steps["allreduce"] and steps["diloco-p8-quantization_perchannel-c512"] < steps["allreduce"]
+    assert steps["post_local_sgd-p4"] < steps["allreduce"]
     answer = json.loads((out / "answer.json").read_text())
     assert answer["cluster"]["answer"] in cluster and {r["cell_winner"] for r in cluster.values()} == {answer["cluster"]["answer"]}
