@@ -62,14 +62,7 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
     with a checkpoint, restore's bucket priming."""
     wl_cfg, rank, world_size, device = cfg.workload, ctx.rank, ctx.world_size, ctx.device
     process_group = ctx.process_group
-    torch.manual_seed(trial.seed)
-    wl = build_workload(wl_cfg.name, trial.seed)
-    precision = Precision(wl_cfg.precision, device)
-    # the start-of-trial checks (service.train.preflight): one line naming the workload, on every
-    # rank alike (the cross-rank one first: the others are then local and deterministic)
-    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
-    preflight.check_items(wl_cfg.name, wl)
-    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    wl, precision = checked_workload(trial, cfg, ctx)
     unused = preflight.unused_parameters(wl_cfg.name, wl, wl.model, device, precision)
     find_unused = preflight.find_unused_setting(wl_cfg.name, unused, wl_cfg.find_unused_parameters)
     if rank == 0 and unused and wl_cfg.find_unused_parameters == "auto":
@@ -116,6 +109,20 @@ def set_up(trial, cfg, ctx: TrainingContext) -> TrialParts:
                                             {**ddp_kwargs, "process_group": process_group}, wl,
                                             batches.micro_batches(first_step)[0], precision, wl_cfg.compile_mode)
     return parts
+
+
+def checked_workload(trial, cfg, ctx: TrainingContext) -> tuple[Workload, Precision]:
+    """The trial's workload, seeded, and its precision, after the start-of-trial checks
+    (service.train.preflight): one line naming the workload, on every rank alike (the cross-rank
+    one first: the others are then local and deterministic). DDP's and FSDP's set-ups both start here."""
+    wl_cfg = cfg.workload
+    torch.manual_seed(trial.seed)
+    wl = build_workload(wl_cfg.name, trial.seed)
+    precision = Precision(wl_cfg.precision, ctx.device)
+    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+    preflight.check_items(wl_cfg.name, wl)
+    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), ctx.device, precision)
+    return wl, precision
 
 
 def bound_periodic(trial, hook_state, model: DDP) -> Optional[PeriodicState]:

@@ -6,9 +6,8 @@ sampled gradient fidelity."""
 
 from __future__ import annotations
 
-import torch
 
-from service.train import fsdp, preflight
+from service.train import fsdp
 from service.train.checkpoint import restore_sharded
 from service.train.context import TrainingContext
 from service.train.faults import FaultInjector
@@ -18,10 +17,8 @@ from service.train.batches import GlobalBatches
 from service.train.paired_timing import PairedTimer, SideModule
 from service.train.phases import PhaseClock
 from service.train.reporter import Reporter
-from service.train.setup import TrialParts, make_optimizer
+from service.train.setup import TrialParts, checked_workload, make_optimizer
 from service.train.step_sampling import TimelineSampler
-from service.train.training_options import Precision
-from service.workloads import build_workload
 
 
 def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
@@ -29,12 +26,7 @@ def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
     model sharded per block and at the root with the trial's sharded hook. Cross-rank: the
     preflight's comparison and, with a checkpoint, loading its full state dict."""
     wl_cfg, rank, world_size, device = cfg.workload, ctx.rank, ctx.world_size, ctx.device
-    torch.manual_seed(trial.seed)
-    wl = build_workload(wl_cfg.name, trial.seed)
-    precision = Precision(wl_cfg.precision, device)
-    preflight.check_same_on_every_rank(wl_cfg.name, wl, rank=rank, world_size=world_size, device=device)
-    preflight.check_items(wl_cfg.name, wl)
-    preflight.check_loss(wl_cfg.name, wl, precision.cast(wl.model), device, precision)
+    wl, precision = checked_workload(trial, cfg, ctx)
     model = fsdp.shard(wl.model, wl_cfg.shard or wl.shard, ctx.process_group)
     hook_state = fsdp.attach_hook(model, trial.hook, dict(trial.hook_params), ctx.process_group)
     optimizer = make_optimizer(wl_cfg, model.parameters())
