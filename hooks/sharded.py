@@ -27,7 +27,10 @@ recorded in ``stats()["all_gather_rel_error"]``.
 
 Both comms run synchronously and return None (FSDP then needs no Work to wait for): on CPU/gloo
 FSDP calls them synchronously anyway. Wire bytes: hooks/wire.py's reduce_scatter and all_gather
-kinds, (W-1)/W of the unsharded payload each.
+kinds, (W-1)/W of the unsharded payload each. On a sampled step (``state.sampling``,
+hooks/step_sampling.py) each call is stamped as a DDP bucket's is, with its kind: called, its
+collective launched (``account``) and returned (``collective_done``), the call's end (``end``):
+encode, comm and decode, what the step model prices FSDP's step from.
 """
 from __future__ import annotations
 
@@ -84,6 +87,32 @@ class ShardState(HookState):
         self.module_residuals: dict[int, torch.Tensor] = {}
         self._gather_error = [0.0, 0.0]  # sum of squared errors, sum of squared values
 
+    def begin(self, shard: GradShard, check_input: bool = True) -> float:
+        """HookState's begin (count, flag, stamp the call), the stamp marked a reduce-scatter's."""
+        t0 = super().begin(shard, check_input)
+        if self.sampling is not None:
+            self.sampling.calls[-1].kind = REDUCE_SCATTER
+        return t0
+
+    def begin_gather(self, output: torch.Tensor) -> float:
+        """An all-gather call: counted on its unsharded output, stamped on a sampled step."""
+        t0 = time.perf_counter()
+        self.accounting.call(output.numel() * output.element_size())
+        if self.sampling is not None:
+            self.sampling.called(output, t0, ALL_GATHER)
+        return t0
+
+    def collective_done(self) -> None:
+        """The call's (synchronous) collective returned: on a sampled step, where its decode starts."""
+        if self.sampling is not None:
+            self.sampling.completed()
+
+    def end(self, t0: float) -> None:
+        """The call is done: its seconds counted (``stats()["seconds"]``: both collectives'), its end stamped."""
+        self.accounting.add_seconds(time.perf_counter() - t0)
+        if self.sampling is not None:
+            self.sampling.returned()
+
     def add_module_residual(self, shard: GradShard, x: torch.Tensor) -> torch.Tensor:
         """With error feedback, the previous step's residual of this module added into ``x``."""
         r = self.module_residuals.get(shard.index()) if self.error_feedback else None
@@ -134,7 +163,8 @@ def fp32_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tenso
     x = shard.buffer()
     state.account(REDUCE_SCATTER, x.numel() * x.element_size())
     dist.reduce_scatter_single(output, x, op=_MEAN, group=state.group)
-    state.accounting.add_seconds(time.perf_counter() - t0)
+    state.collective_done()
+    state.end(t0)
 
 
 def cast_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tensor) -> None:
@@ -149,8 +179,9 @@ def cast_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tenso
     reduced = torch.empty(output.numel(), dtype=state.wire_dtype, device=output.device)
     state.account(REDUCE_SCATTER, compressed.numel() * compressed.element_size())
     dist.reduce_scatter_single(reduced, compressed, op=dist.ReduceOp.SUM, group=state.group)
+    state.collective_done()
     output.copy_(reduced)
-    state.accounting.add_seconds(time.perf_counter() - t0)
+    state.end(t0)
 
 
 def quantized_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tensor) -> None:
@@ -172,8 +203,9 @@ def quantized_reduce_scatter(state: ShardState, shard: GradShard, output: torch.
     received = torch.empty_like(send)
     state.account(REDUCE_SCATTER, send.numel())
     dist.all_to_all_single(received.view(-1), send.view(-1), group=state.group)
+    state.collective_done()
     q.mean_of_messages(received, m, chunk, output.view(-1))
-    state.accounting.add_seconds(time.perf_counter() - t0)
+    state.end(t0)
 
 
 def cast_collectives(n, world_size, **_):
@@ -196,43 +228,62 @@ def all_gather_collectives(n, world_size, *, all_gather="fp32", all_gather_chunk
     return [(ALL_GATHER, (2 if all_gather == "bf16" else 4) * n)]
 
 
+def call_collectives(kind: str, reduce_scatter_collectives: Callable, n: int, world_size: int, **params) -> list:
+    """What one call of ``kind`` (REDUCE_SCATTER: the form's ``collectives``; ALL_GATHER: the
+    format's) on ``n`` unsharded float32 values hands to the wire, ``[(kind, payload bytes)]``."""
+    if kind == ALL_GATHER:
+        return all_gather_collectives(n, world_size, **params)
+    return reduce_scatter_collectives(n, world_size, **params)
+
+
+def gather_decodes_each_rank(all_gather: str) -> bool:
+    """A uint8 all-gather dequantizes each rank's row (W of them); the others copy or widen once."""
+    return all_gather == "uint8"
+
+
 # ----------------------------------------------------------------------------- all-gather formats
 
 
 def fp32_all_gather(state: ShardState, output: torch.Tensor, shard: torch.Tensor) -> None:
     """FSDP's own all-gather, counted: exact."""
-    state.accounting.call(output.numel() * output.element_size())
+    t0 = state.begin_gather(output)
     state.account(ALL_GATHER, output.numel() * output.element_size())
     dist.all_gather_single(output, shard, group=state.group)
+    state.collective_done()
+    state.end(t0)
 
 
 def bf16_all_gather(state: ShardState, output: torch.Tensor, shard: torch.Tensor) -> None:
     """The parameters gathered in bfloat16 and widened back into ``output``."""
     _float32_only(shard)
-    state.accounting.call(output.numel() * output.element_size())
+    t0 = state.begin_gather(output)
     narrow = shard.to(torch.bfloat16)
     state.record_gather_error(shard, narrow)  # now: FSDP's input is a view of output's own row
     gathered = torch.empty(output.numel(), dtype=torch.bfloat16, device=output.device)
     state.account(ALL_GATHER, gathered.numel() * gathered.element_size())
     dist.all_gather_single(gathered, narrow, group=state.group)
+    state.collective_done()
     output.copy_(gathered)
+    state.end(t0)
 
 
 def uint8_all_gather(state: ShardState, output: torch.Tensor, shard: torch.Tensor) -> None:
     """Each rank's shard quantized per chunk (one packed message), gathered, dequantized row by row."""
     _float32_only(shard)
     w, n, chunk = state.world_size(), shard.numel(), state.all_gather_chunk_size
-    state.accounting.call(output.numel() * output.element_size())
+    t0 = state.begin_gather(output)
     message, codes, meta = q.message_views(n, chunk, device=shard.device)
     q.quantize(shard, chunk, codes=codes, meta=meta)
     state.record_gather_error(shard, q.dequantize(codes, meta, chunk))  # before output (shard's view) is written
     gathered = message.new_empty((w * message.numel(),))
     state.account(ALL_GATHER, gathered.numel())
     dist.all_gather_single(gathered, message, group=state.group)
+    state.collective_done()
     g_codes, g_meta = q.unpack(gathered.view(w, -1), n, chunk)
     rows = output.view(w, n)
     for r in range(w):
         q.dequantize(g_codes[r], g_meta[r], chunk, out=rows[r])
+    state.end(t0)
 
 
 ALL_GATHERS: dict[str, Callable] = {"fp32": fp32_all_gather, "bf16": bf16_all_gather, "uint8": uint8_all_gather}
@@ -276,9 +327,7 @@ class ShardedAllGather(AllGather):
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
         _same_group(self.state, group)
-        t0 = time.perf_counter()
         self.form(self.state, output_tensor, input_tensor)
-        self.state.accounting.add_seconds(time.perf_counter() - t0)  # stats()["seconds"]: both collectives' time
         return None
 
 

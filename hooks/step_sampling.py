@@ -23,10 +23,11 @@ from typing import Iterable, Optional
 class BucketCall:
     """One hook call's timestamps (``time.perf_counter`` seconds; None until reached)."""
 
-    __slots__ = ("numel", "element_size", "called", "launched", "returned", "completed", "decoded")
+    __slots__ = ("numel", "element_size", "called", "launched", "returned", "completed", "decoded", "kind")
 
-    def __init__(self, numel: int, element_size: int, called: float):
+    def __init__(self, numel: int, element_size: int, called: float, kind: str = ""):
         self.numel, self.element_size, self.called = numel, element_size, called
+        self.kind = kind  # "": a DDP bucket's hook; an FSDP collective's kind (hooks/sharded.py): its call
         self.launched = self.returned = self.completed = self.decoded = None
 
 
@@ -38,8 +39,8 @@ class StepRecorder:
     def __init__(self):
         self.calls: list[BucketCall] = []
 
-    def called(self, buf, t0: float) -> None:
-        self.calls.append(BucketCall(buf.numel(), buf.element_size(), t0))
+    def called(self, buf, t0: float, kind: str = "") -> None:
+        self.calls.append(BucketCall(buf.numel(), buf.element_size(), t0, kind))
 
     def launched(self) -> None:
         call = self.calls[-1]
@@ -50,6 +51,10 @@ class StepRecorder:
         call = self.calls[-1]
         call.returned = time.perf_counter()
         return call
+
+    def completed(self) -> None:
+        """A synchronous collective of the current call returned (an FSDP form's: what follows is its decode)."""
+        self.calls[-1].completed = time.perf_counter()
 
 
 @dataclass

@@ -127,6 +127,29 @@ def test_each_compressed_forms_bytes_match_its_formula(ranks):
         assert s["comm_bytes_per_step"] == pytest.approx((w - 1) / w * (rs[name] + per_step)), name
 
 
+def test_an_fsdp_trial_records_its_collectives_in_call_order_as_its_step_timeline(ranks):
+    w, results = ranks
+    sizes = [_padded(o, i, w) for o, i in LAYERS]
+    for name, result in results[0]["bytes"].items():
+        recorded = result.timeline
+        assert recorded is not None and recorded.sampled_steps == (3, 4), name  # after the warm-up and first step
+        t = recorded.timeline
+        assert t.buckets == () and t.world_size == w
+        # each layer gathered in the forward and again, last layer first, in the backward (the first
+        # layer's prefetched before the last one's gradient is reduce-scattered), then each gradient
+        assert [(c.kind, c.phase, c.numel) for c in t.sharded] == [
+            ("all_gather", "forward", sizes[0]), ("all_gather", "forward", sizes[1]),
+            ("all_gather", "backward", sizes[1]), ("all_gather", "backward", sizes[0]),
+            ("reduce_scatter", "backward", sizes[1]), ("reduce_scatter", "backward", sizes[0])], name
+        assert all(c.comm_ms > 0 for c in t.sharded) and t.forward_ms > 0 and t.backward_end_ms > 0
+        assert len(recorded.compute_points) >= 2  # the unsharded copy's forward and backward at two batches
+        s = result.summary
+        assert s["timeline_steps"] == 2 and s["timeline_step_ms"] > 0, name
+        # priced where it was measured, the calls and compute add up to a step of the measured order
+        assert 0.3 < s["timeline_vs_measured"] < 2.0, name
+        assert recorded.price(48, 8, 1.0).step_ms > recorded.price(48, w, 100.0).compute_ms
+
+
 def test_nan_grad_is_found_where_it_was_injected_for_every_sharded_hook(ranks):
     w, results = ranks
     if w != 2:

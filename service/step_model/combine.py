@@ -31,7 +31,7 @@ def _fold(timelines: list[StepTimeline], compute, comm) -> StepTimeline:
     """``timelines`` combined field by field: ``compute`` over the compute-side times, ``comm``
     over the buckets' comm (each called with an iterable of one field's values)."""
     first = timelines[0]
-    layouts = {tuple((b.numel, b.element_size) for b in t.buckets) for t in timelines}
+    layouts = {_layout(t) for t in timelines}
     if len(layouts) != 1:
         raise ValueError(f"timelines with different buckets cannot be combined: {sorted(layouts)}")
     buckets = tuple(
@@ -39,9 +39,13 @@ def _fold(timelines: list[StepTimeline], compute, comm) -> StepTimeline:
                 comm_ms=comm(b.comm_ms for b in same), waited=comm(b.waited for b in same),
                 decode=LinearCost(compute(b.decode.fixed_ms for b in same), compute(b.decode.per_unit_ms for b in same)))
         for same in zip(*(t.buckets for t in timelines)))
+    sharded = tuple(
+        replace(same[0], encode_ms=compute(c.encode_ms for c in same), comm_ms=comm(c.comm_ms for c in same),
+                decode=LinearCost(compute(c.decode.fixed_ms for c in same), compute(c.decode.per_unit_ms for c in same)))
+        for same in zip(*(t.sharded for t in timelines)))
     return replace(first, forward_ms=compute(t.forward_ms for t in timelines), buckets=buckets,
                    backward_end_ms=compute(t.backward_end_ms for t in timelines),
-                   optimizer_ms=compute(t.optimizer_ms for t in timelines))
+                   optimizer_ms=compute(t.optimizer_ms for t in timelines), sharded=sharded)
 
 
 def combine_ranks(per_rank: list[tuple[list[StepTimeline], list[tuple[ComputePoint, ...]]]],
@@ -73,4 +77,6 @@ def combine_ranks(per_rank: list[tuple[list[StepTimeline], list[tuple[ComputePoi
 
 
 def _layout(timeline: StepTimeline) -> tuple:
-    return tuple((b.numel, b.element_size) for b in timeline.buckets)
+    """What must match for timelines to combine: the buckets' sizes, an fsdp step's calls."""
+    return (tuple((b.numel, b.element_size) for b in timeline.buckets),
+            tuple((c.kind, c.phase, c.numel, c.element_size) for c in timeline.sharded))

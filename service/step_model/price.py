@@ -33,6 +33,18 @@ timeline's ready times and backward end leave the measured holds out (the sample
 
 Cost: O(buckets x collectives per bucket) per priced cell.
 
+An fsdp step (``StepTimeline.sharded``: each block's all-gather in the forward and in the backward,
+its reduce-scatter) is priced as FSDP2 runs it on CPU/gloo, every call on the training thread in
+turn (:func:`price_sharded_step`)::
+
+    step = forward + backward + optimizer + sum_calls (encode_c + comm_c(W, link) + decode_c(W))
+
+comm_c as a bucket's (wire + transport; neither FSDP kind is in OVERLAPPING_KINDS unless measured
+so), decode_c per peer where the format decodes each rank's message (a uint8 all-gather, the
+quantized reduce-scatter). Nothing overlaps: on GPUs FSDP2 prefetches the next block's all-gather
+and reduce-scatters on a stream of its own, which this model does not price (there it is an
+upper bound).
+
 At a fixed global batch (:func:`price_cell`) a rank's forward and backward shrink as the batch
 splits over more ranks: each is fixed + per-sample cost (:class:`ComputeScaling`, fitted by
 ``timeline.fit_linear`` from two measured micro-batch sizes), the timeline's backward scaled along
@@ -51,8 +63,9 @@ from typing import Optional
 
 from hooks.cost import DEFAULT_LATENCY_S, OVERLAPPING_KINDS, collective_seconds, hook_collectives
 from hooks.registry import spec
-from hooks.wire import wire_bytes
-from service.step_model.timeline import BucketTiming, Cost, LinearCost, StepTimeline, SyncTiming
+from hooks.sharded import call_collectives
+from hooks.wire import Collective, wire_bytes
+from service.step_model.timeline import BucketTiming, Cost, LinearCost, ShardedCall, StepTimeline, SyncTiming
 from service.step_model.transport import TransportFit
 
 
@@ -87,21 +100,45 @@ def comm_ms(timeline: StepTimeline, bucket: BucketTiming, world_size: int, link_
     without ``transport`` it has none to scale: wire only."""
     measured = _collectives(timeline, bucket, timeline.world_size)
     target = _collectives(timeline, bucket, world_size)
+    return _link_ms(timeline, measured, target, bucket.comm_ms, Cell(world_size, link_gbps, latency_s, transport),
+                    lambda overlapping, wire_then: _kernels_between(timeline, bucket, transport, overlapping, wire_then))
+
+
+def sharded_comm_ms(timeline: StepTimeline, call: ShardedCall, world_size: int, link_gbps: float,
+                    latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> float:
+    """The link's time for one of an fsdp step's collectives at ``world_size`` on ``link_gbps``,
+    as :func:`comm_ms` prices a bucket's: the call's collective from its form (hooks/sharded.py)
+    at W, wire + transport. A ``transport`` without the call's kind (a probe that measured
+    DDP's collectives only) is not used: the call's own measured comm is scaled instead."""
+    measured = _sharded_collectives(timeline, call, timeline.world_size)
+    target = _sharded_collectives(timeline, call, world_size)
+    if transport is not None and not all(c.kind in transport.kinds for c in target):
+        transport = None
+    return _link_ms(timeline, measured, target, call.comm_ms, Cell(world_size, link_gbps, latency_s, transport),
+                    lambda overlapping, wire_then: 0.0)  # a form's kernels are its encode and decode, stamped apart
+
+
+def _link_ms(timeline: StepTimeline, measured: list, target: list, measured_ms: float, cell: "Cell", kernels) -> float:
+    """``target`` collectives' ms at the cell (its W, link, latency and transport; its cores are
+    not read), from ``measured`` ones that took ``measured_ms`` where the timeline was measured
+    (the module doc); ``kernels(overlapping, wire_then)``: seconds of a hook's own work inside
+    its measured comm, kept as measured."""
+    world_size, link_gbps, latency_s, transport = cell.world_size, cell.link_gbps, cell.latency_s, cell.transport
     overlapping = all(c.kind in OVERLAPPING_KINDS for c in measured)
     wire = sum(collective_seconds(c.kind, c.nbytes, c.ranks(world_size), link_gbps, latency_s, c.count) for c in target)
     wire_then = sum(collective_seconds(c.kind, c.nbytes, c.ranks(timeline.world_size), timeline.link_gbps,
                                        timeline.latency_s, c.count) for c in measured)
     if transport is not None:
         moved = _moved_s(transport, target, world_size, overlapping)
-        kernels = _kernels_between(timeline, bucket, transport, overlapping, wire_then if not overlapping else 0.0)
-        return 1000.0 * (kernels + (max(moved, wire) if overlapping else moved + wire))
+        own_work = kernels(overlapping, wire_then if not overlapping else 0.0)
+        return 1000.0 * (own_work + (max(moved, wire) if overlapping else moved + wire))
     # Overlapping: measured = max(transport, wire), so at least the measured time was transport;
     # the others: measured = transport + wire.
-    transport = max(bucket.comm_ms / 1000.0 - (0.0 if overlapping else wire_then), 0.0)
+    moved = max(measured_ms / 1000.0 - (0.0 if overlapping else wire_then), 0.0)
     sent_then = sum(wire_bytes(c.kind, c.nbytes, c.ranks(timeline.world_size)) for c in measured)
     sent = sum(wire_bytes(c.kind, c.nbytes, c.ranks(world_size)) for c in target)
-    transport = transport * sent / sent_then if sent_then else 0.0
-    return 1000.0 * (max(transport, wire) if overlapping else transport + wire)
+    moved = moved * sent / sent_then if sent_then else 0.0
+    return 1000.0 * (max(moved, wire) if overlapping else moved + wire)
 
 
 def _kernels_between(timeline: StepTimeline, bucket: BucketTiming, transport: TransportFit, overlapping: bool,
@@ -132,9 +169,17 @@ def _collectives(timeline: StepTimeline, bucket: BucketTiming, world_size: int) 
     return hook_collectives(hook, bucket.numel, world_size, bucket.element_size, **params)
 
 
+def _sharded_collectives(timeline: StepTimeline, call: ShardedCall, world_size: int) -> list:
+    form = spec(timeline.hook).sharded
+    return [Collective(*c) for c in call_collectives(call.kind, form.collectives, call.numel, world_size,
+                                                     **timeline.hook_params)]
+
+
 def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,
                latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> StepPrice:
     """The timeline's step at ``world_size`` ranks on ``link_gbps`` (the module doc's formula)."""
+    if timeline.sharded:
+        return price_sharded_step(timeline, world_size, link_gbps, latency_s, transport)
     link_free, stall, placed = 0.0, 0.0, []
     for b in timeline.buckets:
         launch = b.ready_ms + stall + b.encode_ms
@@ -147,6 +192,17 @@ def price_step(timeline: StepTimeline, world_size: int, link_gbps: float,
     backward = max([timeline.backward_end_ms + stall] + [p.done_ms for p in placed])
     return StepPrice(world_size, link_gbps, timeline.forward_ms + backward + timeline.optimizer_ms,
                      timeline.compute_ms, tuple(placed))
+
+
+def price_sharded_step(timeline: StepTimeline, world_size: int, link_gbps: float,
+                       latency_s: float = DEFAULT_LATENCY_S, transport: Optional[TransportFit] = None) -> StepPrice:
+    """An fsdp step at ``world_size`` on ``link_gbps`` (the module doc): its compute plus every
+    call, encode + collective + decode, one after another on the training thread, nothing
+    overlapped (FSDP2 on CPU/gloo runs them so; on GPUs it overlaps the next block's all-gather
+    and the last block's reduce-scatter with compute, which this prices as not overlapped)."""
+    calls = sum(c.encode_ms + sharded_comm_ms(timeline, c, world_size, link_gbps, latency_s, transport)
+                + c.decode.at(world_size - 1) for c in timeline.sharded)
+    return StepPrice(world_size, link_gbps, timeline.compute_ms + calls, timeline.compute_ms, ())
 
 
 class CellRefused(ValueError):
@@ -204,10 +260,13 @@ def time_shared(timeline: StepTimeline, factor: float) -> StepTimeline:
     apart (their transport measured at the cell's W on the same cores)."""
     if factor == 1.0:
         return timeline
+    sharded = tuple(replace(c, encode_ms=c.encode_ms * factor,
+                            decode=LinearCost(c.decode.fixed_ms * factor, c.decode.per_unit_ms * factor))
+                    for c in timeline.sharded)
     buckets = tuple(replace(b, ready_ms=b.ready_ms * factor, encode_ms=b.encode_ms * factor,
                             decode=LinearCost(b.decode.fixed_ms * factor, b.decode.per_unit_ms * factor))
                     for b in timeline.buckets)
-    return replace(timeline, forward_ms=timeline.forward_ms * factor, buckets=buckets,
+    return replace(timeline, forward_ms=timeline.forward_ms * factor, buckets=buckets, sharded=sharded,
                    backward_end_ms=timeline.backward_end_ms * factor, optimizer_ms=timeline.optimizer_ms * factor)
 
 

@@ -13,6 +13,12 @@ phases and at each hook call) as the model's :class:`StepTimeline` (ms):
 * backward end = the last hook call's return (the autograd thread's own work: its gradients and
   the hooks' encodes, not DDP's wait for the collectives at the end of ``backward()``).
 
+An fsdp step's calls (each stamped with its collective's kind: hooks/sharded.py) run one after
+another on the training thread: per call, encode = launched - called, comm = collective returned
+- launched, decode = call returned - collective returned, its phase the forward where it was
+called before the backward stamp; the forward and backward are their spans less their calls
+(:func:`sharded_step_timeline`).
+
 Times are this rank's: the lead rank's or a median over ranks is the caller's choice
 (service/step_model/combine.py).
 """
@@ -21,8 +27,10 @@ from __future__ import annotations
 import math
 
 from hooks.registry import spec
+from hooks.sharded import gather_decodes_each_rank
 from hooks.step_sampling import SampledStep, StepSampler
-from service.step_model.timeline import BucketTiming, StepTimeline, decode_cost
+from hooks.wire import REDUCE_SCATTER
+from service.step_model.timeline import BucketTiming, ShardedCall, StepTimeline, decode_cost, split_decode
 
 
 def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size: int, batch: int,
@@ -31,6 +39,8 @@ def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size:
     """One sampled step as the step model's ``StepTimeline`` (ms; the module doc).
     ``bucket_hooks``: {bucket index: (hook, its parameters)} where a bucket ran another hook than
     the step's (a per-bucket plan's buckets), each bucket then timed and priced as its own."""
+    if any(c.kind for c in sample.calls):
+        return sharded_step_timeline(sample, hook, hook_params, world_size, batch, link_gbps, latency_s)
     ms, bucket_hooks = _ms, bucket_hooks or {}
     buckets, link_free, held = [], -math.inf, 0.0
     for i, c in enumerate(sample.calls):
@@ -54,6 +64,27 @@ def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size:
                         backward_end_ms=max(ms(sample.backward, own_end) - held, 0.0),
                         optimizer_ms=ms(sample.optimizer, sample.end),
                         link_gbps=link_gbps, latency_s=latency_s)
+
+
+def sharded_step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size: int, batch: int,
+                          link_gbps: float = math.inf, latency_s: float = 0.0) -> StepTimeline:
+    """One sampled fsdp step (the module doc): its calls as ``ShardedCall``s, no buckets."""
+    ms, form = _ms, spec(hook).sharded
+    calls, spent = [], {"forward": 0.0, "backward": 0.0}
+    for c in sample.calls:
+        phase = "forward" if c.called < sample.backward else "backward"
+        launched = c.launched if c.launched is not None else c.called
+        done = c.completed if c.completed is not None else c.returned
+        each = (form.decodes_each_rank if c.kind == REDUCE_SCATTER
+                else gather_decodes_each_rank(hook_params.get("all_gather", "fp32")))
+        calls.append(ShardedCall(c.kind, phase, c.numel, ms(c.called, launched), ms(launched, done),
+                                 split_decode(each, ms(done, c.returned), world_size), c.element_size))
+        spent[phase] += ms(c.called, c.returned)
+    return StepTimeline(hook=hook, hook_params=dict(hook_params), world_size=world_size, batch=batch,
+                        forward_ms=max(ms(sample.forward, sample.backward) - spent["forward"], 0.0), buckets=(),
+                        backward_end_ms=max(ms(sample.backward, sample.optimizer) - spent["backward"], 0.0),
+                        optimizer_ms=ms(sample.optimizer, sample.end),
+                        link_gbps=link_gbps, latency_s=latency_s, sharded=tuple(calls))
 
 
 def sampled_timelines(sampler: StepSampler, world_size: int, batch: int, link_gbps: float = math.inf,

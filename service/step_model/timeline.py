@@ -1,4 +1,4 @@
-"""One measured DDP step as a timeline of its buckets: the step model's data.
+"""One measured step as a timeline of its buckets (DDP) or collectives (FSDP): the step model's data.
 
 A trial samples a few steps after warm-up into a :class:`StepTimeline`: the forward pass; per
 DDP bucket, in the order its hook was called, when it became ready (ms from the start of the
@@ -6,7 +6,9 @@ backward pass), the hook's encode (hook entry to the launch of its first collect
 the autograd thread, so it delays the rest of the backward pass), its collectives' measured time
 and its decode (the completion work after the last collective); when the backward pass's own
 work ended; the optimizer step. service/step_model/price.py prices it; stamps.py makes it from
-the stamps hooks/step_sampling.py takes.
+the stamps hooks/step_sampling.py takes. An fsdp trial's step is the same phases with its
+collectives in call order instead of buckets (:class:`ShardedCall`): each block's parameter
+all-gather in the forward and again in the backward, and its gradient reduce-scatter.
 
 * decode_i(W) = fixed + per_peer * (W - 1) (:class:`LinearCost`; :func:`decode_cost` splits
   a measured decode by the hook's ``HookSpec.decodes_each_rank``); encode does not depend on W.
@@ -57,7 +59,13 @@ def decode_cost(hook: str, decode_ms: float, world_size: int) -> LinearCost:
     decode_ms / W per message, its own one the fixed part and the W - 1 peers' the growing
     part (one measured W cannot tell a fixed overhead from a message; two can, with
     :func:`fit_linear` over W - 1). Any other hook's decode is fixed."""
-    if not spec(hook).decodes_each_rank:
+    return split_decode(spec(hook).decodes_each_rank, decode_ms, world_size)
+
+
+def split_decode(decodes_each_rank: bool, decode_ms: float, world_size: int) -> LinearCost:
+    """A decode measured at ``world_size``, as fixed + per peer: where it decodes each rank's
+    message, decode_ms / W per message (:func:`decode_cost`); else fixed."""
+    if not decodes_each_rank:
         return LinearCost(decode_ms)
     per_message = decode_ms / max(world_size, 1)
     return LinearCost(per_message, per_message)
@@ -86,6 +94,25 @@ class BucketTiming:
 
 
 @dataclass(frozen=True)
+class ShardedCall:
+    """One of an fsdp step's collectives (hooks/sharded.py), ms, in call order: ``kind``
+    (hooks/wire.py's reduce_scatter or all_gather) on ``numel`` unsharded values of
+    ``element_size`` bytes, in the ``phase`` it ran in ("forward": the forward pass and the
+    micro-batches before the last; "backward": the last backward). ``encode_ms``: the call's
+    work before its collective (a cast, quantizing); ``comm_ms``: the collective, launch to
+    return; ``decode``: the work after it (widening, dequantizing, averaging), per peer (W - 1)
+    where the format decodes each rank's message."""
+
+    kind: str
+    phase: str
+    numel: int
+    encode_ms: float
+    comm_ms: float
+    decode: LinearCost
+    element_size: int = 4
+
+
+@dataclass(frozen=True)
 class StepTimeline:
     """One step of a trial of ``hook`` (with ``hook_params``, the ``HookSpec.from_stats``
     inputs of its measured stats included, e.g. PowerSGD's compressed fraction) at
@@ -93,7 +120,11 @@ class StepTimeline:
     ``latency_s`` (inf, 0: loopback, its wire taken as nothing). ms; ``buckets`` in ready order.
     ``backward_end_ms``: when the backward pass's own work ended (its gradients and the hooks'
     encodes; not DDP's wait for the collectives), from the start of the backward pass. Ready
-    times and backward end leave out what hooks that wait in their call held the thread for."""
+    times and backward end leave out what hooks that wait in their call held the thread for.
+
+    An fsdp step (``sharded``: its collectives, in call order; ``buckets`` empty) runs every
+    collective on the training thread, one after another (FSDP2 on CPU/gloo; hooks/sharded.py):
+    ``forward_ms`` and ``backward_end_ms`` are then the passes' compute alone, without any call."""
 
     hook: str
     world_size: int
@@ -105,6 +136,7 @@ class StepTimeline:
     hook_params: dict = field(default_factory=dict)
     link_gbps: float = math.inf
     latency_s: float = 0.0
+    sharded: tuple[ShardedCall, ...] = ()
 
     def __post_init__(self):
         readies = [b.ready_ms for b in self.buckets]
@@ -112,6 +144,7 @@ class StepTimeline:
             raise ValueError(f"buckets must be in ready order, got ready times {readies}")
         times = [self.forward_ms, self.backward_end_ms, self.optimizer_ms]
         times += [t for b in self.buckets for t in (b.ready_ms, b.encode_ms, b.comm_ms)]
+        times += [t for c in self.sharded for t in (c.encode_ms, c.comm_ms)]
         if min(times, default=0.0) < 0:
             raise ValueError("a step timeline's times must be non-negative")
 

@@ -1,4 +1,4 @@
-"""A trial's recorded DDP step: the ranks' sampled step timelines combined into one
+"""A trial's recorded step (DDP's buckets or FSDP's collectives): the ranks' sampled step timelines combined into one
 ``StepTimeline`` (service/step_model/combine.py), the rank's compute at its micro-batch, half and
 a quarter of it (the model's ``ComputeScaling``), and the JSON form rank 0 attaches to the trial's run
 (``step_timeline.json``, read back by ``service.tracking.SweepReader.step_timeline``).
@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from hooks.cost import DEFAULT_LATENCY_S
 from service.step_model.price import (Cell, CellRefused, ComputeScaling, StepPrice, amortized, price_cell, price_step,
                                       price_sync, rank_batch)
-from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline, SyncTiming, fit_linear
+from service.step_model.timeline import BucketTiming, LinearCost, ShardedCall, StepTimeline, SyncTiming, fit_linear
 from service.step_model.transport import ProbeHosts, TransportFit
 
 ARTIFACT = "step_timeline.json"
@@ -108,6 +108,7 @@ class TrialTimeline:
             raise ValueError(f"step timeline format {data.get('format')!r}, this reader reads {FORMAT}")
         t = dict(data["timeline"])
         t["buckets"] = tuple(BucketTiming(**{**b, "decode": LinearCost(**b["decode"])}) for b in t["buckets"])
+        t["sharded"] = tuple(ShardedCall(**{**c, "decode": LinearCost(**c["decode"])}) for c in t.get("sharded", ()))
         t["link_gbps"] = math.inf if t["link_gbps"] is None else t["link_gbps"]
         return cls(StepTimeline(**t), tuple(data["sampled_steps"]),
                    tuple(ComputePoint(**p) for p in data["compute_points"]),

@@ -61,6 +61,24 @@ class ShardedModel(nn.Module):
         return copy_
 
 
+class UnshardedSide:
+    """Where an fsdp trial's compute windows run (the step timeline's, train/step_sampling.py: the
+    rank's forward and backward with no collective): the unsharded copy given the current full
+    parameters (a collective: every rank samples the same steps), torch's RNG kept, its gradients
+    freed after. The SideModule of a ddp trial, for a model whose parameters are shards."""
+
+    def __init__(self, model: ShardedModel):
+        self.model = model
+
+    @contextmanager
+    def window(self) -> Iterator[nn.Module]:
+        from service.train.paired_timing import trajectory_kept
+
+        module = self.model.eval_module()
+        with trajectory_kept(module):
+            yield module
+
+
 def shard(model: nn.Module, names, process_group=None) -> ShardedModel:
     """``model`` fully_shard'ed on a CPU/GPU mesh over ``process_group`` (None: the default
     group): each of the blocks ``names`` selects (:func:`blocks`), then the root."""

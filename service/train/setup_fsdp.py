@@ -1,8 +1,8 @@
 """An fsdp trial's parts (``search.parallelism: fsdp``): the same ``TrialParts`` a ddp trial's
 set_up makes, with FSDP2 and the hook's sharded form (service/train/fsdp.py) where DDP and its
-comm hook stand. Not yet for fsdp (a ddp trial's, off here): paired timing against the baseline
-on a second wrapper, the step timeline (the DDP step model cannot price FSDP's step) and
-sampled gradient fidelity."""
+comm hook stand, and its step timeline as its collectives in call order (the step model prices
+FSDP's step from them: service/step_model/price.py). Not yet for fsdp (a ddp trial's, off here):
+paired timing against the baseline on a second wrapper and sampled gradient fidelity."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from service.train.paired_timing import PairedTimer, SideModule
 from service.train.phases import PhaseClock
 from service.train.reporter import Reporter
 from service.train.setup import TrialParts, checked_workload, make_optimizer
-from service.train.step_sampling import TimelineSampler
+from service.train.step_sampling import TimelineSampler, timeline_steps
 
 
 def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
@@ -35,11 +35,17 @@ def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
     first_step = restore_sharded(ctx.start.checkpoint, model, optimizer, hook_state) + 1
     monitor = ctx.make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                                hook_name=trial.hook)
-    side = SideModule(wl.model, copy_module=False)  # no window runs on it: paired timing and timelines are off
+    side = SideModule(wl.model, copy_module=False)  # no window runs on it: paired timing is off
+    pairing = PairedTimer(side, every=0, warmup_steps=wl_cfg.warmup_steps, device=device)
+    # FSDP's step as its collectives in call order (train/step_sampling.py), never where a paired window
+    # runs; its compute windows on the unsharded copy
+    steps = timeline_steps(cfg.tracking.timeline_steps, first_step, wl_cfg.steps, wl_cfg.warmup_steps,
+                           skip=pairing.due)
     return TrialParts(wl, precision, model, hook_state, FidelitySampler(hook_state, None, 0), optimizer, batches,
                       first_step, monitor, FaultInjector(cfg.faults, rank, ctx.start.fired_faults, ctx.on_fault),
                       ctx.make_meter(wl_cfg.warmup_steps, first_step),
                       HookAccounting(hook_state, wl_cfg.warmup_steps, first_step),
-                      PairedTimer(side, every=0, warmup_steps=wl_cfg.warmup_steps, device=device),
-                      TimelineSampler(hook_state, side, wl, precision, (), trial=trial, cfg=cfg, ctx=ctx),
+                      pairing,
+                      TimelineSampler(hook_state, fsdp.UnshardedSide(model), wl, precision, steps,
+                                      trial=trial, cfg=cfg, ctx=ctx),
                       LoadMeter(), Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
