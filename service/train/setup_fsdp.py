@@ -1,8 +1,9 @@
 """An fsdp trial's parts (``search.parallelism: fsdp``): the same ``TrialParts`` a ddp trial's
 set_up makes, with FSDP2 and the hook's sharded form (service/train/fsdp.py) where DDP and its
-comm hook stand. Not yet for fsdp (a ddp trial's, off here): paired timing against the baseline
-on a second wrapper, the step timeline (the DDP step model cannot price FSDP's step) and
-sampled gradient fidelity."""
+comm hook stand. Paired timing's baseline is FSDP's own fp32 reduce-scatter and all-gather,
+swapped in on the same sharded model for each window (paired_timing.ShardedBaseline). Not yet
+for fsdp (a ddp trial's, off here): the step timeline (the DDP step model cannot price FSDP's
+step) and sampled gradient fidelity."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from service.train.faults import FaultInjector
 from service.train.fidelity import FidelitySampler
 from service.train.metrics import HookAccounting, LoadMeter
 from service.train.batches import GlobalBatches
-from service.train.paired_timing import PairedTimer, SideModule
+from service.train.paired_timing import PairedTimer, ShardedBaseline, SideModule, is_baseline
 from service.train.phases import PhaseClock
 from service.train.reporter import Reporter
 from service.train.setup import TrialParts, checked_workload, make_optimizer
@@ -35,11 +36,15 @@ def set_up_sharded(trial, cfg, ctx: TrainingContext) -> TrialParts:
     first_step = restore_sharded(ctx.start.checkpoint, model, optimizer, hook_state) + 1
     monitor = ctx.make_monitor(model, hook_state, rank=rank, world_size=world_size, device=device,
                                hook_name=trial.hook)
-    side = SideModule(wl.model, copy_module=False)  # no window runs on it: paired timing and timelines are off
+    side = SideModule(wl.model, copy_module=False)  # no window runs on it: timelines are off, pairing has its arm
+    # the baseline timed beside the trial on its own sharded model, FSDP's fp32 comms swapped in per window
+    pairing = PairedTimer(side, every=0 if is_baseline(trial) else cfg.tracking.paired_timing_every,
+                          warmup_steps=wl_cfg.warmup_steps, device=device,
+                          arm=lambda: ShardedBaseline(model, ctx.process_group))
     return TrialParts(wl, precision, model, hook_state, FidelitySampler(hook_state, None, 0), optimizer, batches,
                       first_step, monitor, FaultInjector(cfg.faults, rank, ctx.start.fired_faults, ctx.on_fault),
                       ctx.make_meter(wl_cfg.warmup_steps, first_step),
                       HookAccounting(hook_state, wl_cfg.warmup_steps, first_step),
-                      PairedTimer(side, every=0, warmup_steps=wl_cfg.warmup_steps, device=device),
+                      pairing,
                       TimelineSampler(hook_state, side, wl, precision, (), trial=trial, cfg=cfg, ctx=ctx),
                       LoadMeter(), Reporter(ctx.logger, ctx.progress, rank), PhaseClock(ctx.start.trial_started_at))
