@@ -190,6 +190,33 @@ def test_a_baseline_slowed_by_a_busy_machine_is_judged_by_the_paired_ratio():
     assert old.paired_seconds is None and rec.choice is old
 
 
+def test_an_fsdp_configurations_paired_ratio_is_read_in_fsdps_own_allreduces_seconds():
+    """An fsdp trial's windows time FSDP's own fp32 comms, not DDP's allreduce: its paired time
+    to target is its ratio times allreduce-fsdp's seconds per step, like with like."""
+    def at_step(c, ratio=None, step=100.0):
+        c.time_to_target = {s: TimeToTarget(t.seconds, step, False) for s, t in c.time_to_target.items()}
+        c.step_ratio = {s: ratio for s in c.time_to_target} if ratio is not None else {}
+        return c
+
+    ddp = at_step(candidate("allreduce", [10, 10], [1.0, 1.0]))
+    fsdp = at_step(candidate("allreduce-fsdp", [30, 30], [1.0, 1.0]))
+    fsdp.parallelism = "fsdp"
+    uint8 = at_step(candidate("quantized_allreduce-c512-all_gatheruint8-fsdp", [20, 20], [1.0, 1.0],
+                              hook="quantized_allreduce"), ratio=0.5)
+    uint8.parallelism = "fsdp"
+    quant = at_step(candidate("quantized_allreduce-c512", [9, 9], [1.0, 1.0], hook="quantized_allreduce"), ratio=0.8)
+    recommend.recommend(2, "loopback", [ddp, fsdp, uint8, quant])
+    assert uint8.paired_seconds == {0: pytest.approx(15.0), 1: pytest.approx(15.0)}  # 0.5 x 30 s, not 0.5 x 10 s
+    assert quant.paired_seconds == {0: pytest.approx(8.0), 1: pytest.approx(8.0)}
+    assert fsdp.paired_seconds is None  # the fsdp baseline times nothing beside itself
+    # without allreduce-fsdp in the cell, nothing to read the ratio in: its own times
+    alone = at_step(candidate("quantized_allreduce-c512-all_gatheruint8-fsdp", [20, 20], [1.0, 1.0],
+                              hook="quantized_allreduce"), ratio=0.5)
+    alone.parallelism = "fsdp"
+    recommend.recommend(2, "loopback", [at_step(candidate("allreduce", [10, 10], [1.0, 1.0])), alone])
+    assert alone.paired_seconds is None
+
+
 def test_the_basis_says_how_many_trials_adaptive_seeds_saved():
     from service.report import render
     from service.answer import data, decision

@@ -354,6 +354,7 @@ def _candidate(config: str, trials: list[Trial]) -> recommend.Candidate:
         load_avg=mean_std([t.metric("load_avg_1m") for t in ok])[0],
         samples_per_s=mean_std([t.metric("samples_per_s") for t in ok])[0],
         bytes_per_step=mean_std([t.metric("comm_bytes_per_step") for t in ok])[0],
+        parallelism=trials[0].record.parallelism,
     )
 
 

@@ -41,7 +41,7 @@ import numpy as np
 import hooks
 from service import hook_facts
 from service.config.limits import DEFAULT_TARGET_TOLERANCE
-from service.config.trial import COMPILED
+from service.config.trial import COMPILED, FSDP
 from service.step_model import pairs
 from service.step_model.pairs import PairCall
 from service.answer.time_to_target import TimeToTarget, spread, time_to_target  # noqa: F401 (re-exported)
@@ -50,6 +50,8 @@ from service.answer.sequential import MAX_SEEDS_TO_SUGGEST, Rule, Verdict, seeds
 BASELINE_HOOK = hooks.BASELINE
 # plain allreduce's labels, eager and compiled (search.compile): a compiled cell's baseline is the compiled one
 BASELINE_CONFIGS = (BASELINE_HOOK, f"{BASELINE_HOOK}-{COMPILED}")
+# what an fsdp trial's paired windows time (service/train/paired_timing.py): FSDP's own fp32 comms
+FSDP_BASELINE = f"{BASELINE_HOOK}-{FSDP}"
 DEFAULT_TOLERANCE = DEFAULT_TARGET_TOLERANCE
 LOOPBACK = "loopback"
 
@@ -125,6 +127,7 @@ class Candidate:
     gap_16bit: Gap | None = None               # vs the best 16-bit hook
     verdict: Verdict = Verdict.UNDECIDED       # quality vs the baseline (set by recommend)
     paired_seconds: dict[int, float] | None = None   # seed -> time to target from the paired ratio
+    parallelism: str = "ddp"                   # ddp | fsdp: what its paired windows timed it against
 
     @property
     def is_baseline(self) -> bool:
@@ -197,6 +200,15 @@ def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
         c.paired_seconds = {s: c.time_to_target[s].step * c.step_ratio[s] * per_step[s] for s in seeds}
 
 
+def timing_baseline(c: Candidate, baseline: Candidate | None, candidates: list[Candidate]) -> Candidate | None:
+    """The configuration ``c``'s paired windows ran beside it: the cell's baseline for a ddp
+    trial, FSDP's own fp32 comms (allreduce under fsdp) for an fsdp trial, like with like (None:
+    not in the cell)."""
+    if c.parallelism != FSDP:
+        return baseline
+    return next((x for x in candidates if x.config == FSDP_BASELINE), None)
+
+
 def common_seeds(a: Candidate, b: Candidate) -> frozenset[int]:
     """The seeds both configurations ran: the only ones a comparison of the two uses (a seed
     one of them ran alone ran at another time, under whatever load the machine had then)."""
@@ -262,8 +274,10 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     ``rule`` sets the gaps' interval (service/answer/sequential.py)."""
     candidates = list(candidates)
     baseline = next((c for c in candidates if c.is_baseline), None)
-    for c in candidates if baseline is not None else []:
-        pair_with_baseline(c, baseline)
+    for c in candidates:
+        timed_against = timing_baseline(c, baseline, candidates)
+        if timed_against is not None:
+            pair_with_baseline(c, timed_against)
     sixteen = [c for c in candidates if hook_facts.sixteen_bit(c.hook) and c.ok]
     best_16bit = min(sixteen, key=lambda c: _rank_key(c, baseline), default=None)
     for c in candidates:

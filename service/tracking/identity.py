@@ -83,6 +83,11 @@ class TrialRecord:
         return "nan" if self.metrics.get("nan_detected", 0) >= 1 else "ok"
 
     @property
+    def parallelism(self) -> str:
+        """ddp | fsdp (search.parallelism), as the run's params record it (ddp: a run from before)."""
+        return self.params.get("parallelism", "ddp")
+
+    @property
     def knobs(self) -> dict[str, Any]:
         """DDP's knobs and compile the trial ran with, as the run records them (a knob missing in
         a run recorded before it was an axis: its default, DDP's own or eager)."""

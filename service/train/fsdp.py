@@ -9,7 +9,9 @@ reduce-scattered once, after the last micro-batch), and a forward. What differs 
 the module an eval runs on (an unsharded copy given the full parameters: every rank's eval
 share is its own, and FSDP's forward would all-gather a different number of times per rank),
 the trainer's state as a full state dict (gathered, every rank taking part), a fault's gradient
-hook on the parameter the forward actually uses, and the memory a rank holds.
+hook on the parameter the forward actually uses, the memory a rank holds, and a paired
+window's baseline comms (``baseline_comms``: FSDP's fp32 reduce-scatter and all-gather on the
+same sharded model for the window, the trial's own back after; service/train/paired_timing.py).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state
                                                      set_optimizer_state_dict)
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
 from torch.distributed.tensor import DTensor
 
 import hooks.fsdp
@@ -50,6 +53,26 @@ class ShardedModel(nn.Module):
         finally:
             self.module.set_requires_gradient_sync(True)
 
+    @contextmanager
+    def baseline_comms(self, state, form) -> Iterator["ShardedModel"]:
+        """This model with every sharded module's reduce-scatter and all-gather those of ``(state,
+        form)`` (hooks.fsdp.build: a paired window's baseline, FSDP's own fp32), the trial's own
+        back after, whatever happens inside. Only between steps: FSDP must be idle, with no
+        gradient of an unsynced micro-batch pending (it would be reduced by the baseline's comms);
+        each group's gradient-sync setting is restored as it was."""
+        groups = [g for m in self.sharded for g in m._get_fsdp_state()._fsdp_param_groups]
+        _check_idle(groups)
+        # torch 2.13: set_custom_reduce_scatter / set_custom_all_gather set these two per group
+        saved = [(g._reduce_scatter_comm, g._all_gather_comm, g.reduce_grads, g.all_reduce_grads) for g in groups]
+        for index, module in enumerate(self.sharded):
+            hooks.fsdp.attach(state, form, module, index)
+        try:
+            yield self
+        finally:
+            for g, (reduce_scatter, all_gather, reduce_grads, all_reduce_grads) in zip(groups, saved):
+                g._reduce_scatter_comm, g._all_gather_comm = reduce_scatter, all_gather
+                g.reduce_grads, g.all_reduce_grads = reduce_grads, all_reduce_grads
+
     def eval_module(self) -> nn.Module:
         """The unsharded copy holding the current full parameters (a collective: every rank)."""
         copy_ = self._eval_copy[0]
@@ -61,22 +84,15 @@ class ShardedModel(nn.Module):
         return copy_
 
 
-class UnshardedSide:
-    """Where an fsdp trial's compute windows run (the step timeline's, train/step_sampling.py: the
-    rank's forward and backward with no collective): the unsharded copy given the current full
-    parameters (a collective: every rank samples the same steps), torch's RNG kept, its gradients
-    freed after. The SideModule of a ddp trial, for a model whose parameters are shards."""
-
-    def __init__(self, model: ShardedModel):
-        self.model = model
-
-    @contextmanager
-    def window(self) -> Iterator[nn.Module]:
-        from service.train.paired_timing import trajectory_kept
-
-        module = self.model.eval_module()
-        with trajectory_kept(module):
-            yield module
+def _check_idle(groups) -> None:
+    """RuntimeError unless every FSDP param group is between steps: idle, no unsynced micro-batch's
+    gradient held for a later reduce-scatter, no reduce-scatter input still retained."""
+    for g in groups:
+        pending = [fp for fp in g.fsdp_params if fp.unsharded_accumulated_grad is not None
+                   or (hasattr(fp, "_unsharded_param") and fp.unsharded_param.grad is not None)]
+        if g._training_state != TrainingState.IDLE or pending or g.comm_ctx.reduce_scatter_states:
+            raise RuntimeError("the sharded model's comms are swapped only between steps (FSDP idle, no gradient "
+                               "of an unsynced micro-batch pending)")
 
 
 def shard(model: nn.Module, names, process_group=None) -> ShardedModel:

@@ -176,9 +176,9 @@ def stops(check, cfg) -> bool:
 
 
 def baseline_window(t: TrialParts, step: int, batches, device, before: bool) -> None:
-    """A paired-timing window of this order at this step (service/train/paired_timing.py): the baseline
-    hook's forward/backward of the step's batches on its own DDP wrapper (its collectives, across the
-    ranks), timed. Before: ahead of the trial's own forward/backward; after: once its step is done.
+    """A paired-timing window of this order at this step (service/train/paired_timing.py): the baseline's
+    forward/backward of the step's batches (a ddp trial's: allreduce on a DDP wrapper of its own; an fsdp
+    trial's: FSDP's fp32 comms swapped in on its sharded model; its collectives, across the ranks), timed. Before: ahead of the trial's own forward/backward; after: once its step is done.
     The windows alternate, so the order effect (the arm that runs second finds caches warm) is measured."""
     if t.pairing.before(step) if before else t.pairing.after(step):
         with t.clock.time("paired"):

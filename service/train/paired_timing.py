@@ -33,6 +33,16 @@ windows, in both orders.
 With ``find_unused_parameters`` the windows run on a copy of the module (:class:`SideModule`):
 DDP's reducer marks a parameter used whenever its gradient accumulator fires, expected or not,
 so a backward through the trial's own parameters outside the trial's DDP broke its next step.
+
+An fsdp trial's baseline is FSDP's own fp32 reduce-scatter and fp32 all-gather (``allreduce``'s
+sharded form), timed on the trial's own sharded model (:class:`ShardedBaseline`): for the window
+every sharded module's custom reduce-scatter and all-gather are swapped for the baseline's, which
+has its own state (its bytes, NaN flags and counters are never the trial's; it keeps no residual),
+and swapped back after (``ShardedModel.baseline_comms``), the sharded gradients set aside and the
+RNG and buffers restored as above. The windows run between steps, FSDP idle: each group's
+gradient-sync setting is restored, and no gradient of an unsynced micro-batch is pending to be
+reduced by the wrong comms. An fsdp ``allreduce`` trial with the fp32 all-gather is the baseline
+itself (:func:`is_baseline`) and pairs nothing; with another all-gather it pairs against fp32's.
 """
 
 from __future__ import annotations
@@ -41,12 +51,16 @@ import copy
 import statistics
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterator, Optional, Protocol
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import hooks
+import hooks.fsdp
+
+if TYPE_CHECKING:
+    from service.train.fsdp import ShardedModel
 
 
 def is_baseline(trial) -> bool:
@@ -95,13 +109,73 @@ class SideModule:
                 self.module.zero_grad(set_to_none=True)  # the copy's gradients: freed, not kept
 
 
+class UnshardedSide:
+    """Where an fsdp trial's compute windows run (the step timeline's, train/step_sampling.py: the
+    rank's forward and backward with no collective): the unsharded copy given the current full
+    parameters (a collective: every rank samples the same steps), torch's RNG kept, its gradients
+    freed after. The SideModule of a ddp trial, for a model whose parameters are shards."""
+
+    def __init__(self, model: "ShardedModel"):
+        self.model = model
+
+    @contextmanager
+    def window(self) -> Iterator[torch.nn.Module]:
+        module = self.model.eval_module()
+        with trajectory_kept(module):
+            yield module
+
+
+class BaselineArm(Protocol):
+    """What a window runs on: ``window()`` yields the wrapper carrying the baseline's comms, the
+    trial's trajectory kept (:func:`trajectory_kept`) around it."""
+
+    def window(self) -> ContextManager[torch.nn.Module]: ...
+
+
+class DDPBaseline:
+    """A ddp trial's baseline arm: a second DDP wrapper of the side module carrying the baseline
+    hook, with the trial's own DDP arguments (buckets, unused parameters): only the hook differs."""
+
+    def __init__(self, side: SideModule, device, process_group=None, ddp_kwargs: dict | None = None,
+                 build_hook: Callable = hooks.build):
+        device = torch.device(device)
+        self.side = side
+        # DDP broadcasts rank 0's parameters at construction: equal on every rank already
+        self.ddp = DDP(side.module, device_ids=[device.index] if device.type == "cuda" else None,
+                       process_group=process_group, **(ddp_kwargs or {}))
+        state, hook = build_hook(hooks.BASELINE, process_group=process_group)
+        self.ddp.register_comm_hook(state, hook)
+
+    @contextmanager
+    def window(self) -> Iterator[DDP]:
+        with self.side.window():
+            yield self.ddp
+
+
+class ShardedBaseline:
+    """An fsdp trial's baseline arm: the trial's own sharded model with FSDP's fp32 reduce-scatter
+    and fp32 all-gather (``allreduce``'s sharded form, in a state of its own) for the window."""
+
+    def __init__(self, model: "ShardedModel", process_group=None):
+        self.model = model
+        self.state, self.form = hooks.fsdp.build(hooks.BASELINE, process_group=process_group)
+
+    @contextmanager
+    def window(self) -> Iterator["ShardedModel"]:
+        with trajectory_kept(self.model.module), self.model.baseline_comms(self.state, self.form):
+            yield self.model
+
+
 class PairedTimer:
     """The baseline arm of one trial: a window every ``every``-th step past the warm-up, before
     the trial's own forward/backward (``before(step)``) or after its step (``after(step)``)."""
 
     def __init__(self, side: SideModule, *, every: int, warmup_steps: int, device, process_group=None,
                  ddp_kwargs: dict | None = None, skip: Optional[Callable[[int], bool]] = None,
-                 build_hook: Callable = hooks.build):
+                 arm: Optional[Callable[[], BaselineArm]] = None):
+        """``arm``: builds the baseline's arm, only when windows are on (an fsdp trial's:
+        :class:`ShardedBaseline`); None: :class:`DDPBaseline` on ``side`` (a collective: DDP's
+        construction)."""
         self.every, self.warmup = int(every or 0), warmup_steps
         self.side, self.skip = side, skip or (lambda step: False)
         self.own_fb_ms = 0.0
@@ -109,16 +183,10 @@ class PairedTimer:
         # step -> (baseline fb ms, own fb ms, whether the baseline ran before the trial's own)
         self.windows: dict[int, tuple[float, float, bool]] = {}
         self._numbered, self._count, self._numbers = 0, 0, {}
-        self.ddp = None
+        self.arm: Optional[BaselineArm] = None
         if not self.every:
             return
-        device = torch.device(device)
-        # DDP broadcasts rank 0's parameters at construction: equal on every rank already.
-        # ddp_kwargs: the trial's own (buckets, unused parameters): only the hook differs
-        self.ddp = DDP(side.module, device_ids=[device.index] if device.type == "cuda" else None,
-                       process_group=process_group, **(ddp_kwargs or {}))
-        state, hook = build_hook(hooks.BASELINE, process_group=process_group)
-        self.ddp.register_comm_hook(state, hook)
+        self.arm = arm() if arm is not None else DDPBaseline(side, device, process_group, ddp_kwargs)
 
     def _carries(self, step: int) -> bool:
         """Does ``step`` carry a window: one per ``every`` steps past the warm-up, on the first step
@@ -163,13 +231,14 @@ class PairedTimer:
             step, baseline_ms = self._before
             self.windows[step], self._before = (baseline_ms, self.own_fb_ms, True), None
 
-    def window(self, step: int, forward_backward: Callable[[DDP], object]) -> None:
-        """The baseline's forward/backward of this step's batches (``forward_backward(ddp)``),
-        timed; the module's gradients, buffers and the RNG are as before it. A window before the
-        trial's own is paired with the own forward/backward's time by ``own()`` once that ran."""
-        with self.side.window():
+    def window(self, step: int, forward_backward: Callable[[torch.nn.Module], object]) -> None:
+        """The baseline's forward/backward of this step's batches (``forward_backward(wrapper)``:
+        the arm's DDP, or an fsdp trial's sharded model with the baseline's comms), timed; the
+        module's gradients, buffers and the RNG are as before it. A window before the trial's own
+        is paired with the own forward/backward's time by ``own()`` once that ran."""
+        with self.arm.window() as wrapper:
             t0 = time.perf_counter()
-            forward_backward(self.ddp)
+            forward_backward(wrapper)
             baseline_ms = (time.perf_counter() - t0) * 1000.0
         if self.before(step):
             self._before = (step, baseline_ms)

@@ -1,6 +1,6 @@
 """Sampling the trial's own step timeline, what the step model prices it from (a ddp trial's
 buckets; an fsdp trial's collectives in call order, its compute windows on the unsharded copy:
-service/train/fsdp.py's UnshardedSide).
+service/train/paired_timing.py's UnshardedSide).
 
 ``tracking.timeline_steps`` steps after the warm-up (spread over the trial, never a fidelity or a
 paired-timing step: those run extra hooks and collectives) are sampled by
