@@ -225,22 +225,35 @@ class TreeCpu:
 
 
 def time_collective(kind: str, x, group, world_size: int, repeats: int) -> float:
-    """Median seconds (max over ranks) of one ``kind`` collective (allreduce, allgather or
-    all_to_all) of ``x`` on ``group``, timed alone between barriers; one untimed warm-up call.
-    The timing's own max-reduction goes over the default group."""
+    """Median seconds (max over ranks) of one ``kind`` collective (allreduce, allgather,
+    all_to_all, or FSDP's reduce_scatter and all_gather) of ``x`` on ``group``, timed alone between
+    barriers; one untimed warm-up call. The timing's own max-reduction goes over the default group.
+    FSDP's kinds take ``x`` as the unsharded tensor (its numel a multiple of ``world_size``, as
+    hooks/wire.py counts them): reduce_scatter's input (the mean in fp32, as FSDP's own; the sum
+    in 16 bits, as hooks/sharded.py's cast forms), all_gather's output, gathered from x's first
+    n / W values as this rank's shard (their buffers allocated before the timing)."""
     import torch
     import torch.distributed as dist
 
+    # allgather's and all_to_all's outputs allocated inside the timing, as they always were here
+    if kind == "allreduce":
+        run = lambda: dist.all_reduce(x, group=group)  # noqa: E731
+    elif kind == "allgather":
+        run = lambda: dist.all_gather_single(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)  # noqa: E731
+    elif kind == "reduce_scatter":
+        op = dist.ReduceOp.AVG if x.dtype == torch.float32 else dist.ReduceOp.SUM
+        shard = torch.empty(x.numel() // world_size, dtype=x.dtype)
+        run = lambda: dist.reduce_scatter_single(shard, x, op=op, group=group)  # noqa: E731
+    elif kind == "all_gather":
+        shard, full = x[:x.numel() // world_size].clone(), torch.empty_like(x)
+        run = lambda: dist.all_gather_single(full, shard, group=group)  # noqa: E731
+    else:
+        run = lambda: dist.all_to_all_single(torch.empty_like(x), x, group=group)  # noqa: E731
     times = []
     for rep in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        if kind == "allreduce":
-            dist.all_reduce(x, group=group)
-        elif kind == "allgather":
-            dist.all_gather_single(torch.empty(world_size * x.numel(), dtype=x.dtype), x, group=group)
-        else:
-            dist.all_to_all_single(torch.empty_like(x), x, group=group)
+        run()
         t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if rep:

@@ -76,5 +76,9 @@ def hook_seconds(name: str, n: int, world_size: int, link_gbps: float, latency_s
 #   serial + max(transport, wire), not serial + transport + wire;
 # * allgather and all_to_all do not overlap: on the slow link they take their wire time plus at
 #   least their CPU time of the fast link (1.1-1.8x the model's wire time at 1 Gbit/s). Their
-#   fast-link time stays in the step, less its wire time there.
+#   fast-link time stays in the step, less its wire time there;
+# * FSDP's reduce_scatter and all_gather (measured alike, docs/hooks.md) do not either: gloo's
+#   all_gather is its allgather (1.5x the wire at W = 2, above transport + wire); its
+#   reduce_scatter is an allreduce of the whole input (2(W-1)/W n sent, twice the ring's that
+#   wire_bytes counts), so against the counted wire transport + wire is the nearer price.
 OVERLAPPING_KINDS = ("allreduce",)

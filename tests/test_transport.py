@@ -12,7 +12,7 @@ import pytest
 from hooks.wire import wire_bytes
 from service.step_model.price import comm_ms
 from service.step_model.timeline import BucketTiming, LinearCost, StepTimeline
-from hooks.wire import rounds
+from hooks.wire import KINDS, SHARDED_KINDS, rounds
 from service.step_model.transport import KindFit, ProbeHosts, Sample, TransportFit, fit
 from service.step_model.trial import ComputePoint, TrialTimeline
 
@@ -263,3 +263,127 @@ def test_a_bimodal_probe_keeps_its_fast_mode_beside_the_median():
     fast = medians("allreduce", 2, 4096, [0.3] * 6 + [3.0] * 5, cpu_ms=[0.2] * 11)
     assert (slow.ms, fast.ms) == (3.0, 0.3)
     assert slow.p25_ms == fast.p25_ms == 0.3 and slow.cpu_ms == 0.2 and slow.repeats == 11
+
+
+# ----------------------------------------------------------------------------- FSDP's two collectives
+
+
+def _probe_sharded_kinds(rank: int, world_size: int):
+    from hooks.wire import ALL_KINDS
+    from service.train.transport_probe import probe
+
+    asked, _ = probe(sizes=(4096, 1 << 20), repeats=3, kinds=ALL_KINDS)  # gloo refuses a shard not n / W
+    default, _ = probe(sizes=(4096,), repeats=1)
+    return asked, default
+
+
+def test_the_probe_times_fsdps_reduce_scatter_and_all_gather_when_asked_and_only_then():
+    """A real 2-rank gloo group: asked for every kind, the probe returns reduce_scatter and
+    all_gather samples beside the hooks' three, each payload the unsharded size (a multiple of W
+    fp32 values, as hooks/wire.py counts it: each rank's shard is n / W); by default (every sweep
+    without fsdp trials) only the hooks' three. A fit over the real samples prices a
+    reduce_scatter at the probed W within its own worst error, and survives transport.json."""
+    from tests.dist_utils import run_distributed
+
+    asked, default = run_distributed(_probe_sharded_kinds, 2, timeout_s=180)[0]
+    assert [s.kind for s in asked] == [k for k in KINDS + SHARDED_KINDS for _ in range(2)]
+    assert {s.kind for s in default} == {"allreduce", "allgather", "all_to_all"}
+    assert all(s.nbytes % (4 * 2) == 0 and s.ms > 0 and s.cpu_ms is not None for s in asked), asked
+    assert [s.nbytes for s in asked if s.kind == "reduce_scatter"] == [4096, 1 << 20]  # the unsharded n
+    f = TransportFit.from_json(json.loads(json.dumps(fit(asked, {2: 1.0}).to_json())))
+    [rs] = f.kinds["reduce_scatter"]
+    assert rs.world_size == 2 and "all_gather" in f.kinds
+    for s in (s for s in asked if s.kind == "reduce_scatter"):
+        assert abs(f.ms("reduce_scatter", s.nbytes, 2) - s.ms) / s.ms <= rs.max_rel_error + 1e-9
+    assert set(fit(default, {2: 1.0}).kinds) == {"allreduce", "allgather", "all_to_all"}
+
+
+def test_the_fit_prices_the_sharded_kinds_on_the_unsharded_size_and_scales_them_by_the_ring():
+    sharded = [Sample(k, w, b, machine(k, b, w), 5) for k in ("reduce_scatter", "all_gather")
+               for w in (2, 4) for b in (4096, 65536, 1 << 20, 8 << 20)]
+    f = fit(samples() + sharded, {2: 3.0, 4: 5.0})
+    assert f.max_rel_error < 1e-9
+    at2, at4 = f.kinds["reduce_scatter"]
+    assert at2.fixed_ms == pytest.approx(0.02 * 1) and at4.fixed_ms == pytest.approx(0.02 * 3)  # W - 1 rounds
+    assert at2.per_byte_ms == pytest.approx(2e-6)
+    # (W-1)/W of the unsharded 1e6 bytes sent at W = 8, never probed: W = 4's fixed cost per round
+    assert f.ms("reduce_scatter", 1e6, 8) == pytest.approx(0.02 * 7 + 2e-6 * 7 / 8 * 1e6)
+    assert f.ms("all_gather", 1e6, 8, count=3) == pytest.approx(3 * 0.02 * 7 + 2e-6 * 7 / 8 * 1e6)
+    assert TransportFit.from_json(json.loads(json.dumps(f.to_json()))) == f
+
+
+def test_an_older_transport_json_without_the_sharded_kinds_still_reads_and_names_what_it_lacks():
+    """A transport.json written before the probe knew FSDP's kinds (or by a sweep without fsdp
+    trials) reads as before; its DDP kinds price as before, and a sharded kind is not guessed from
+    another: as any kind the probe did not measure, it is a KeyError naming it, and the caller
+    prices it as without a transport.json (``kind in fit.kinds``)."""
+    old = fit(samples(), {2: 3.0, 4: 5.0}).to_json()
+    assert set(old["kinds"]) == {"allreduce", "allgather", "all_to_all"} and old["format"] == 2
+    f = TransportFit.from_json(json.loads(json.dumps(old)))
+    assert f.ms("allreduce", 1e6, 8) == pytest.approx(machine("allreduce", 1e6, 8))
+    assert "reduce_scatter" not in f.kinds and "all_gather" not in f.kinds
+    with pytest.raises(KeyError, match="no reduce_scatter"):
+        f.ms("reduce_scatter", 1e6, 2)
+    with pytest.raises(KeyError, match="no all_gather"):
+        f.own_cores().own_ms("all_gather", 1e6, 4)
+
+
+def _trials(parallelism: list[str], world_sizes: list[int]):
+    from service.config import SweepConfig
+
+    workload = {"name": "mlp_digits", "steps": 4, "global_batch_size": 32, "lr": 0.05, "warmup_steps": 1}
+    cfg = SweepConfig.model_validate({"name": "probe_kinds", "workload": workload, "search": {
+        "hooks": ["allreduce"], "world_size": world_sizes, "parallelism": parallelism}})
+    return cfg, cfg.trials()
+
+
+def test_only_a_sweep_with_fsdp_trials_probes_the_sharded_kinds_and_only_at_their_world_sizes(monkeypatch):
+    """The sweep's probe (service/sweep/transport.py) asks Ray Train's workers for FSDP's
+    reduce-scatter and all-gather only at a world size its fsdp trials run at: a sweep without
+    them probes the hooks' three kinds, as before, and takes no longer."""
+    import io
+
+    from service import tracking
+    from service.sweep import transport as sweep_transport
+
+    asked = {}
+
+    def fake_probe(world_size, storage, cpus, network, autoscaling, kinds):
+        asked[world_size] = kinds
+        probed = [Sample(k, world_size, b, machine(k, b, world_size), 3) for k in kinds for b in (4096, 1 << 20)]
+        return probed, 1.0, ProbeHosts(world_size, 1, world_size, 2.0, "Some CPU", True)
+
+    class NoKept:
+        def __init__(self, uri):
+            pass
+
+        def transport(self, run_id):
+            return None
+
+    logged = []
+    monkeypatch.setattr(sweep_transport, "probe_on_ray", fake_probe)
+    monkeypatch.setattr(tracking, "SweepReader", NoKept)
+    monkeypatch.setattr(tracking, "log_transport", lambda run, uri, data: logged.append(data))
+    ddp_kinds, all_kinds = ("allreduce", "allgather", "all_to_all"), KINDS + SHARDED_KINDS
+    for parallelism, expected in ((["ddp"], {2: ddp_kinds, 4: ddp_kinds}),
+                                  (["ddp", "fsdp"], {2: all_kinds, 4: all_kinds})):
+        asked.clear()
+        cfg, trials = _trials(parallelism, [1, 2, 4])
+        result = sweep_transport.measure_transport(cfg, trials, "run", "uri", "storage", io.StringIO())
+        assert asked == expected
+        assert set(result.kinds) == set(expected[2]) and set(logged[-1]["kinds"]) == set(expected[2])
+    _, trials = _trials(["ddp", "fsdp"], [2, 4])
+    only_w2 = [t for t in trials if t.parallelism == "ddp" or t.world_size == 2]
+    assert sweep_transport.kinds_to_probe(only_w2, 2)[-2:] == ("reduce_scatter", "all_gather")
+    assert sweep_transport.kinds_to_probe(only_w2, 4) == ddp_kinds
+
+
+def test_the_cluster_probe_times_every_kind_unless_told_ddp_only(capsys):
+    from service.sweep.probe_cli import parse_args
+
+    assert not parse_args(["--address", "h:6379", "--world-size", "2"]).ddp_only
+    assert parse_args(["--address", "h:6379", "--world-size", "2", "--ddp-only"]).ddp_only
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "reduce_scatter and all_gather" in said and "--ddp-only" in said

@@ -6,7 +6,13 @@ per collective and a cost per byte a rank sends, fitted over the message sizes t
     at a probed W:      transport(kind, n, W, count) = fixed_ms x count + per_byte_ms x wire_bytes(kind, n, W)
     at any other W:     the nearest probed W's fit per ring round, times rounds(kind, W)
 
-rounds: the ring's (allreduce 2(W-1), allgather and all_to_all W-1); wire_bytes: hooks/wire.py.
+rounds: the ring's (allreduce 2(W-1), the others W-1); wire_bytes: hooks/wire.py. The kinds:
+hooks/wire.py's KINDS, which every probe measures, and FSDP's SHARDED_KINDS (reduce_scatter,
+all_gather, their bytes the unsharded size's), which only a sweep with fsdp trials probes (and
+``python -m service.probe``). A kind a transport.json lacks (the sharded ones in any file written
+before them or by a sweep without fsdp trials) is not guessed from another: :meth:`TransportFit.ms`
+raises a KeyError naming it, and a caller prices such collectives as it does without a
+transport.json (``kind in fit.kinds`` tells which).
 One form fitted across world sizes missed its own probes by up to 87 %: gloo's fixed cost does
 not grow as the ring's rounds do on this machine (W ranks
 time-share its cores), so each probed W keeps its own fit and only unprobed W are scaled by the
@@ -23,8 +29,8 @@ import statistics
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from hooks.cost import collective_seconds
-from hooks.wire import KINDS, rounds, wire_bytes
+from hooks.cost import OVERLAPPING_KINDS, collective_seconds
+from hooks.wire import ALL_KINDS, rounds, wire_bytes
 
 ARTIFACT = "transport.json"
 CLUSTER_ARTIFACT = "cluster_transport.json"   # report.cluster.transport's file, copied onto the parent run
@@ -133,8 +139,8 @@ class TransportFit:
 
     def own_ms(self, kind: str, nbytes: float, world_size: int, count: float = 1.0) -> float:
         """:meth:`ms` less the wire time of the link it was probed across (``link_gbps``): what the
-        hosts themselves spend moving the bytes. Where transport and wire add up (gloo's allgather
-        and all_to_all) the model adds each cell's own wire to this; a probe's time that already
+        hosts themselves spend moving the bytes. Where transport and wire add up (the kinds outside
+        hooks.cost.OVERLAPPING_KINDS: gloo's allgather, all_to_all, ...) the model adds each cell's own wire to this; a probe's time that already
         held its link's wire would count it twice. :meth:`ms` itself where no link is recorded."""
         probed = self.ms(kind, nbytes, world_size, count)
         if self.link_gbps is None:
@@ -164,7 +170,9 @@ class TransportFit:
         """Which hosts this transport was measured on, in one phrase (for the report)."""
         if not self.hosts:
             return "hosts not recorded (a transport.json from before they were)"
-        link = "" if self.link_gbps is None else f", across links of {self.link_gbps:g} Gbit/s (their wire taken out of allgather and all_to_all)"
+        adding = ", ".join(k for k in self.kinds if k not in OVERLAPPING_KINDS) or "no kind"
+        link = ("" if self.link_gbps is None else
+                f", across links of {self.link_gbps:g} Gbit/s (their wire taken out of {adding})")
         return "; ".join(h.describe() for h in self.hosts) + link
 
     @property
@@ -205,7 +213,7 @@ def fit(samples: list[Sample], probe_s: dict[int, float], hosts: tuple[ProbeHost
     each sample weighted by 1/ms (relative error: a small message's fixed cost counts as much as
     a large one's bytes); a negative coefficient is clipped to 0 and the other refitted alone."""
     kinds = {}
-    for kind in KINDS:
+    for kind in ALL_KINDS:
         sizes = sorted({s.world_size for s in samples if s.kind == kind and s.world_size > 1})
         if sizes:
             kinds[kind] = tuple(_fit_kind(kind, w, [s for s in samples if s.kind == kind and s.world_size == w])

@@ -7,6 +7,8 @@ rank sends) belongs to the hosts that run it, not to the model or the link. A sw
 where its trials run (on one machine: loopback); this runs the same probe
 (service/train/transport_probe.py) as one short job on a Ray cluster, on ``--world-size`` Ray
 Train workers, and writes the fit (service/step_model/transport.py) with the hosts it ran on.
+Every kind by default: DDP's hooks' (allreduce, allgather, all_to_all) and FSDP's (reduce_scatter,
+all_gather); ``--ddp-only`` leaves FSDP's out, for a cluster that will train no fsdp trial.
 Give it to the report as ``report.cluster.transport: PATH``: the cluster answer, the decision map
 and the per-bucket plan are then priced with that cluster's transport.
 
@@ -34,8 +36,9 @@ class ProbeError(Exception):
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m service.probe",
-        description="Time every collective kind the hooks use on a Ray cluster's hosts, at each "
-                    "--world-size, and write transport.json for report.cluster.transport.",
+        description="Time every collective kind the hooks use on a Ray cluster's hosts (DDP's allreduce, "
+                    "allgather and all_to_all; FSDP's reduce_scatter and all_gather), at each --world-size, "
+                    "and write transport.json for report.cluster.transport.",
         epilog="On a cluster spanning several hosts, --storage-path must be a directory every node "
                "mounts (the probe's rank 0 hands its samples back through it), as for service.submit. "
                "See docs/cluster.md.")
@@ -53,6 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "measures, and the report takes it out where transport and wire add up (allgather, "
                         "all_to_all) before adding each cell's own; without it a probe across hosts counts that "
                         "wire twice for those kinds (default: none, as on one host)")
+    p.add_argument("--ddp-only", action="store_true",
+                   help="probe DDP's kinds only (allreduce, allgather, all_to_all), leaving out FSDP's "
+                        "reduce_scatter and all_gather (a shorter probe), for a cluster that will "
+                        "train no fsdp trial (its fsdp trials' collectives are then not priced from this file)")
     p.add_argument("--out", default="transport.json", help="where to write the fit (default: ./transport.json)")
     return p.parse_args(argv)
 
@@ -86,15 +93,18 @@ def _probe_all(args: argparse.Namespace, storage: str, out):
     """Each world size in turn, on the main thread's watch (``off_the_main_thread``)."""
     import ray
 
+    from hooks.wire import ALL_KINDS, KINDS
     from service.step_model.transport import fit
     from service.sweep.transport import off_the_main_thread, probe_on_ray
 
+    kinds = KINDS if args.ddp_only else ALL_KINDS
     samples, cost, hosts, interrupted = [], {}, [], False
     try:
         for w in sorted(set(args.world_size)):
             print(f"W = {w}: probing (Ray Train starts {w} workers on the cluster) ...", file=out, flush=True)
             # off the main thread, where Ray Train's fit would take Ctrl-C for its own
-            measured, seconds, where = off_the_main_thread(probe_on_ray, w, storage, args.cpus_per_worker)
+            measured, seconds, where = off_the_main_thread(probe_on_ray, w, storage, args.cpus_per_worker,
+                                                           None, True, kinds)
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(seconds, 1)
             print(f"W = {w}: probed {where.describe()} in {seconds:.1f} s", file=out, flush=True)

@@ -1,8 +1,9 @@
 """Transport measured once per sweep, before its trials: on Ray Train workers of each world size
 the sweep runs (above 1), the probe (service/train/transport_probe.py) times every collective
-kind the hooks use; the fit (service/step_model/transport.py) goes on the parent run as
-``transport.json`` (through service/tracking/), and the report prices every trial's collectives
-from it. A probe that fails leaves the trials alone: its one-line reason goes on the parent run
+kind the hooks use (hooks/wire.py's KINDS; FSDP's SHARDED_KINDS too at a world size the sweep
+runs fsdp trials at, and only there: :func:`kinds_to_probe`); the fit
+(service/step_model/transport.py) goes on the parent run as ``transport.json`` (through
+service/tracking/), and the report prices every trial's collectives from it. A probe that fails leaves the trials alone: its one-line reason goes on the parent run
 instead, and the report says it. Where the sweep's emulated hosts own their CPU (network.host_cpus), on
 such hosts, their link unshaped (:func:`hosts_for_probe`); else on loopback.
 """
@@ -17,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Optional, TextIO
 
+from hooks.wire import KINDS, SHARDED_KINDS
+from service.config.trial import FSDP
 from service.step_model.transport import ProbeHosts, Sample, TransportFit, fit
 from service.text import one_line
 
@@ -24,10 +27,10 @@ SAMPLES = "transport_samples.json"   # in the probe's checkpoint
 
 
 def _probe_loop(config: dict) -> None:
-    """The TorchTrainer's loop: every rank probes (on its emulated host where the sweep's hosts own
-    their CPU: ``config["network"]``, as a trial's ranks train); rank 0 reports the samples and the
-    wall time in a checkpoint (Train V2's ``Result.metrics`` is the last checkpoint's report: None
-    without one)."""
+    """The TorchTrainer's loop: every rank probes ``config["kinds"]`` (on its emulated host where
+    the sweep's hosts own their CPU: ``config["network"]``, as a trial's ranks train); rank 0
+    reports the samples and the wall time in a checkpoint (Train V2's ``Result.metrics`` is the
+    last checkpoint's report: None without one)."""
     import tempfile
 
     import ray.train
@@ -39,7 +42,8 @@ def _probe_loop(config: dict) -> None:
     hosts = (config.get("network") or {}).get("hosts")
     started = time.perf_counter()
     with on_host_cpu(config, rank):
-        samples, hosts_seen = probe(group=host_group(config, rank)[0], host=hosts[rank]["namespace"] if hosts else None)
+        samples, hosts_seen = probe(kinds=tuple(config.get("kinds") or KINDS), group=host_group(config, rank)[0],
+                                    host=hosts[rank]["namespace"] if hosts else None)
     seconds = time.perf_counter() - started
     if rank != 0:
         ray.train.report({"probe_s": seconds})
@@ -52,11 +56,12 @@ def _probe_loop(config: dict) -> None:
 
 def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float,
                  network: Optional[dict] = None, autoscaling_requests: bool = True,
-                 ) -> tuple[list[Sample], float, ProbeHosts]:
+                 kinds: tuple[str, ...] = KINDS) -> tuple[list[Sample], float, ProbeHosts]:
     """The probe on ``world_size`` Ray Train workers of the Ray instance this process is
     connected to (a local one, or a cluster's): its samples, wall seconds and hosts. ``network``:
     {"hosts": [...]}, one emulated host per rank (:func:`hosts_for_probe`), as a trial's;
-    ``autoscaling_requests``: False on an instance of fixed size (service/sweep/lean_trainer.py)."""
+    ``autoscaling_requests``: False on an instance of fixed size (service/sweep/lean_trainer.py);
+    ``kinds``: the collective kinds to time (hooks/wire.py's names)."""
     import ray
     import ray.train
 
@@ -65,7 +70,8 @@ def probe_on_ray(world_size: int, storage: str, cpus_per_worker: float,
 
     trainer = LeanTorchTrainer(
         # across hosts gloo must not bind to a loopback hostname, as the trials' (service/sweep/cluster.py)
-        _probe_loop, train_loop_config={"network": network}, torch_config=torch_config("gloo", ray.nodes()),
+        _probe_loop, train_loop_config={"network": network, "kinds": list(kinds)},
+        torch_config=torch_config("gloo", ray.nodes()),
         scaling_config=ray.train.ScalingConfig(num_workers=world_size, resources_per_worker={"CPU": cpus_per_worker}),
         autoscaling_requests=autoscaling_requests,
         run_config=ray.train.RunConfig(name=f"transport-probe-w{world_size}-{time.strftime('%Y%m%d-%H%M%S')}",
@@ -141,6 +147,14 @@ def off_the_main_thread(fn, *args):
     return done["value"]
 
 
+def kinds_to_probe(trials: list, world_size: int) -> tuple[str, ...]:
+    """The collective kinds the probe times at ``world_size``: the hooks' (KINDS) always; FSDP's
+    reduce-scatter and all-gather (SHARDED_KINDS) only where a trial runs fsdp at that W, so a
+    sweep without fsdp trials probes no longer than before them."""
+    fsdp = any(t.parallelism == FSDP and t.world_size == world_size for t in trials)
+    return KINDS + SHARDED_KINDS if fsdp else KINDS
+
+
 def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, storage: str,
                       out: TextIO, autoscaling_requests: bool = True) -> Optional[TransportFit]:
     """transport.json for the sweep's parent run (kept when a resumed sweep has one already);
@@ -164,7 +178,8 @@ def measure_transport(cfg, trials: list, parent_run_id: str, tracking_uri: str, 
             started = time.monotonic()  # the trainer's start included: what the sweep pays
             with hosts_for_probe(cfg, w) as network:
                 measured, _, where = off_the_main_thread(probe_on_ray, w, storage, cfg.resources.cpus_per_worker,
-                                                         network, autoscaling_requests)
+                                                         network, autoscaling_requests,
+                                                         kinds_to_probe(trials, w))
             samples, hosts = samples + measured, hosts + [where]
             cost[w] = round(time.monotonic() - started, 1)
     except Exception as exc:  # the trials do not need it: the report then scales each trial's own comm

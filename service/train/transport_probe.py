@@ -1,7 +1,9 @@
 """The transport probe: on every rank of an initialised process group, time each collective kind
-the hooks use (hooks/wire.py's KINDS: allreduce, allgather, all_to_all) at a few message sizes,
-repeated, and return the samples service/step_model/transport.py fits. Plain torch.distributed:
-the sweep runs it once per world size on Ray Train workers (service/sweep/transport.py).
+the hooks use (hooks/wire.py's KINDS: allreduce, allgather, all_to_all; and, asked for, FSDP's
+SHARDED_KINDS: reduce_scatter, all_gather) at a few message sizes, repeated, and return the
+samples service/step_model/transport.py fits. Plain torch.distributed: the sweep runs it once per
+world size on Ray Train workers (service/sweep/transport.py), the sharded kinds only where the
+sweep has fsdp trials.
 
 Each repeat starts from a barrier; its time is the slowest rank's (a collective ends for all when
 the last rank's part arrives), and a sample is the median over repeats, after one warm-up. Beside
@@ -19,30 +21,45 @@ import time
 import torch
 import torch.distributed as dist
 
-from hooks.wire import ALLGATHER, ALLREDUCE, KINDS
+from hooks.wire import ALL_GATHER, ALL_KINDS, ALL_TO_ALL, ALLGATHER, ALLREDUCE, KINDS, REDUCE_SCATTER
 from service.step_model.transport import ProbeHosts, Sample, medians
 
 # Payload bytes per rank: a compressed bucket's few KiB (sign, top-k at 1 %) up to a full
 # fp32 bucket (DDP's first bucket is 1 MiB, the rest up to its 25 MiB cap; 8 MiB keeps the
-# probe's cost on 2 cores to seconds while the per-byte part dominates).
+# probe's cost on 2 cores to seconds while the per-byte part dominates). The sharded kinds'
+# payload is the unsharded size (the reduce-scatter's input, the all-gather's output, as
+# hooks/wire.py counts them): FSDP's message is one sharded module's parameters or gradients,
+# hundreds of KiB (a small layer) to tens of MiB (a transformer block), so the same sizes cover
+# them (8 MiB standing in for the largest blocks as for DDP's largest buckets).
 SIZES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)
 REPEATS = 11  # 5 left 64 KiB slower than 1 MiB at W = 2 (a wake-up in the median): the fit missed by 87 %
 
 
 def _elements(nbytes: int, world_size: int) -> int:
-    """fp32 elements for about ``nbytes``, a multiple of the world size (all_to_all splits it evenly)."""
+    """fp32 elements for about ``nbytes``, a multiple of the world size (all_to_all, the
+    reduce-scatter and the all-gather split it evenly)."""
     n = max(nbytes // 4, world_size)
     return n - n % world_size
 
 
 def _collective(kind: str, n: int, world_size: int, group=None):
-    """A callable running one collective of ``kind`` on ``n`` fp32 elements of payload per rank."""
+    """A callable running one collective of ``kind`` on ``n`` fp32 elements of payload per rank
+    (``n`` a multiple of ``world_size``; the sharded kinds' ``n`` is the unsharded size, each rank's
+    shard n / W)."""
+    if kind == REDUCE_SCATTER:  # n in, this rank's n / W out, averaged as FSDP asks (hooks/sharded.py)
+        full, shard = torch.ones(n, dtype=torch.float32), torch.empty(n // world_size, dtype=torch.float32)
+        return lambda: dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
+    if kind == ALL_GATHER:  # this rank's n / W in, the n of every rank's shards out
+        shard, full = torch.ones(n // world_size, dtype=torch.float32), torch.empty(n, dtype=torch.float32)
+        return lambda: dist.all_gather_single(full, shard, group=group)
     buf = torch.ones(n, dtype=torch.float32)
     if kind == ALLREDUCE:
         return lambda: dist.all_reduce(buf, group=group)
     if kind == ALLGATHER:
         out = torch.empty(n * world_size, dtype=torch.float32)
         return lambda: dist.all_gather_single(out, buf, group=group)
+    if kind != ALL_TO_ALL:
+        raise ValueError(f"the probe times no {kind!r}; it knows {', '.join(ALL_KINDS)}")
     out = torch.empty_like(buf)
     return lambda: dist.all_to_all_single(out, buf, group=group)
 
@@ -66,10 +83,11 @@ def _time(run, repeats: int, group=None) -> tuple[list[float], list[float]]:
 
 def probe(sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS, kinds: tuple[str, ...] = KINDS,
           group=None, host: str | None = None) -> tuple[list[Sample], ProbeHosts]:
-    """Every kind at every size on ``group`` (None: the default group): one :class:`Sample`
-    each, and the hosts they were measured on (every rank returns the same). A group over
-    emulated hosts (netem.process_group_on_host) probes their links, not loopback; ``host``
-    then names this rank's (its namespace: the process itself stays in the machine's)."""
+    """Every kind in ``kinds`` (hooks/wire.py's KINDS by default; with SHARDED_KINDS for fsdp
+    trials) at every size on ``group`` (None: the default group): one :class:`Sample` each, and
+    the hosts they were measured on (every rank returns the same). A group over emulated hosts
+    (netem.process_group_on_host) probes their links, not loopback; ``host`` then names this
+    rank's (its namespace: the process itself stays in the machine's)."""
     w = dist.get_world_size(group)
     where = probe_hosts(group, host)
     shared = where.time_shared
