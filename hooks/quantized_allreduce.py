@@ -149,5 +149,5 @@ SPEC = HookSpec(
     doc="uint8 per-chunk quantization inside all_to_all (reduce-scatter) + allgather: ~1/4 of fp32 allreduce",
     sharded=ShardedForm(reduce_scatter=sharded.quantized_reduce_scatter, make_state=sharded.state_factory(),
                         collectives=sharded.quantized_collectives, parameters=sharded.all_gather_parameters(),
-                        decodes_each_rank=True, doc="uint8 per-chunk reduce-scatter (one all_to_all; each rank's shard quantized on its own)"),
+                        doc="uint8 per-chunk reduce-scatter (one all_to_all; each rank's shard quantized on its own)"),
 )

@@ -236,11 +236,6 @@ def call_collectives(kind: str, reduce_scatter_collectives: Callable, n: int, wo
     return reduce_scatter_collectives(n, world_size, **params)
 
 
-def gather_decodes_each_rank(all_gather: str) -> bool:
-    """A uint8 all-gather dequantizes each rank's row (W of them); the others copy or widen once."""
-    return all_gather == "uint8"
-
-
 # ----------------------------------------------------------------------------- all-gather formats
 
 

@@ -83,7 +83,6 @@ class ShardedForm:
     * ``collectives(n, world_size, **params)``: what one reduce-scatter of ``n`` float32 gradient
       values hands to the wire, ``[(kind, payload bytes)]`` (the all-gather's is the all-gather
       format's, hooks.sharded.all_gather_collectives);
-    * ``decodes_each_rank``: its decode works on each rank's message (W of them), so grows with W;
     * ``doc`` (one line).
     """
 
@@ -91,7 +90,6 @@ class ShardedForm:
     make_state: Callable[..., Any]
     collectives: Callable[..., list]
     parameters: dict[str, Param] = field(default_factory=dict)
-    decodes_each_rank: bool = False
     doc: str = ""
 
 

@@ -35,6 +35,7 @@ SUMMARY_METRICS = (
     "compression_ratio", "hook_time_ms", "final_loss", "final_eval_loss", "final_eval_accuracy",
     "nan_detected", "first_nan_step", "step_ratio_vs_baseline", "step_ratio_vs_baseline_iqr",
     "load_avg_1m", "cpu_share", "syncs", "sync_ms", "replica_drift",
+    "reduce_scatter_bytes_per_step", "all_gather_bytes_per_step", "memory_per_rank_mb",
 )
 _HISTORIES = ("loss", "eval_accuracy", "eval_loss", "step_time_ms")
 _EMPTY = (np.array([], dtype=np.int64), np.array([], dtype=np.float64))

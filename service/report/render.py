@@ -180,8 +180,15 @@ _COLUMNS = [  # (header, metric, formatter of the mean, formatter of the std)
     ("syncs", "syncs", lambda v: f"{v:.0f}", lambda v: f"{v:.0f}"),
     ("sync ms (median)", "sync_ms", lambda v: f"{v:.1f}", lambda v: f"{v:.1f}"),
     ("replica drift (max |θ_r − θ̄|)", "replica_drift", lambda v: f"{v:.3g}", lambda v: f"{v:.2g}"),
+    # an fsdp trial's bytes split by collective (search.parallelism: fsdp), and what a rank holds
+    ("reduce-scatter bytes/step", "reduce_scatter_bytes_per_step", format_bytes, format_bytes),
+    ("all-gather bytes/step", "all_gather_bytes_per_step", format_bytes, format_bytes),
+    ("memory/rank (MB)", "memory_per_rank_mb", lambda v: f"{v:.3g}", lambda v: f"{v:.2g}"),
 ]
-_WHERE_ANY = ("syncs", "sync_ms", "replica_drift")
+# shown where some configuration recorded them: a periodic hook's exchange, fsdp's collectives,
+# the memory (sweeps recorded before it have none)
+_WHERE_ANY = ("syncs", "sync_ms", "replica_drift", "reduce_scatter_bytes_per_step", "all_gather_bytes_per_step",
+              "memory_per_rank_mb")
 
 
 def _cell(row: SummaryRow, metric: str, fmt, fmt_std) -> str:

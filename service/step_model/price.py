@@ -40,8 +40,8 @@ turn (:func:`price_sharded_step`)::
     step = forward + backward + optimizer + sum_calls (encode_c + comm_c(W, link) + decode_c(W))
 
 comm_c as a bucket's (wire + transport; neither FSDP kind is in OVERLAPPING_KINDS unless measured
-so), decode_c per peer where the format decodes each rank's message (a uint8 all-gather, the
-quantized reduce-scatter). Nothing overlaps: on GPUs FSDP2 prefetches the next block's all-gather
+so), encode_c and decode_c as measured (a uint8 form works on W rows of n / W values: the same n
+values at any W). Nothing overlaps: on GPUs FSDP2 prefetches the next block's all-gather
 and reduce-scatters on a stream of its own, which this model does not price (there it is an
 upper bound).
 

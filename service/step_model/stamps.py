@@ -27,10 +27,8 @@ from __future__ import annotations
 import math
 
 from hooks.registry import spec
-from hooks.sharded import gather_decodes_each_rank
 from hooks.step_sampling import SampledStep, StepSampler
-from hooks.wire import REDUCE_SCATTER
-from service.step_model.timeline import BucketTiming, ShardedCall, StepTimeline, decode_cost, split_decode
+from service.step_model.timeline import BucketTiming, LinearCost, ShardedCall, StepTimeline, decode_cost
 
 
 def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size: int, batch: int,
@@ -69,16 +67,15 @@ def step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size:
 def sharded_step_timeline(sample: SampledStep, hook: str, hook_params: dict, world_size: int, batch: int,
                           link_gbps: float = math.inf, latency_s: float = 0.0) -> StepTimeline:
     """One sampled fsdp step (the module doc): its calls as ``ShardedCall``s, no buckets."""
-    ms, form = _ms, spec(hook).sharded
+    ms = _ms
     calls, spent = [], {"forward": 0.0, "backward": 0.0}
     for c in sample.calls:
         phase = "forward" if c.called < sample.backward else "backward"
         launched = c.launched if c.launched is not None else c.called
         done = c.completed if c.completed is not None else c.returned
-        each = (form.decodes_each_rank if c.kind == REDUCE_SCATTER
-                else gather_decodes_each_rank(hook_params.get("all_gather", "fp32")))
+        # fixed in W: W rows of n / W values each, so the n values decoded stay the same at any W
         calls.append(ShardedCall(c.kind, phase, c.numel, ms(c.called, launched), ms(launched, done),
-                                 split_decode(each, ms(done, c.returned), world_size), c.element_size))
+                                 LinearCost(ms(done, c.returned)), c.element_size))
         spent[phase] += ms(c.called, c.returned)
     return StepTimeline(hook=hook, hook_params=dict(hook_params), world_size=world_size, batch=batch,
                         forward_ms=max(ms(sample.forward, sample.backward) - spent["forward"], 0.0), buckets=(),

@@ -59,13 +59,7 @@ def decode_cost(hook: str, decode_ms: float, world_size: int) -> LinearCost:
     decode_ms / W per message, its own one the fixed part and the W - 1 peers' the growing
     part (one measured W cannot tell a fixed overhead from a message; two can, with
     :func:`fit_linear` over W - 1). Any other hook's decode is fixed."""
-    return split_decode(spec(hook).decodes_each_rank, decode_ms, world_size)
-
-
-def split_decode(decodes_each_rank: bool, decode_ms: float, world_size: int) -> LinearCost:
-    """A decode measured at ``world_size``, as fixed + per peer: where it decodes each rank's
-    message, decode_ms / W per message (:func:`decode_cost`); else fixed."""
-    if not decodes_each_rank:
+    if not spec(hook).decodes_each_rank:
         return LinearCost(decode_ms)
     per_message = decode_ms / max(world_size, 1)
     return LinearCost(per_message, per_message)
@@ -100,8 +94,8 @@ class ShardedCall:
     ``element_size`` bytes, in the ``phase`` it ran in ("forward": the forward pass and the
     micro-batches before the last; "backward": the last backward). ``encode_ms``: the call's
     work before its collective (a cast, quantizing); ``comm_ms``: the collective, launch to
-    return; ``decode``: the work after it (widening, dequantizing, averaging), per peer (W - 1)
-    where the format decodes each rank's message."""
+    return; ``decode``: the work after it (widening, dequantizing, averaging), fixed in W: a
+    uint8 form decodes W rows of n / W values, the same n values at any W."""
 
     kind: str
     phase: str
