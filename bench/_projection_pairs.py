@@ -77,7 +77,7 @@ def pair_cells(rows: list[dict], error_feedback: bool) -> list[dict]:
     return out
 
 
-def _key(c: dict) -> tuple:
+def pair_key(c: dict) -> tuple:
     """A pair: each side's hook, error feedback, parallelism and all-gather format."""
     return c["a"], c["a_error_feedback"], *sharding_in(c, "a_"), c["b"], c["b_error_feedback"], *sharding_in(c, "b_")
 
@@ -88,7 +88,7 @@ def link_moves(cells: list[dict]) -> dict[int, float]:
     other W's (a held-out link leaves one); none at all: 0."""
     by: dict[tuple, list[float]] = {}
     for c in cells:
-        by.setdefault((_key(c), c["world_size"]), []).append(c["error_pct"])
+        by.setdefault((pair_key(c), c["world_size"]), []).append(c["error_pct"])
     moves: dict[int, list[float]] = {}
     for (_, w), errors in by.items():
         if len(errors) > 1:
@@ -103,7 +103,7 @@ def bands(cells: list[dict]) -> list[dict]:
     moves = link_moves(cells)
     by: dict[tuple, list[float]] = {}
     for c in cells:
-        by.setdefault((*_key(c), c["world_size"]), []).append(c["error_pct"])
+        by.setdefault((*pair_key(c), c["world_size"]), []).append(c["error_pct"])
     return [{"a": a, "a_error_feedback": aef, **_prefixed("a_", ap, ag), "b": b, "b_error_feedback": bef,
              **_prefixed("b_", bp, bg), "world_size": w,
              "low_pct": round(min(e) - moves[w], 2), "high_pct": round(max(e) + moves[w], 2), "cells": len(e),
@@ -129,7 +129,7 @@ def pair_file(parts: list[dict], derived_from: str = "projection_cells.json") ->
     cells, seen = [], set()
     for part in parts:
         for c in pair_cells(part["cell_rows"], part["error_feedback"]):
-            at = (*_key(c), c["world_size"], c["link_gbps"])
+            at = (*pair_key(c), c["world_size"], c["link_gbps"])
             if at not in seen:
                 seen.add(at)
                 cells.append(c)

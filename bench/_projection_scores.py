@@ -64,14 +64,17 @@ def kendall_tau(a: dict[str, float], b: dict[str, float]) -> Optional[float]:
 
 
 def _compress_right(projected: dict[str, float], measured: dict[str, float], decisive: float) -> Optional[bool]:
-    others = [h for h in measured if pair_mod.hook_of(h) != BASELINE]  # fsdp's allreduce compresses nothing either
-    if BASELINE not in measured or not others:
+    """Is "some compressing configuration beats allreduce" predicted right (allreduce: DDP's, else
+    fsdp's where a cell has only fsdp's; neither compresses)?"""
+    others = [h for h in measured if pair_mod.hook_of(h) != BASELINE]
+    base = BASELINE if BASELINE in measured else next((h for h in measured if pair_mod.hook_of(h) == BASELINE), None)
+    if base is None or not others:
         return None
     best = min(others, key=measured.get)
-    if abs(measured[best] / measured[BASELINE] - 1) <= decisive:
+    if abs(measured[best] / measured[base] - 1) <= decisive:
         return None  # too close for the decision to matter
-    predicted = min(projected[h] for h in others) < projected[BASELINE]
-    return predicted == (measured[best] < measured[BASELINE])
+    predicted = min(projected[h] for h in others) < projected[base]
+    return predicted == (measured[best] < measured[base])
 
 
 def score_cell(rows: list[dict], bands: PairBands, error_feedback: bool = True,
