@@ -314,7 +314,7 @@ def print_scores(scored: list[dict]) -> None:
                     f"{t[name]['target']})" for name in scores.TARGETS) + " (bench/projection_pairs.py: their power)")
 
 
-def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
+def band_file(result: dict, args, rules: dict, load: list[float], measured: str | None = None) -> dict:
     """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
     per_w = {}
     for r in result["rows"]:
@@ -331,7 +331,8 @@ def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
         apart = ", gloo's threads off the quota" if rules.get("comm_apart") else ""
         note = f" on emulated hosts of {q:g} cores each{apart}, priced as the report's cluster cell (a share per rank)"
         basis = f"emulated hosts of {q:g} cores{apart}, unshaped, W=2; transport probed there"
-    return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    measured = measured or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"format": FORMAT, "source": "bench/projection.py", "measured": measured,
             "workload": f"char_lm, global batch 64, {args.steps} steps{under}", "basis": basis,
             "cells": f"{links}{note}", "load_average": load,
             "error_feedback": rules["error_feedback"], "raw": RAW_FILE.name,

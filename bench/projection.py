@@ -429,6 +429,8 @@ def summarise_saved(args) -> int:
         links += [x for x in run["settings"]["links"] if x not in links]
     args.world_sizes, args.links, args.steps = sorted(int(w) for w in worlds), links, saved[0]["settings"]["steps"]
     args.host_cpus = saved[0]["settings"].get("host_cpus")
+    args.comm_apart = saved[0]["settings"].get("comm_apart", False)   # the band file's provenance says so
+    args.parallelism = saved[0]["settings"].get("parallelism", DDP)
     args.error_feedback = saved[0]["settings"].get("error_feedback", list(ERROR_FEEDBACK))
     result = rows_mod.summarise(worlds, rules(args))
     rows_mod.print_report(result)
@@ -437,7 +439,7 @@ def summarise_saved(args) -> int:
               f"after {run['load_average_after']})")
     if args.band_out:
         load = [x for run in saved for x in (run["load_average_before"][0], run["load_average_after"][0])]
-        write_bands(result, args, load)
+        write_bands(result, args, load, max(run["finished_utc"] for run in saved))  # when measured, not now
     return 0
 
 
@@ -452,9 +454,10 @@ def write_cells_and_pairs(cells: dict, args) -> None:
                            *("on" if ef else "off" for ef in cells["error_feedback"])])
 
 
-def write_bands(result: dict, args, load: list[float]) -> None:
-    """The band file the report reads and, beside it, the cells it comes from."""
-    band = rows_mod.band_file(result, args, rules(args), load)
+def write_bands(result: dict, args, load: list[float], measured: str | None = None) -> None:
+    """The band file the report reads and, beside it, the cells it comes from (``measured``: when
+    the runs ended, for saved ones; default now)."""
+    band = rows_mod.band_file(result, args, rules(args), load, measured)
     cells = beside(args.band_out, "projection_cells.json")
     band["raw"] = cells.name
     print(f"wrote {rows_mod.write_band(band, args.band_out)}")
