@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 import _projection_cluster as cluster_mod
+from _projection_pairs import name
 import _projection_scores as scores
 from _common import table
 
 from service.answer.recommend import time_to_target
-from service.step_model.bands import FORMAT, RAW_FILE, error_feedback_of
+from service.step_model.bands import DDP, FORMAT, RAW_FILE, error_feedback_of, label, sharding_fields, sharding_in
 from service.step_model.price import CellRefused
 from service.step_model.transport import Sample, TransportFit, fit
 from service.step_model.trial import TrialTimeline, pooled_compute
@@ -31,6 +32,13 @@ def setting(r: dict, default=True):
     if "error_feedback" in r:
         return r["error_feedback"]
     return error_feedback_of(r["hook"], {"error_feedback": default if isinstance(default, bool) else True})
+
+
+def configuration(r: dict, default=True) -> tuple:
+    """What a run's, row's or band's figures are kept apart by: (hook, error feedback, parallelism,
+    all-gather format); a run or row without a parallelism (every one from before fsdp was
+    measured) is ddp's (bands.sharding_in)."""
+    return (r["hook"], setting(r, default), *sharding_in(r))
 
 
 def view(rows: list[dict], ef: bool) -> list[dict]:
@@ -52,12 +60,12 @@ def _links(world: dict) -> dict[float, dict]:
 
 
 def _bases(worlds: dict) -> dict[tuple, list[dict]]:
-    """Per (hook, error feedback), the basis trial of each repeat that ended ok with a timeline
-    (W = 2's basis arm)."""
+    """Per configuration (:func:`configuration`), the basis trial of each repeat that ended ok
+    with a timeline (W = 2's basis arm)."""
     out: dict[tuple, list[dict]] = {}
     for run in _world(worlds, 2)["runs"]:
         if run["arm"] in BASES and run["status"] == "ok" and run["timeline"]:
-            out.setdefault((run["hook"], setting(run)), []).append(run)
+            out.setdefault(configuration(run), []).append(run)
     return out
 
 
@@ -107,7 +115,7 @@ def _price(bases: list[TrialTimeline], global_batch: int, w: int, gbps: float, l
 
 
 def pooled_bases(bases: dict[tuple, list[dict]], rules: dict) -> dict[tuple, list[TrialTimeline]]:
-    """Per (hook, error feedback), its quiet basis trials' timelines with their compute points
+    """Per configuration, its quiet basis trials' timelines with their compute points
     pooled over every configuration's (``trial.pooled_compute``, as the report pools its bases)."""
     calm = {key: quiet(runs, quiet_limit(rules, 2)) for key, runs in bases.items()}
     pooled = iter(pooled_compute(TrialTimeline.from_json(r["timeline"]) for runs in calm.values() for r in runs))
@@ -115,7 +123,7 @@ def pooled_bases(bases: dict[tuple, list[dict]], rules: dict) -> dict[tuple, lis
 
 
 def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, basis: list[TrialTimeline],
-             rules: dict, ef=None) -> dict:
+             rules: dict, ef=None, parallelism: str = DDP, all_gather: str | None = None) -> dict:
     """One (hook, W, link) cell from the quiet repeats (:func:`quiet`) of its runs and its quiet
     basis trials' timelines (:func:`pooled_bases`): measured and projected (medians), error,
     counted or why not (``rules``: global_batch, carried, cores, quiet)."""
@@ -123,7 +131,8 @@ def cell_row(hook: str, w: int, link, runs: list[dict], link_fig: dict | None, b
     calm = quiet(ok, quiet_limit(rules, w))
     measured = _median(r["step_ms"] for r in calm)
     timelines = [TrialTimeline.from_json(r["timeline"]) for r in calm if r["timeline"]]
-    row = {"hook": hook, "error_feedback": ef, "world_size": w, "link_gbps": link, "measured_ms": measured,
+    row = {"hook": hook, "error_feedback": ef, **sharding_fields(parallelism, all_gather), "world_size": w,
+           "link_gbps": link, "measured_ms": measured,
            "repeats": len(ok),
            "quiet_repeats": len(calm), "other_cores": [round(r.get("other_cores", 0.0), 2) for r in ok],
            "measured_compute_ms": _median(t.timeline.compute_ms for t in timelines),
@@ -168,13 +177,15 @@ def summarise(worlds: dict, rules: dict) -> dict:
     bases, rows = pooled_bases(_bases(worlds), rules), []
     for w in sorted(int(k) for k in worlds):
         world, links = _world(worlds, w), _links(_world(worlds, w))
-        configs = list(dict.fromkeys((r["hook"], setting(r)) for r in world["runs"]))
+        configs = list(dict.fromkeys(configuration(r) for r in world["runs"]))
         arms = list(dict.fromkeys(r["arm"] for r in world["runs"]))
         arms = [a for a in arms if a in BASES] + sorted(float(a) for a in arms if a not in BASES)
-        for hook, ef in configs:
+        for config in configs:
             for arm in arms:
-                runs = [r for r in world["runs"] if (r["hook"], setting(r), r["arm"]) == (hook, ef, arm)]
-                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get((hook, ef), []), rules, ef))
+                runs = [r for r in world["runs"] if (configuration(r), r["arm"]) == (config, arm)]
+                hook, ef, parallelism, all_gather = config
+                rows.append(cell_row(hook, w, arm, runs, links.get(arm), bases.get(config, []), rules, ef,
+                                     parallelism, all_gather))
     quality = _world(worlds, 2).get("quality") if _world(worlds, 2) else None
     found = bands(rows, rules["error_feedback"])
     efs = rules["error_feedback"] if isinstance(rules["error_feedback"], list) else [rules["error_feedback"]]
@@ -192,17 +203,17 @@ def _band(errors: list[float]) -> dict:
 
 
 def bands(rows: list[dict], error_feedback) -> dict:
-    """Per (hook, its error-feedback setting, W) and overall: the error band over the counted
-    cells, median |error|, counts (``error_feedback``: what the bench ran hooks that have it
-    with, where a row does not say). The basis's own cell is neither counted nor excluded (it
-    is not held out)."""
+    """Per (configuration: hook, its error-feedback setting and, under fsdp, its all-gather format;
+    W) and overall: the error band over the counted cells, median |error|, counts
+    (``error_feedback``: what the bench ran hooks that have it with, where a row does not say).
+    The basis's own cell is neither counted nor excluded (it is not held out)."""
     held_out = [r for r in rows if r["link_gbps"] not in BASES]
     out = []
-    for key in dict.fromkeys((r["hook"], setting(r, error_feedback), r["world_size"]) for r in held_out):
-        mine = [r for r in held_out if (r["hook"], setting(r, error_feedback), r["world_size"]) == key]
+    for key in dict.fromkeys((*configuration(r, error_feedback), r["world_size"]) for r in held_out):
+        mine = [r for r in held_out if (*configuration(r, error_feedback), r["world_size"]) == key]
         counted = [r["error_pct"] for r in mine if r["counted"]]
-        out.append({"hook": key[0], "error_feedback": key[1], "world_size": key[2], **_band(counted),
-                    "counted": len(counted), "excluded": len(mine) - len(counted)})
+        out.append({"hook": key[0], "error_feedback": key[1], **sharding_fields(key[2], key[3]), "world_size": key[4],
+                    **_band(counted), "counted": len(counted), "excluded": len(mine) - len(counted)})
     overall = _band([r["error_pct"] for r in held_out if r["counted"]])
     return {"bands": out, "overall": overall}
 
@@ -220,7 +231,7 @@ def targets(quality: dict, rows: list[dict], tolerance: float = 0.01) -> dict:
         ttt = time_to_target([s for s, _ in q["evals"]], [v for _, v in q["evals"]], steps, [1.0] * len(steps), target)
         cells = {f"W={r['world_size']} {r['link_gbps']:g}": (None if ttt.step is None or r.get("projected_ms") is None
                                                             else ttt.step * r["projected_ms"] / 1000.0)
-                 for r in rows if r["hook"] == hook and r["link_gbps"] not in BASES}
+                 for r in rows if name(r) == hook and r["link_gbps"] not in BASES}
         out["hooks"][hook] = {"crossing_step": ttt.step, "final_eval_loss": q["evals"][-1][1] if q["evals"] else None,
                               "projected_s": cells}
     return out
@@ -236,14 +247,14 @@ def print_report(result: dict) -> None:
     rows = result["rows"]
     print(table(["hook", "error feedback", "W", "Gbit/s (measured, all W)", "projected ms", "measured ms", "error %",
                  "proj. compute ms", "meas. compute ms", "quiet/repeats", "counted"],
-                [[r["hook"], setting(r), r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
+                [[name(r), setting(r), r["world_size"], _fmt_link(r), r.get("projected_ms"), r["measured_ms"],
                   None if r.get("error_pct") is None else round(r["error_pct"], 1), r.get("projected_compute_ms"),
                   r["measured_compute_ms"], f"{r['quiet_repeats']}/{r['repeats']}",
                   "yes" if r["counted"] else r["why_not"]] for r in rows]))
     b = result["bands"]
     print()
     print(table(["hook", "error feedback", "W", "low %", "high %", "median |error| %", "counted", "excluded"],
-                [[v["hook"], v["error_feedback"], v["world_size"], v["low_pct"], v["high_pct"], v["median_abs_pct"],
+                [[name(v), v["error_feedback"], v["world_size"], v["low_pct"], v["high_pct"], v["median_abs_pct"],
                   v["counted"], v["excluded"]] for v in b["bands"]]))
     o = b["overall"]
     print(f"overall: {o['low_pct']} .. {o['high_pct']} %, median |error| {o['median_abs_pct']} %")
@@ -268,15 +279,17 @@ def print_report(result: dict) -> None:
 
 
 def print_per_w(rows: list[dict], key: str) -> None:
-    """Per W, the counted cells' ``key`` (an error %): band, median |error|, how many within +-10 %."""
+    """Per W (and parallelism, where the rows have more than ddp), the counted cells' ``key`` (an
+    error %): band, median |error|, how many within +-10 %."""
     per_w = {}
     for r in rows:
         if r["counted"] and r.get(key) is not None:
-            per_w.setdefault(r["world_size"], []).append(r[key])
-    for w, errors in sorted(per_w.items()):
+            per_w.setdefault((sharding_in(r)[0], r["world_size"]), []).append(r[key])
+    several = len({p for p, _ in per_w}) > 1
+    for (parallelism, w), errors in sorted(per_w.items()):
         b = _band(errors)
-        print(f"W={w}: {b['low_pct']} .. {b['high_pct']} %, median |error| {b['median_abs_pct']} %, "
-              f"{sum(abs(e) <= 10 for e in errors)} of {len(errors)} within +-10 %")
+        print(f"{parallelism + ' ' if several else ''}W={w}: {b['low_pct']} .. {b['high_pct']} %, median |error| "
+              f"{b['median_abs_pct']} %, {sum(abs(e) <= 10 for e in errors)} of {len(errors)} within +-10 %")
 
 
 CELL_KEYS = ("hook", "error_feedback", "world_size", "link_gbps", "link_measured_gbps", "latency_ms", "projected_ms", "measured_ms",
@@ -301,7 +314,7 @@ def print_scores(scored: list[dict]) -> None:
                     f"{t[name]['target']})" for name in scores.TARGETS) + " (bench/projection_pairs.py: their power)")
 
 
-def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
+def band_file(result: dict, args, rules: dict, load: list[float], measured: str | None = None) -> dict:
     """The committed error bands (format 2): per hook, error feedback and W, with where they come from."""
     per_w = {}
     for r in result["rows"]:
@@ -312,13 +325,15 @@ def band_file(result: dict, args, rules: dict, load: list[float]) -> dict:
     note = (f" (W={','.join(map(str, crowded))}: more ranks than the {rules['cores']} cores, priced with the machine's "
             "shape)") if crowded else ""
     basis = "loopback, W=2"
+    under = ", under fsdp (FSDP2, every block sharded)" if getattr(args, "parallelism", DDP) != DDP else ""
     if rules.get("host_cpus"):
         q = rules["host_cpus"]
         apart = ", gloo's threads off the quota" if rules.get("comm_apart") else ""
         note = f" on emulated hosts of {q:g} cores each{apart}, priced as the report's cluster cell (a share per rank)"
         basis = f"emulated hosts of {q:g} cores{apart}, unshaped, W=2; transport probed there"
-    return {"format": FORMAT, "source": "bench/projection.py", "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "workload": f"char_lm, global batch 64, {args.steps} steps", "basis": basis,
+    measured = measured or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"format": FORMAT, "source": "bench/projection.py", "measured": measured,
+            "workload": f"char_lm, global batch 64, {args.steps} steps{under}", "basis": basis,
             "cells": f"{links}{note}", "load_average": load,
             "error_feedback": rules["error_feedback"], "raw": RAW_FILE.name,
             "bands": result["bands"]["bands"], "overall": result["bands"]["overall"]}
@@ -328,22 +343,38 @@ def cells_file(result: dict, band: dict) -> dict:
     """The cells the bands come from, small enough to commit (projection_cells.json): every
     row's figures without the timelines; :func:`from_cells` re-derives the band file from it."""
     head = {k: v for k, v in band.items() if k not in ("bands", "overall", "raw")}
-    return {**head, "cell_rows": [{k: r.get(k) for k in CELL_KEYS} for r in result["rows"]]}
+    return {**head, "cell_rows": [cell_of(r) for r in result["rows"]]}
+
+
+def cell_of(r: dict) -> dict:
+    """A row as the cells file keeps it: :data:`CELL_KEYS`, an fsdp row's parallelism and
+    all-gather format after its error feedback (a ddp row carries neither: as before fsdp)."""
+    out = {k: r.get(k) for k in CELL_KEYS[:2]}
+    return {**out, **sharding_fields(*sharding_in(r)), **{k: r.get(k) for k in CELL_KEYS[2:]}}
+
+
+def _kept_apart(r: dict) -> tuple:
+    """What with_added_hooks tells rows apart by: hook, error feedback as the row says it, and its
+    sharding (a row without one is ddp's)."""
+    return (r["hook"], r.get("error_feedback"), *sharding_in(r))
 
 
 def with_added_hooks(cells: dict, later: list[dict]) -> dict:
-    """``cells`` (a committed projection_cells.json) with the rows of every hook and error-feedback
-    setting it lacks taken from ``later`` cells files (a run of only those hooks, on the same
-    cluster and cells), each one's provenance kept under ``added``."""
+    """``cells`` (a committed projection_cells.json) with the rows of every configuration it
+    lacks (hook, error-feedback setting, parallelism and fsdp's all-gather format) taken from
+    ``later`` cells files (a run of only those, on the same cluster and cells), each one's
+    provenance kept under ``added``: fsdp rows of a hook the committed cells have under ddp are added
+    beside them, kept apart."""
     if not later:
         return cells
-    have = {(r["hook"], r.get("error_feedback")) for r in cells["cell_rows"]}
+    have = {_kept_apart(r) for r in cells["cell_rows"]}
     rows, added = list(cells["cell_rows"]), list(cells.get("added", []))
     for more in later:
-        new = [r for r in more["cell_rows"] if (r["hook"], r.get("error_feedback")) not in have]
+        new = [r for r in more["cell_rows"] if _kept_apart(r) not in have]
         if new:
             rows += new
-            added.append({"hooks": sorted({r["hook"] for r in new}), "measured": more["measured"],
+            added.append({"hooks": sorted({label(r["hook"], None, *sharding_in(r)) for r in new}),
+                          "measured": more["measured"], "workload": more["workload"],
                           "cells": more["cells"], "load_average": more["load_average"]})
     return {**cells, "cell_rows": rows, **({"added": added} if added else {})}
 

@@ -33,7 +33,7 @@ from typing import Optional
 
 import _projection_pairs as pair_mod
 
-from service.step_model.bands import error_feedback_of
+from service.step_model.bands import error_feedback_of, sharding_in
 from service.step_model.pairs import Configured, Contender, PairBands, decide
 
 BASELINE = pair_mod.BASELINE
@@ -64,26 +64,30 @@ def kendall_tau(a: dict[str, float], b: dict[str, float]) -> Optional[float]:
 
 
 def _compress_right(projected: dict[str, float], measured: dict[str, float], decisive: float) -> Optional[bool]:
-    others = [h for h in measured if h != BASELINE]
-    if BASELINE not in measured or not others:
+    """Is "some compressing configuration beats allreduce" predicted right (allreduce: DDP's, else
+    fsdp's where a cell has only fsdp's; neither compresses)?"""
+    others = [h for h in measured if pair_mod.hook_of(h) != BASELINE]
+    base = BASELINE if BASELINE in measured else next((h for h in measured if pair_mod.hook_of(h) == BASELINE), None)
+    if base is None or not others:
         return None
     best = min(others, key=measured.get)
-    if abs(measured[best] / measured[BASELINE] - 1) <= decisive:
+    if abs(measured[best] / measured[base] - 1) <= decisive:
         return None  # too close for the decision to matter
-    predicted = min(projected[h] for h in others) < projected[BASELINE]
-    return predicted == (measured[best] < measured[BASELINE])
+    predicted = min(projected[h] for h in others) < projected[base]
+    return predicted == (measured[best] < measured[base])
 
 
 def score_cell(rows: list[dict], bands: PairBands, error_feedback: bool = True,
                decisive: float = DECISIVE) -> Optional[dict]:
-    """One cell's scores from its counted rows (one per hook), decided under ``bands``; None
-    with fewer than two hooks."""
-    projected = {r["hook"]: r["projected_ms"] for r in rows}
-    measured = {r["hook"]: r["measured_ms"] for r in rows}
+    """One cell's scores from its counted rows (one per configuration, by ``pair_mod.name``),
+    decided under ``bands``; None with fewer than two."""
+    projected = {pair_mod.name(r): r["projected_ms"] for r in rows}
+    measured = {pair_mod.name(r): r["measured_ms"] for r in rows}
     if len(projected) < 2:
         return None
     w = rows[0]["world_size"]
-    side = {h: Configured(h, error_feedback_of(h, {"error_feedback": error_feedback})) for h in projected}
+    side = {pair_mod.name(r): Configured(r["hook"], error_feedback_of(r["hook"], {"error_feedback": error_feedback}),
+                                         *sharding_in(r)) for r in rows}
 
     def band_of(a: str, b: str):
         return bands.for_pair(side[a], side[b], w)

@@ -12,6 +12,11 @@
     sudo .venv/bin/python bench/projection.py --host-cpus 0.2 --world-sizes 2 4 8 --links 0.5 1 --repeats 3 \
         --steps 20 --error-feedback on off --quality-steps 0 --full --comm-apart
                                         # the emulated cluster (bench/_projection_cluster.py): the committed cluster bands
+    sudo .venv/bin/python bench/projection.py --parallelism fsdp --hooks allreduce bf16_compress quantized_allreduce \
+        --all-gather fp32 quantized_allreduce:uint8 --error-feedback off --host-cpus 0.2 --world-sizes 2 4 \
+        --links 0.5 1 --repeats 3 --steps 20 --quality-steps 0 --full --comm-apart --out F.json --band-out P
+                                        # the same under FSDP2: the fsdp rows the committed cluster bands carry
+                                        # (merged with --summarise COMMITTED_CELLS.json NEW_CELLS.json --band-out P)
 
 Needs root (network namespaces; service/network/netem.py). Workload: the quant preset's (char_lm, global
 batch 64, AdamW, lr 0.003), a short trial (--steps, 5 warm-up steps, the step timeline sampled on
@@ -55,6 +60,14 @@ them the cells they come from (committed: --summarise re-derives the bands from 
 ratio bands of every pair (bench/projection_pairs.py): on this machine's shape
 service/step_model/projection_error.json, projection_cells.json, projection_pairs.json.
 
+--parallelism fsdp: the hooks run under FSDP2 (search.parallelism: fsdp; service/train/fsdp.py), in
+their sharded forms (hooks/sharded.py); a hook without one is dropped, with a note. Each runs once
+per parameter all-gather format of --all-gather (FORMAT: every hook; HOOK:FORMAT: that hook only;
+default fp32, and uint8 for quantized_allreduce, as tune_configs/fsdp.yaml). Its rows, cells,
+bands and pairs carry ``parallelism: fsdp`` and their ``all_gather`` format, kept apart from the
+same hook's ddp ones (a row or band without them is ddp's: service/step_model/bands.py), and the
+report takes an fsdp trial's band from them (``ErrorBands.for_cell``'s parallelism and all_gather).
+
 --error-feedback on off: every hook that has error feedback runs once per setting (its rows and
 bands keyed by it; the quality trials take the first setting). --host-cpus Q: the emulated
 cluster instead of this machine's shape (bench/_projection_cluster.py): every host, the basis's
@@ -86,38 +99,61 @@ from service.step_model.bands import ERROR_FILE, SHAPE_ERROR_FILE  # noqa: E402
 GLOBAL_BATCH = 64
 CARRIED_FRACTION = 0.85  # per-host goodput with W sending, of the nominal rate, for a cell to count
 QUICK_HOOKS = ["allreduce", "fp16_compress", "quantized_allreduce"]
+DDP, FSDP = "ddp", "fsdp"
+FSDP_ALL_GATHER = ["fp32", "quantized_allreduce:uint8"]  # --parallelism fsdp's default: tune_configs/fsdp.yaml's
 PERIODIC_PERIOD = 4
 ERROR_FEEDBACK = ("on",)  # default: every hook that has error feedback runs with it on (its bands say so)
 LOOPBACK = "loopback"
 CLUSTER_ERROR_FILE = ERROR_FILE  # the report reads the cluster's
 
 
-def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,)) -> list:
+def hook_entries(names: list[str] | None, settings: tuple[bool, ...] = (True,), parallelism: str = DDP,
+                 all_gather: list[str] | None = None, quiet: bool = True) -> list:
     """Every registered hook (or ``names``), as search.hooks entries: one per error-feedback
     setting where it has it, PowerSGD compressing from step 3 so that every measured step compresses,
-    a periodic hook (post_local_sgd, diloco) exchanging every PERIODIC_PERIOD steps."""
+    a periodic hook (post_local_sgd, diloco) exchanging every PERIODIC_PERIOD steps. Under fsdp
+    (``parallelism``) the hooks that have a sharded form, each once per all-gather format
+    ``all_gather`` gives it (:func:`gather_formats`); the others dropped, with a note (``quiet``: none)."""
     import hooks
 
-    entries = []
+    entries, dropped = [], []
     for name, spec in hooks.available().items():
         if names and name not in names:
             continue
+        if parallelism == FSDP and spec.sharded is None:
+            dropped.append(name)
+            continue
+        formats = gather_formats(name, all_gather) if parallelism == FSDP else [None]
         for ef in settings if "error_feedback" in spec.params else (None,):
-            params = {} if ef is None else {"error_feedback": ef}
-            if spec.periodic:  # an exchange every 4 steps: several in a short trial's measured steps
-                params["period"] = PERIODIC_PERIOD
-            elif "start_iter" in spec.params:
-                params["start_iter"] = 2
-            entries.append({"name": name, **params} if params else name)
+            for fmt in formats:
+                params = {} if ef is None else {"error_feedback": ef}
+                if spec.periodic:  # an exchange every 4 steps: several in a short trial's measured steps
+                    params["period"] = PERIODIC_PERIOD
+                elif "start_iter" in spec.params:
+                    params["start_iter"] = 2
+                if fmt is not None:
+                    params["all_gather"] = fmt
+                entries.append({"name": name, **params} if params else name)
+    if dropped and not quiet:
+        print(f"note: no sharded form, not run under fsdp: {', '.join(dropped)}", flush=True)
     return entries
 
 
-def sweep_config(entries: list, world_size: int, steps: int, eval_every: int, timeline_steps: int = 5):
+def gather_formats(hook: str, all_gather: list[str] | None) -> list[str]:
+    """The all-gather formats ``hook`` runs with under fsdp: each FORMAT of ``all_gather`` and each
+    HOOK:FORMAT naming it, in order (fp32 where none applies)."""
+    out = [x.split(":", 1)[1] if ":" in x else x for x in (all_gather or FSDP_ALL_GATHER)
+           if ":" not in x or x.split(":", 1)[0] == hook]
+    return list(dict.fromkeys(out)) or ["fp32"]
+
+
+def sweep_config(entries: list, world_size: int, steps: int, eval_every: int, timeline_steps: int = 5,
+                 parallelism: str = DDP):
     from service.config import SweepConfig
 
     return SweepConfig.model_validate({
         "name": "projection",
-        "search": {"hooks": entries, "world_size": [world_size], "seed": [0]},
+        "search": {"hooks": entries, "world_size": [world_size], "seed": [0], "parallelism": [parallelism]},
         "workload": {"name": "char_lm", "steps": steps, "global_batch_size": GLOBAL_BATCH, "lr": 0.003,
                      "optimizer": "adamw", "eval_every": eval_every, "warmup_steps": 5 if steps > 10 else 2},
         "tracking": {"timeline_steps": timeline_steps}})
@@ -160,7 +196,7 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
     """One trial on this rank; rank 0's figures. ``other_cores``: the cores the rest of the machine
     kept busy meanwhile (machine busy CPU per wall second less the ranks' own ``cpu_share``): on 2
     cores a test suite started beside the bench doubles a step, and this says which trials it hit."""
-    from service.step_model.bands import error_feedback_of
+    from service.step_model.bands import error_feedback_of, sharding_fields
     from service.train import TrainingContext, run_training
 
     busy0, t0 = busy_cpu_s(), time.perf_counter()
@@ -169,6 +205,7 @@ def _trial(trial, cfg, rank: int, world_size: int, group, logger=None) -> dict:
     wall = time.perf_counter() - t0
     return {"status": result.status, "step_ms": result.summary[measured_step(trial.hook)],
             "error_feedback": error_feedback_of(trial.hook, trial.hook_params),
+            **sharding_fields(trial.parallelism, trial.hook_params.get("all_gather")),
             "final_eval_loss": result.summary.get("final_eval_loss"),
             "other_cores": (busy_cpu_s() - busy0) / wall - result.summary.get("cpu_share", 0.0),
             "timeline": result.timeline.to_json() if result.timeline else None}
@@ -208,7 +245,7 @@ def _arms(rank: int, world_size: int, net, args) -> dict:
     group = netem.process_group_on_host(net.hosts[rank])
     if getattr(args, "comm_apart", False):  # re-checked before every trial
         host_cpu.gloo_threads_apart(group, net.hosts[rank].cgroup)
-    cfg = sweep_config(hook_entries(args.hooks, settings(args)), world_size, args.steps, args.steps)
+    cfg = sweep_config(entries(args), world_size, args.steps, args.steps, parallelism=parallelism(args))
     basis = cluster_mod.BASIS_ARM if args.host_cpus else LOOPBACK
     arms = ([basis] if world_size == 2 else []) + list(args.links)
     out = {"links": [], "runs": []}
@@ -250,13 +287,13 @@ def _probe_loopback() -> list[dict]:
 def _quality(rank: int, world_size: int, args) -> dict:
     """Per hook, one longer loopback trial's eval losses (rank 0 logs them)."""
     steps = args.quality_steps
-    cfg = sweep_config(hook_entries(args.hooks, settings(args)[:1]), world_size, steps, max(steps // 4, 1),
-                       timeline_steps=0)
+    cfg = sweep_config(entries(args, settings(args)[:1]), world_size, steps, max(steps // 4, 1),
+                       timeline_steps=0, parallelism=parallelism(args))
     out = {}
     for trial in cfg.trials():
         log = EvalLog()
         run = _trial(trial, cfg, rank, world_size, None, log if rank == 0 else None)
-        out[trial.hook] = {"evals": log.evals, "status": run["status"], "steps": steps}
+        out[rows_mod.name(run | {"hook": trial.hook})] = {"evals": log.evals, "status": run["status"], "steps": steps}
     return out
 
 
@@ -300,6 +337,11 @@ def parse(argv) -> argparse.Namespace:
                         "kept at most this many cores busy during its trial (on average); with --host-cpus, what the W hosts leave "
                         "free instead (cores - W x Q)")
     parser.add_argument("--hooks", nargs="+", help="a subset of the hooks (allreduce is the target's baseline)")
+    parser.add_argument("--parallelism", choices=[DDP, FSDP], default=DDP, help="fsdp: the hooks that have a sharded "
+                        "form under FSDP2 (the others dropped, with a note); their rows and bands say so")
+    parser.add_argument("--all-gather", nargs="+", metavar="[HOOK:]FORMAT", help="with --parallelism fsdp: the "
+                        "parameter all-gather formats (fp32, bf16, uint8) each sharded hook runs with, or HOOK:FORMAT "
+                        f"for one hook (default: {' '.join(FSDP_ALL_GATHER)})")
     parser.add_argument("--error-feedback", nargs="+", choices=["on", "off"], default=list(ERROR_FEEDBACK),
                         help="each hook that has error feedback runs once per setting")
     parser.add_argument("--host-cpus", type=float, metavar="Q", help="the emulated cluster: every host owns Q "
@@ -317,6 +359,12 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--out", help="JSON path (default bench/results/projection.json)")
     parser.add_argument("--band-out", help="the error band's path (default service/step_model/projection_error.json)")
     args = parser.parse_args(argv)
+    if args.all_gather and args.parallelism != FSDP:
+        parser.error("--all-gather needs --parallelism fsdp (DDP gathers no parameters)")
+    formats = {"fp32", "bf16", "uint8"}
+    bad = [x for x in args.all_gather or [] if x.split(":", 1)[-1] not in formats]
+    if bad:
+        parser.error(f"--all-gather {bad[0]}: a format is one of {', '.join(sorted(formats))} (HOOK:FORMAT for one hook)")
     if args.full and not args.host_cpus:
         parser.error("--full needs --host-cpus (copies of a job fill hosts that own their CPU)")
     if args.comm_apart and not args.host_cpus:
@@ -329,6 +377,18 @@ def parse(argv) -> argparse.Namespace:
     elif not args.band_out and not args.summarise and (args.comm_apart or not args.host_cpus):
         args.band_out = str(CLUSTER_ERROR_FILE if args.host_cpus else SHAPE_ERROR_FILE)
     return args
+
+
+def parallelism(args) -> str:
+    """ddp | fsdp (--parallelism; a saved run from before it: ddp)."""
+    return getattr(args, "parallelism", None) or DDP
+
+
+def entries(args, efs: tuple[bool, ...] | None = None, quiet: bool = True) -> list:
+    """The search.hooks entries this run trains (:func:`hook_entries` of --hooks, the
+    error-feedback settings and, under fsdp, --all-gather)."""
+    return hook_entries(args.hooks, settings(args) if efs is None else efs, parallelism(args),
+                        getattr(args, "all_gather", None), quiet)
 
 
 def settings(args) -> tuple[bool, ...]:
@@ -357,6 +417,7 @@ def summarise_saved(args) -> int:
         cells = rows_mod.with_added_hooks(saved[0], saved[1:])  # later cells files: the hooks it lacks added
         band = {**rows_mod.from_cells(cells), "raw": Path(args.summarise[0]).name}  # the cells it came from
         rows_mod.print_report({"rows": [], "bands": band})
+        rows_mod.print_per_w(cells["cell_rows"], "error_pct")  # per W (and parallelism) over the cells
         if args.band_out:
             print(f"wrote {rows_mod.write_band(band, args.band_out)}")
             if len(saved) > 1:  # the merged cells beside the bands, and the pairs' ratio bands from them
@@ -368,6 +429,8 @@ def summarise_saved(args) -> int:
         links += [x for x in run["settings"]["links"] if x not in links]
     args.world_sizes, args.links, args.steps = sorted(int(w) for w in worlds), links, saved[0]["settings"]["steps"]
     args.host_cpus = saved[0]["settings"].get("host_cpus")
+    args.comm_apart = saved[0]["settings"].get("comm_apart", False)   # the band file's provenance says so
+    args.parallelism = saved[0]["settings"].get("parallelism", DDP)
     args.error_feedback = saved[0]["settings"].get("error_feedback", list(ERROR_FEEDBACK))
     result = rows_mod.summarise(worlds, rules(args))
     rows_mod.print_report(result)
@@ -376,7 +439,7 @@ def summarise_saved(args) -> int:
               f"after {run['load_average_after']})")
     if args.band_out:
         load = [x for run in saved for x in (run["load_average_before"][0], run["load_average_after"][0])]
-        write_bands(result, args, load)
+        write_bands(result, args, load, max(run["finished_utc"] for run in saved))  # when measured, not now
     return 0
 
 
@@ -391,9 +454,10 @@ def write_cells_and_pairs(cells: dict, args) -> None:
                            *("on" if ef else "off" for ef in cells["error_feedback"])])
 
 
-def write_bands(result: dict, args, load: list[float]) -> None:
-    """The band file the report reads and, beside it, the cells it comes from."""
-    band = rows_mod.band_file(result, args, rules(args), load)
+def write_bands(result: dict, args, load: list[float], measured: str | None = None) -> None:
+    """The band file the report reads and, beside it, the cells it comes from (``measured``: when
+    the runs ended, for saved ones; default now)."""
+    band = rows_mod.band_file(result, args, rules(args), load, measured)
     cells = beside(args.band_out, "projection_cells.json")
     band["raw"] = cells.name
     print(f"wrote {rows_mod.write_band(band, args.band_out)}")
@@ -431,6 +495,9 @@ def main(argv=None) -> int:
     why = cluster_mod.preflight(args.host_cpus, args.world_sizes) if args.host_cpus else None
     if why:
         print(f"error: {why}", file=sys.stderr)
+        return 2
+    if not entries(args, quiet=parallelism(args) == DDP):
+        print(f"error: none of the hooks {args.hooks} runs under {parallelism(args)}", file=sys.stderr)
         return 2
     load_before, started = load_average(), time.time()
     print(f"load average at start {load_before}", flush=True)

@@ -33,7 +33,7 @@ from _common import table  # noqa: F401  (puts the repository on sys.path)
 
 import _projection_pairs as pair_mod  # noqa: E402
 import _projection_scores as scores  # noqa: E402
-from service.step_model.bands import RAW_FILE  # noqa: E402
+from service.step_model.bands import RAW_FILE, sharding_in  # noqa: E402
 from service.step_model.pairs import PAIR_FILE  # noqa: E402
 
 NOT_SCORED = ("time to target: not scored. The committed cells' runs trained 20 steps with no quality trials "
@@ -44,17 +44,20 @@ NOT_SCORED = ("time to target: not scored. The committed cells' runs trained 20 
 
 
 def print_baseline_pairs(cells: list[dict], bands: list[dict]) -> None:
-    """Each hook's step over allreduce's: the error at each held-out link, the band, per W."""
+    """Each configuration's step over allreduce's (an fsdp one's: over fsdp's allreduce): the error
+    at each held-out link, the band, per W."""
     rows = []
     for band in bands:
-        if band["b"] != pair_mod.BASELINE:
+        if band["b"] != pair_mod.BASELINE or sharding_in(band, "a_")[0] != sharding_in(band, "b_")[0]:
             continue
         errors = [c["error_pct"] for c in cells
-                  if (c["a"], c["b"], c["world_size"]) == (band["a"], band["b"], band["world_size"])]
-        rows.append([band["a"], band["a_error_feedback"], band["world_size"], " / ".join(f"{e:+.1f}" for e in errors),
+                  if (pair_mod.pair_key(c), c["world_size"]) == (pair_mod.pair_key(band), band["world_size"])]
+        side = {"hook": band["a"], **{k[2:]: v for k, v in band.items() if k in ("a_parallelism", "a_all_gather")}}
+        rows.append([pair_mod.name(side), band["a_error_feedback"], band["world_size"],
+                     " / ".join(f"{e:+.1f}" for e in errors),
                      f"{band['low_pct']:+.1f} … {band['high_pct']:+.1f}"])
     rows.sort(key=lambda r: (r[0], r[2]))
-    print(table(["hook / allreduce", "error feedback", "W", "ratio error % per link", "band %"], rows))
+    print(table(["configuration / allreduce", "error feedback", "W", "ratio error % per link", "band %"], rows))
 
 
 def print_pooled(cells: list[dict], moves: dict[int, float]) -> None:

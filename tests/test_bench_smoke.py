@@ -223,6 +223,61 @@ def test_projection_summarise_adds_the_hooks_committed_cells_lack_from_a_later_r
     assert (tmp_path / "projection_pairs_cluster.json").exists()
 
 
+def test_projection_summarise_keeps_a_later_runs_fsdp_rows_apart_from_the_same_hooks_ddp_ones(tmp_path):
+    """--summarise COMMITTED NEW --band-out with NEW an fsdp run (bench/projection.py --parallelism
+    fsdp): its rows are added beside the committed ddp rows of the same hooks, each all-gather
+    format kept apart; the bands, cells and pairs carry parallelism and all_gather, the ddp ones
+    stay as they were (no field: ddp), and the report takes each trial's own."""
+    from service.step_model.bands import error_bands
+    from service.step_model.pairs import Configured, pair_bands
+
+    def cell(hook, ef, w, link, error, sharding=None):
+        return {"hook": hook, "error_feedback": ef, **(sharding or {}), "world_size": w, "link_gbps": link,
+                "link_measured_gbps": link, "latency_ms": 0.05, "projected_ms": 100 + error, "measured_ms": 100.0,
+                "error_pct": error, "quiet_repeats": 3, "repeats": 3, "counted": True, "why_not": None}
+
+    def cells_file(path, measured, rows):
+        path.write_text(json.dumps({"format": 2, "source": "bench/projection.py", "measured": measured,
+                                    "workload": "char_lm", "basis": "hosts", "cells": "W=4 x 0.5,1", "cell_rows": rows,
+                                    "load_average": [1.0, 1.0], "error_feedback": [True, False]}))
+        return path
+
+    fsdp, uint8 = {"parallelism": "fsdp", "all_gather": "fp32"}, {"parallelism": "fsdp", "all_gather": "uint8"}
+    committed_rows = [cell(h, ef, 4, link, e) for h, ef, e in (("allreduce", None, -2.0), ("quantized_allreduce", False, 1.0))
+                      for link in (0.5, 1.0)]
+    committed = cells_file(tmp_path / "projection_cells_cluster.json", "2026-12-01T00:00:00Z", committed_rows)
+    later_rows = [cell("allreduce", None, 4, link, -6.0 - link, fsdp) for link in (0.5, 1.0)]
+    later_rows += [cell("quantized_allreduce", False, 4, link, 3.0 * link, fsdp) for link in (0.5, 1.0)]
+    later_rows += [cell("quantized_allreduce", False, 4, link, 9.0 * link, uint8) for link in (0.5, 1.0)]
+    later = cells_file(tmp_path / "fsdp_cells.json", "2026-12-06T00:00:00Z", later_rows)
+    out = tmp_path / "projection_error_cluster.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "projection.py"), "--summarise", str(committed),
+                           str(later), "--band-out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "fsdp W=4: -7.0 .. 9.0 %" in proc.stdout and "ddp W=4: -2.0 .. 1.0 %" in proc.stdout
+    written = json.loads(out.read_text())["bands"]
+    assert [b.get("parallelism", "ddp") for b in written] == ["ddp", "ddp", "fsdp", "fsdp", "fsdp"]
+    assert "parallelism" not in written[0] and written[4]["all_gather"] == "uint8"
+    bands = error_bands(out)
+    band = {(h, p, g): bands.for_cell(h, ef, 4, p, g) for h, ef, p, g in (
+        ("allreduce", None, "ddp", None), ("allreduce", None, "fsdp", None),
+        ("quantized_allreduce", False, "ddp", None), ("quantized_allreduce", False, "fsdp", "fp32"),
+        ("quantized_allreduce", False, "fsdp", "uint8"))}
+    assert [(b.low_pct, b.high_pct) for b in band.values()] == [
+        (-2.0, -2.0), (-7.0, -6.5), (1.0, 1.0), (1.5, 3.0), (4.5, 9.0)]
+    merged = json.loads(committed.read_text())
+    assert len(merged["cell_rows"]) == 10 and merged["added"][0]["hooks"] == [
+        "allreduce under fsdp, fp32 all-gather", "quantized_allreduce under fsdp, fp32 all-gather",
+        "quantized_allreduce under fsdp, uint8 all-gather"]
+    pairs = pair_bands(tmp_path / "projection_pairs_cluster.json")
+    ddp_pair = pairs.for_pair(Configured("quantized_allreduce", False), Configured("allreduce", None), 4)
+    fsdp_pair = pairs.for_pair(Configured("quantized_allreduce", False, "fsdp", "uint8"),
+                               Configured("allreduce", None, "fsdp"), 4)
+    assert ddp_pair.measured and fsdp_pair.measured and ddp_pair.source != fsdp_pair.source
+    assert fsdp_pair.source == ("measured for quantized_allreduce with error feedback off under fsdp, uint8 all-gather "
+                                "against allreduce under fsdp, fp32 all-gather")
+
+
 def test_projection_summarise_re_derives_the_bands_from_the_committed_cells(tmp_path):
     """bench/projection.py --summarise on a projection_cells.json: the bands per hook, error
     feedback and W again, in the format the report reads."""

@@ -217,7 +217,7 @@ def test_quality_from_the_largest_world_size_and_the_step_from_the_smallest_abov
     from service.answer.recommend import TimeToTarget
 
     def trial(w, seed, step):
-        record = SimpleNamespace(params={"global_batch_size": "64"})
+        record = SimpleNamespace(params={"global_batch_size": "64"}, parallelism="ddp")
         return SimpleNamespace(state="ok", config="allreduce", hook="allreduce", world_size=w, seed=seed,
                                run_id=f"w{w}s{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False),
                                hook_params={})
@@ -244,7 +244,7 @@ def test_the_crossing_steps_are_those_of_the_seeds_every_configuration_ran():
     from service.answer.recommend import TimeToTarget
 
     def trial(config, seed, step):
-        record = SimpleNamespace(params={"global_batch_size": "64"})
+        record = SimpleNamespace(params={"global_batch_size": "64"}, parallelism="ddp")
         return SimpleNamespace(state="ok", config=config, hook=config, world_size=2, seed=seed,
                                run_id=f"{config}{seed}", record=record, time_to_target=TimeToTarget(1.0, step, False),
                                hook_params={})

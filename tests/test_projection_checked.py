@@ -111,3 +111,62 @@ def test_a_world_size_the_sweep_ran_keeps_its_own_quality_verdict():
     # projection.csv's measured_world_size and matches_quality are the cell's quality W's
     assert [c.row()["measured_world_size"] for c in cells] == [2, 4, 4]
     assert [c.row()["matches_quality"] for c in cells] == [False, True, True]
+
+
+def sharded_band_file(tmp_path):
+    """DDP's bands as every file before fsdp wrote them (no parallelism field) and fsdp's beside
+    them, per all-gather format (bench/projection.py --parallelism fsdp)."""
+    rows = [("allreduce", None, {}, 4, -3.0, 2.0),
+            ("allreduce", None, {"parallelism": "fsdp", "all_gather": "fp32"}, 4, -8.0, -6.0),
+            ("quantized_allreduce", False, {}, 4, -1.0, 1.0),
+            ("quantized_allreduce", False, {"parallelism": "fsdp", "all_gather": "fp32"}, 4, 4.0, 7.0),
+            ("quantized_allreduce", False, {"parallelism": "fsdp", "all_gather": "uint8"}, 4, -20.0, 12.0)]
+    path = tmp_path / "projection_error_cluster.json"
+    path.write_text(json.dumps({
+        "format": 2, "source": "bench/projection.py", "measured": "2026-12-06T09:00:00Z", "workload": "char_lm",
+        "basis": "hosts, W=2", "cells": "W=4", "load_average": [1.0, 1.0], "overall": {},
+        "bands": [{"hook": h, "error_feedback": ef, **sharding, "world_size": w, "low_pct": lo, "high_pct": hi,
+                   "median_abs_pct": 1.0, "counted": 2, "excluded": 0} for h, ef, sharding, w, lo, hi in rows]}))
+    return step_bands.error_bands(path)
+
+
+def test_an_fsdp_trial_takes_its_fsdp_band_and_a_ddp_trial_its_ddp_one(tmp_path):
+    bands = sharded_band_file(tmp_path)
+    ddp, fsdp = bands.for_cell("allreduce", None, 4), bands.for_cell("allreduce", None, 4, "fsdp")
+    assert (ddp.low_pct, ddp.high_pct, ddp.source) == (-3.0, 2.0, "measured for allreduce")
+    assert (fsdp.low_pct, fsdp.high_pct) == (-8.0, -6.0)
+    assert fsdp.source == "measured for allreduce under fsdp, fp32 all-gather"
+    assert bands.for_cell("allreduce", None, 4, "ddp").low_pct == -3.0
+    # fsdp's all-gather: fp32 where not given; each format its own band; DDP gathers nothing
+    assert bands.for_cell("quantized_allreduce", False, 4, "fsdp").low_pct == 4.0
+    assert bands.for_cell("quantized_allreduce", False, 4, "fsdp", "uint8").low_pct == -20.0
+    assert bands.for_cell("quantized_allreduce", False, 4, "ddp", "uint8").low_pct == -1.0
+    unmeasured = bands.for_cell("quantized_allreduce", False, 4, "fsdp", "bf16")   # the widest, and says so
+    assert (unmeasured.low_pct, unmeasured.high_pct) == (-20.0, 12.0)
+    assert unmeasured.source == ("widest measured: quantized_allreduce with error feedback off under fsdp, "
+                                 "bf16 all-gather was not measured")
+
+
+def test_the_reports_bases_take_their_trials_parallelism_and_all_gather_to_their_band(tmp_path):
+    """projection.bases: an fsdp configuration's basis carries fsdp and its trials' all-gather
+    format (hook_params), so its cells (projection.csv, the map, the cluster answer) print the fsdp band."""
+    from types import SimpleNamespace
+
+    from service.answer.recommend import TimeToTarget
+
+    def trial(config, parallelism, all_gather, seed):
+        record = SimpleNamespace(params={"global_batch_size": "64"}, parallelism=parallelism)
+        params = {"chunk_size": 512, "error_feedback": False, **({"all_gather": all_gather} if all_gather else {})}
+        return SimpleNamespace(state="ok", config=config, hook="quantized_allreduce", world_size=4, seed=seed,
+                               run_id=f"{config}{seed}", record=record, time_to_target=TimeToTarget(1.0, 50.0, False),
+                               hook_params=params)
+
+    trials = [trial("quantized_allreduce-c512", "ddp", None, s) for s in (0, 1)]
+    trials += [trial("quantized_allreduce-c512-all_gatheruint8-fsdp", "fsdp", "uint8", s) for s in (0, 1)]
+    recorded = {t.run_id: trial_timeline() for t in trials}
+    by_config = {b.config: b for b in projection.bases(trials, [], recorded.get)}
+    ddp, fsdp = by_config["quantized_allreduce-c512"], by_config["quantized_allreduce-c512-all_gatheruint8-fsdp"]
+    assert (ddp.parallelism, ddp.all_gather, fsdp.parallelism, fsdp.all_gather) == ("ddp", None, "fsdp", "uint8")
+    bands = sharded_band_file(tmp_path)
+    cells = {p.config: p.band for p in projection.project([ddp, fsdp], [4], [10.0], 0.025, bands)}
+    assert cells[ddp.config].low_pct == -1.0 and cells[fsdp.config].low_pct == -20.0

@@ -15,7 +15,7 @@ from hooks.registry import spec
 from service.answer.projection import Basis
 from service.answer.recommend import BASELINE_HOOK
 from service.step_model.bands import ErrorBands, error_bands
-from service.step_model.pairs import Configured, PairBands, pair_bands
+from service.step_model.pairs import PairBands, pair_bands
 from service.step_model.planner import Plan, design, layout
 from service.step_model.price import Cell, CellRefused
 from service.step_model.transport import TransportFit
@@ -125,8 +125,7 @@ def _margins(chosen: list[Basis], base: Basis, world_size: int, bands: ErrorBand
     for b in chosen:
         if b is base:
             continue
-        band = pairs.between(Configured(b.hook, b.error_feedback), Configured(base.hook, base.error_feedback),
-                             world_size, bands)
+        band = pairs.between(b.configured, base.configured, world_size, bands)
         margins[b.config] = band.high_pct - band.low_pct
     return margins
 

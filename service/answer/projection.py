@@ -24,8 +24,8 @@ world size above 1 (where ranks share this machine least). At a cell (W, link):
 * Collectives are priced at the cell's latency (``latency_ms`` of report.project / report.cluster,
   default and its reason in docs/hooks.md), not at a constant of the model.
 * Beside every projected figure, the model's error measured on held-out emulated cells by
-  bench/projection.py for its hook with its error-feedback setting, at the checked W nearest the
-  cell's (``service/step_model/projection_error.json``: ``bands.error_bands``, the one place the
+  bench/projection.py for its hook with its error-feedback setting (under fsdp: its fsdp band,
+  with its all-gather format), at the checked W nearest the cell's (``service/step_model/projection_error.json``: ``bands.error_bands``, the one place the
   report takes it from); a cell above every checked W says so.
 * Which configuration wins a cell, and whether the measurement can tell (:func:`winner`): the
   rule of service/step_model/pairs.py, on the error of the *ratio* of two configurations'
@@ -52,7 +52,7 @@ from typing import Callable, Iterable, Optional
 
 from service.answer.recommend import BASELINE_HOOK
 from service.answer.sequential import Verdict
-from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of
+from service.step_model.bands import ErrorBand, ErrorBands, error_bands, error_feedback_of, sharding_of
 from service.step_model.bands import band_text as one_band
 from service.step_model.pairs import Configured, Contender, PairBands, RatioBand, decide, pair_bands
 from service.step_model.price import CellRefused
@@ -106,6 +106,13 @@ class Basis:
     other_quality: tuple[QualityAt, ...] = ()   # at the other world sizes it ran
     error_feedback: Optional[bool] = None        # its hook's setting (None: the hook has none)
     spread: float = 0.0                          # its measured time to target's spread at W_m (QualityAt.spread)
+    parallelism: str = "ddp"                     # ddp | fsdp (search.parallelism): which bands it takes
+    all_gather: Optional[str] = None             # fsdp's parameter all-gather format (hook_params' all_gather)
+
+    @property
+    def configured(self) -> Configured:
+        """Its hook, error-feedback setting and sharding as the measured bands are kept for."""
+        return Configured(self.hook, self.error_feedback, self.parallelism, self.all_gather).keyed()
 
     @property
     def crossing_step(self) -> Optional[float]:
@@ -160,7 +167,8 @@ def project_cell(basis: Basis, world_size: int, link_gbps: float, latency_ms: fl
                  bands: Optional[ErrorBands] = None, transport: Optional[TransportFit] = None) -> CellProjection:
     """``basis`` priced at (``world_size``, ``link_gbps``, ``latency_ms``) (the module doc's
     formulas), its collectives' transport from the sweep's ``transport`` where measured."""
-    band = (bands or error_bands()).for_cell(basis.hook, basis.error_feedback, world_size)
+    band = (bands or error_bands()).for_cell(basis.hook, basis.error_feedback, world_size, basis.parallelism,
+                                             basis.all_gather)
     quartile = transport.quartile() if transport is not None else None
     try:
         steps = [t.price(basis.global_batch, world_size, link_gbps, latency_ms / 1000.0, transport).step_ms
@@ -244,10 +252,11 @@ def bases(trials: list, recs: list, timeline_of: Callable[[str], Optional[TrialT
         quality = {w: _quality(by_config, recs, config, w) for w in by_w}
         top = quality[max(by_w)]
         first = next(iter(by_w[top.world_size].values()))
+        parallelism, all_gather = sharding_of(first.record.parallelism, first.hook_params.get("all_gather"))
         out.append(Basis(config, first.hook, top.world_size, int(first.record.params["global_batch_size"]),
                          recorded[1], top.crossing_steps, top.matches, recorded[0],
                          tuple(q for w, q in sorted(quality.items()) if w != top.world_size),
-                         error_feedback_of(first.hook, first.hook_params), top.spread))
+                         error_feedback_of(first.hook, first.hook_params), top.spread, parallelism, all_gather))
     out.sort(key=lambda b: (b.hook != BASELINE_HOOK, b.config))
     return _pooled(out)
 
@@ -346,9 +355,7 @@ def winner(at_cell: list[CellProjection], pairs: Optional[PairBands] = None) -> 
 
     def band_of(a: str, b: str) -> RatioBand:
         pa, pb = ranked[a], ranked[b]
-        return pairs.for_pair(Configured(pa.basis.hook, pa.basis.error_feedback),
-                              Configured(pb.basis.hook, pb.basis.error_feedback), first.world_size,
-                              absolute=(pa.band, pb.band))
+        return pairs.for_pair(pa.basis.configured, pb.basis.configured, first.world_size, absolute=(pa.band, pb.band))
 
     d = decide([_contender(p) for p in ranked.values()], band_of,
                BASELINE_HOOK if BASELINE_HOOK in ranked else None)

@@ -4,8 +4,8 @@ cells bench/projection.py priced and ran, per hook, error-feedback setting and w
 cluster from the raw cells it commits beside it, ``projection_cells_cluster.json``;
 :func:`error_bands` is the one place the report reads it from).
 
-A cell at world size W takes the band measured for its hook with its error-feedback setting at
-the checked W nearest to W (in log2: the world size doubles from cell to cell); above the
+A cell at world size W takes the band measured for its configuration (hook, error-feedback
+setting, parallelism and, under fsdp, the parameter all-gather's format) at the checked W nearest to W (in log2: the world size doubles from cell to cell); above the
 largest checked W it says so (``ErrorBand.beyond``): nothing measured says the error stays there.
 Every band the report prints, absolute or of a ratio, is printed by :func:`band_text`.
 """
@@ -29,6 +29,31 @@ ERROR_FILE = Path(__file__).with_name("projection_error_cluster.json")
 RAW_FILE = Path(__file__).with_name("projection_cells_cluster.json")
 SHAPE_ERROR_FILE = Path(__file__).with_name("projection_error.json")
 FORMAT = 2  # bands keyed by hook, error feedback and W; format 1 (by hook only) is still read
+DDP, FSDP = "ddp", "fsdp"
+# A band, cell row or pair side measured under fsdp says so (``parallelism``: fsdp, ``all_gather``:
+# its format); one without those fields (every file from before fsdp was measured) is ddp's.
+DEFAULT_ALL_GATHER = "fp32"
+
+
+def sharding_of(parallelism: Optional[str], all_gather: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """(parallelism, all-gather format) as bands are keyed: ("ddp", None) for a DDP trial (it
+    gathers no parameters, whatever its params say), ("fsdp", format) for an fsdp one (fp32,
+    FSDP's own, where not given)."""
+    if (parallelism or DDP) != FSDP:
+        return DDP, None
+    return FSDP, all_gather or DEFAULT_ALL_GATHER
+
+
+def sharding_fields(parallelism: Optional[str], all_gather: Optional[str] = None) -> dict:
+    """What a band, cell row or pair side written by the bench carries of its sharding: nothing
+    for ddp (the files stay as they were), ``{"parallelism": "fsdp", "all_gather": format}`` for fsdp."""
+    par, gather = sharding_of(parallelism, all_gather)
+    return {} if par == DDP else {"parallelism": par, "all_gather": gather}
+
+
+def sharding_in(d: dict, prefix: str = "") -> tuple[str, Optional[str]]:
+    """A band's, row's or pair side's (``prefix``: "a_" or "b_") sharding as :func:`sharding_of` keys it."""
+    return sharding_of(d.get(f"{prefix}parallelism"), d.get(f"{prefix}all_gather"))
 
 
 def error_feedback_of(hook: str, params: dict) -> Optional[bool]:
@@ -40,11 +65,13 @@ def error_feedback_of(hook: str, params: dict) -> Optional[bool]:
     return bool(params.get("error_feedback", defaults["error_feedback"]))
 
 
-def label(hook: str, error_feedback: Optional[bool]) -> str:
-    """'topk with error feedback off'; the hook alone where it has no such setting."""
-    if error_feedback is None:
-        return hook
-    return f"{hook} with error feedback {'on' if error_feedback else 'off'}"
+def label(hook: str, error_feedback: Optional[bool], parallelism: Optional[str] = None,
+          all_gather: Optional[str] = None) -> str:
+    """'topk with error feedback off'; the hook alone where it has no such setting; under fsdp
+    'quantized_allreduce with error feedback off under fsdp, uint8 all-gather'."""
+    text = hook if error_feedback is None else f"{hook} with error feedback {'on' if error_feedback else 'off'}"
+    par, gather = sharding_of(parallelism, all_gather)
+    return text if par == DDP else f"{text} under fsdp, {gather} all-gather"
 
 
 def pct_range(low: float, high: float) -> str:
@@ -110,13 +137,20 @@ class ErrorBand:
 @dataclass(frozen=True)
 class MeasuredBand:
     """One band as the bench measured it: a hook, its error-feedback setting (None: it has
-    none), the world size of its counted cells."""
+    none), the world size of its counted cells; ``parallelism`` and ``all_gather`` as
+    :func:`sharding_of` keys them (ddp, None: DDP's)."""
 
     hook: str
     error_feedback: Optional[bool]
     world_size: int
     low_pct: float
     high_pct: float
+    parallelism: str = DDP
+    all_gather: Optional[str] = None
+
+    @property
+    def configuration(self) -> tuple:
+        return (self.hook, self.error_feedback, *sharding_of(self.parallelism, self.all_gather))
 
 
 @dataclass(frozen=True)
@@ -124,15 +158,18 @@ class ErrorBands:
     measured: tuple[MeasuredBand, ...]
     provenance: str   # what was measured, where and when (one line)
 
-    def for_cell(self, hook: str, error_feedback: Optional[bool], world_size: int) -> Optional[ErrorBand]:
-        """The band of ``hook`` with ``error_feedback`` at the checked W nearest ``world_size``;
-        for a hook (or setting) the bench did not measure, the widest band any had there."""
+    def for_cell(self, hook: str, error_feedback: Optional[bool], world_size: int, parallelism: Optional[str] = None,
+                 all_gather: Optional[str] = None) -> Optional[ErrorBand]:
+        """The band of ``hook`` with ``error_feedback`` under ``parallelism`` (ddp where None; an
+        fsdp trial's with its ``all_gather`` format, fp32 where None) at the checked W nearest
+        ``world_size``; for a configuration the bench did not measure, the widest band any had there."""
         if not self.measured:
             return None
-        mine = [m for m in self.measured if (m.hook, m.error_feedback) == (hook, error_feedback)]
+        want = (hook, error_feedback, *sharding_of(parallelism, all_gather))
+        mine = [m for m in self.measured if m.configuration == want]
         pool = mine or list(self.measured)
-        source = (f"measured for {label(hook, error_feedback)}" if mine
-                  else f"widest measured: {label(hook, error_feedback)} was not measured")
+        named = label(*want)
+        source = f"measured for {named}" if mine else f"widest measured: {named} was not measured"
         checked = sorted({m.world_size for m in pool})
         nearest = nearest_checked(checked, world_size)
         at = [m for m in pool if m.world_size == nearest]
@@ -152,8 +189,9 @@ def _bands_v1(data: dict) -> tuple[MeasuredBand, ...]:
 
 
 def _bands_v2(data: dict) -> tuple[MeasuredBand, ...]:
+    """Format 2: a band without ``parallelism`` (every one from before fsdp was measured) is ddp's."""
     return tuple(MeasuredBand(b["hook"], b["error_feedback"], int(b["world_size"]),
-                              float(b["low_pct"]), float(b["high_pct"]))
+                              float(b["low_pct"]), float(b["high_pct"]), *sharding_in(b))
                  for b in data["bands"] if b.get("counted"))
 
 

@@ -36,7 +36,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple, Optional
 
-from service.step_model.bands import ErrorBand, ErrorBands, band_text, label, nearest_checked, pct_range, where_checked
+from service.step_model.bands import (DDP, ErrorBand, ErrorBands, band_text, label, nearest_checked, pct_range,
+                                      sharding_in, sharding_of, where_checked)
 
 PAIR_FILE = Path(__file__).with_name("projection_pairs_cluster.json")  # from the cells the report's bands come from
 SHAPE_PAIR_FILE = Path(__file__).with_name("projection_pairs.json")   # this machine's shape (W ranks on its cores): benches
@@ -44,10 +45,17 @@ FORMAT = 1
 
 
 class Configured(NamedTuple):
-    """A hook with its error-feedback setting (None: it has none): what a pair band is kept for."""
+    """A hook with its error-feedback setting (None: it has none) and, under fsdp, its parameter
+    all-gather's format: what a pair band is kept for (a side without a parallelism is ddp's)."""
 
     hook: str
     error_feedback: Optional[bool]
+    parallelism: str = DDP
+    all_gather: Optional[str] = None
+
+    def keyed(self) -> "Configured":
+        """As bands are keyed (bands.sharding_of): an fsdp side's all-gather fp32 where not given."""
+        return Configured(self.hook, self.error_feedback, *sharding_of(self.parallelism, self.all_gather))
 
 
 @dataclass(frozen=True)
@@ -123,6 +131,7 @@ class PairBands:
                  absolute: tuple[Optional[ErrorBand], Optional[ErrorBand]] = (None, None)) -> RatioBand:
         """The band of a's projected step over b's at the checked W nearest ``world_size``;
         for a pair the bench did not measure, ``absolute`` (a's and b's bands) composed."""
+        a, b = a.keyed(), b.keyed()
         mine = [(m, False) for m in self.measured if (m.a, m.b) == (a, b)]
         mine += [(m, True) for m in self.measured if (m.a, m.b) == (b, a) and a != b]
         if not mine:
@@ -139,14 +148,18 @@ class PairBands:
     def between(self, a: Configured, b: Configured, world_size: int, absolute: ErrorBands) -> RatioBand:
         """:meth:`for_pair` with ``absolute``'s bands of a and b at ``world_size`` for a pair the
         bench did not measure."""
-        return self.for_pair(a, b, world_size, (absolute.for_cell(*a, world_size), absolute.for_cell(*b, world_size)))
+        return self.for_pair(a, b, world_size, (absolute.for_cell(a.hook, a.error_feedback, world_size, a.parallelism,
+                                                                   a.all_gather),
+                                                absolute.for_cell(b.hook, b.error_feedback, world_size, b.parallelism,
+                                                                  b.all_gather)))
 
 
 def from_json(data: dict) -> PairBands:
     """Pair bands from ``projection_pairs.json``'s form (format 1)."""
     if data.get("format") != FORMAT:
         raise ValueError(f"pair bands format {data.get('format')!r}, this reader reads {FORMAT}")
-    measured = tuple(MeasuredPair(Configured(b["a"], b["a_error_feedback"]), Configured(b["b"], b["b_error_feedback"]),
+    measured = tuple(MeasuredPair(Configured(b["a"], b["a_error_feedback"], *sharding_in(b, "a_")),
+                                  Configured(b["b"], b["b_error_feedback"], *sharding_in(b, "b_")),
                                   int(b["world_size"]), float(b["low_pct"]), float(b["high_pct"]), int(b["cells"]))
                      for b in data["bands"])
     return PairBands(measured, f"{data['source']} from {data['derived_from']}, {data['measured'][:10]}")
