@@ -74,7 +74,17 @@ def test_ranks_sharing_cores_stretch_the_calls_own_work_not_their_collectives():
     scaling = ComputeScaling(LinearCost(0.0, 10.0 / 16), LinearCost(0.0, 20.0 / 16))
     # W = 4 keeps the global batch of 32: each rank's compute halves, the calls' own work does not
     four = price_cell(t, scaling, 32, Cell(4, math.inf, 0.0))
-    assert four.compute_ms == pytest.approx(5.0 + 10.0 + 2.0)
+    assert four.compute_ms == pytest.approx(5.0 + 10.0 + 1.0)  # the optimizer steps a quarter, not a half
+
+
+def test_each_rank_steps_its_own_shard_so_the_optimizer_shrinks_with_more_ranks():
+    t = fsdp_step()  # measured at W = 2: optimizer 2 ms
+    flat = ComputeScaling(LinearCost(10.0), LinearCost(20.0))  # the same forward and backward at any batch
+    four = price_cell(t, flat, 32, Cell(4, math.inf, 0.0))
+    assert four.compute_ms == pytest.approx(10.0 + 20.0 + 1.0)
+    ddp = StepTimeline(hook="allreduce", world_size=2, batch=16, forward_ms=10.0, buckets=(), backward_end_ms=20.0,
+                       optimizer_ms=2.0)
+    assert price_cell(ddp, flat, 32, Cell(4, math.inf, 0.0)).compute_ms == pytest.approx(32.0)  # every parameter
 
 
 def test_a_transport_fit_without_the_fsdp_kinds_leaves_the_measured_comm_in_place():

@@ -45,6 +45,9 @@ values at any W). Nothing overlaps: on GPUs FSDP2 prefetches the next block's al
 and reduce-scatters on a stream of its own, which this model does not price (there it is an
 upper bound).
 
+An fsdp rank's optimizer steps its 1/W shard: :func:`price_cell` scales it by measured W / W
+(:func:`sharded_optimizer`).
+
 At a fixed global batch (:func:`price_cell`) a rank's forward and backward shrink as the batch
 splits over more ranks: each is fixed + per-sample cost (:class:`ComputeScaling`, fitted by
 ``timeline.fit_linear`` from two measured micro-batch sizes), the timeline's backward scaled along
@@ -243,6 +246,15 @@ def at_batch(timeline: StepTimeline, compute: ComputeScaling, batch: int) -> Ste
                    buckets=tuple(buckets), backward_end_ms=backward_compute * bwd + encoded)
 
 
+def sharded_optimizer(timeline: StepTimeline, world_size: int) -> StepTimeline:
+    """An fsdp step's optimizer at ``world_size``: each rank steps its 1/W shard of the
+    parameters, so the measured optimizer scales by measured W / W (a ddp step's, every rank
+    stepping all of them, stays as measured)."""
+    if not timeline.sharded or world_size == timeline.world_size:
+        return timeline
+    return replace(timeline, optimizer_ms=timeline.optimizer_ms * timeline.world_size / world_size)
+
+
 def _ratio(cost: LinearCost, batch: int, measured_batch: int) -> float:
     then = cost.at(measured_batch)
     return cost.at(batch) / then if then > 0 else 1.0
@@ -290,7 +302,7 @@ def price_cell(timeline: StepTimeline, compute: ComputeScaling, global_batch: in
     sizes probed with a core per rank (``TransportFit.own_cores``). CellRefused with more ranks
     than samples."""
     w = cell.world_size
-    shaped = at_batch(timeline, compute, rank_batch(global_batch, w))
+    shaped = sharded_optimizer(at_batch(timeline, compute, rank_batch(global_batch, w)), w)
     shaped = time_shared(shaped, sharing(w, cell.cores) / sharing(timeline.world_size, cell.cores))
     transport = cell.transport
     if transport is not None and cell.cores is None:  # a cluster: no W probed on shared cores
