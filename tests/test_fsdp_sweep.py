@@ -12,8 +12,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.stores import store_uri
-from tests.test_sweep_e2e import child_runs_by_name, run_sweep_cli
+from tests.test_sweep_e2e import sweep_of
 
 STEPS = 12
 CONFIG = f"""
@@ -38,15 +37,7 @@ DDP, FSDP, UINT8 = "allreduce-w2-s0", "allreduce-fsdp-w2-s0", "quantized_allredu
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fsdp_sweep")
-    config = tmp / "fsdp_sweep.yaml"
-    config.write_text(CONFIG)
-    uri = store_uri(tmp)
-    proc = run_sweep_cli(config, tmp, uri)
-    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "fsdp_sweep")
-    report_dir = next(tmp.glob("results/fsdp_sweep-*/report"))
-    return {"proc": proc, "uri": uri, "runs": runs, "report": report_dir}
+    return sweep_of(tmp_path_factory, "fsdp_sweep", CONFIG)
 
 
 @pytest.mark.ray

@@ -11,8 +11,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.stores import store_uri
-from tests.test_sweep_e2e import child_runs_by_name, run_sweep_cli
+from tests.test_sweep_e2e import sweep_of
 
 CONFIG = """
 name: local_sgd_sweep
@@ -34,15 +33,7 @@ NAMES = ("allreduce-w2-s0", "post_local_sgd-p4-w2-s0", "diloco-p8-quantization_p
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("local_sgd_sweep")
-    config = tmp / "local_sgd_sweep.yaml"
-    config.write_text(CONFIG)
-    uri = store_uri(tmp)
-    proc = run_sweep_cli(config, tmp, uri)
-    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), "local_sgd_sweep")
-    report_dir = next(tmp.glob("results/local_sgd_sweep-*/report"))
-    return {"proc": proc, "uri": uri, "runs": runs, "report": report_dir}
+    return sweep_of(tmp_path_factory, "local_sgd_sweep", CONFIG)
 
 
 @pytest.mark.ray

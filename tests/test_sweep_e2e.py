@@ -187,6 +187,19 @@ def write_config(tmp_path: Path, **fields) -> Path:
     return path
 
 
+def sweep_of(tmp_path_factory, name: str, config_text: str) -> dict:
+    """A sweep of ``config_text`` (its ``name:``) run once through the CLI on a fresh SQLite store:
+    the process, the store's URI, its child runs by name and its report's folder."""
+    tmp = tmp_path_factory.mktemp(name)
+    config = tmp / f"{name}.yaml"
+    config.write_text(config_text)
+    uri = store_uri(tmp)
+    proc = run_sweep_cli(config, tmp, uri)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    runs = child_runs_by_name(MlflowClient(tracking_uri=uri), name)
+    return {"proc": proc, "uri": uri, "runs": runs, "report": next(tmp.glob(f"results/{name}-*/report"))}
+
+
 def child_runs_by_name(client: MlflowClient, experiment: str) -> dict:
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], max_results=100)
