@@ -8,14 +8,15 @@
     state.stats()   # reduce_scatter_bytes, all_gather_bytes, wire_bytes, all_gather_rel_error, ...
 
 What a hook's sharded form is lives in its spec (``HookSpec.sharded``, hooks/spec.py); the
-forms themselves in hooks/sharded.py.
+forms themselves in hooks/sharded.py, FSDP's interfaces carrying them in hooks/fsdp_comms.py
+(imported by ``attach`` alone: see there).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from . import registry
-from .sharded import ShardedAllGather, ShardedReduceScatter, ShardState
+from .sharded import ShardState
 from .spec import HookSpec, ShardedForm
 
 
@@ -65,6 +66,8 @@ def attach(state: ShardState, form: ShardedForm, module, index: int) -> None:
     """Module ``index``'s reduce-scatter and all-gather become the form's (``module``: an
     FSDPModule; ``index``: its place in the sharding order, which keys its NaN flag and residual).
     A module without parameters of its own has no FSDP collectives: nothing to attach."""
+    from .fsdp_comms import ShardedAllGather, ShardedReduceScatter  # torch.distributed.fsdp: only where a model is sharded
+
     state_of = module._get_fsdp_state()
     if not state_of._fsdp_param_groups:
         return

@@ -3,7 +3,7 @@
 FSDP2 (``torch.distributed.fsdp.fully_shard``) reduce-scatters each sharded module's gradients
 once per backward and all-gathers its parameters before each forward and backward; torch 2.13
 lets both be replaced per module (``set_custom_reduce_scatter``, ``set_custom_all_gather``, the
-``ReduceScatter`` / ``AllGather`` interfaces). A hook's sharded form (``HookSpec.sharded``) is a
+``ReduceScatter`` / ``AllGather`` interfaces, hooks/fsdp_comms.py). A hook's sharded form (``HookSpec.sharded``) is a
 plain function like a DDP hook, ``reduce_scatter(state, shard, output)``:
 
 * ``shard`` (:class:`GradShard`): what FSDP hands over, the module's unsharded gradients laid
@@ -40,7 +40,6 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 from . import quantize as q
 from .spec import Param, choice, positive_int
@@ -288,44 +287,3 @@ def _float32_only(shard: torch.Tensor) -> None:
     if shard.dtype != torch.float32:
         raise ValueError(f"a compressed parameter all-gather takes float32 parameters, got {shard.dtype} "
                          "(mixed parameter dtypes in one FSDP module, or a param_dtype policy): use all_gather: fp32")
-
-
-# ----------------------------------------------------------------------------- FSDP's interfaces
-
-
-class ShardedReduceScatter(ReduceScatter):
-    """One FSDP module's reduce-scatter: ``form(state, GradShard(index, parameters, input), output)``."""
-
-    def __init__(self, state: ShardState, form: Callable, index: int, parameters: list):
-        self.state, self.form, self.index, self.parameters = state, form, index, parameters
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        _same_group(self.state, group)
-        if op != _MEAN:  # a gradient divide factor or a forced sum reduction: not the mean the forms compute
-            raise ValueError(f"the sharded hooks compute FSDP's mean reduce-scatter (ReduceOp.AVG), got {op}: "
-                             "leave FSDP's gradient divide factor and sum reduction unset")
-        self.form(self.state, GradShard(self.index, self.parameters, input_tensor), output_tensor)
-        return None
-
-
-class ShardedAllGather(AllGather):
-    """Every FSDP module's parameter all-gather in the state's format."""
-
-    def __init__(self, state: ShardState):
-        self.state, self.form = state, ALL_GATHERS[state.all_gather]
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        _same_group(self.state, group)
-        self.form(self.state, output_tensor, input_tensor)
-        return None
-
-
-def _same_group(state: ShardState, group) -> None:
-    if group is not state.group and dist.get_world_size(group) != state.world_size():
-        raise ValueError("the sharded hook's state was built on another process group than FSDP's mesh")

@@ -12,7 +12,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hooks.state import HookState
 from service import hook_facts
-from service.train import fsdp
 from service.train.batches import GlobalBatches
 from service.train.training_options import Precision
 from service.workloads import Workload, to_device
@@ -54,7 +53,9 @@ def capture(step: int, model: DDP, optimizer, hook_state, batches: GlobalBatches
     memory is each rank's own residual; local SGD's anchor, DiLoCo's outer momentum).
     """
     own = isinstance(hook_state, HookState)
-    if isinstance(model, fsdp.ShardedModel):  # gathered by every rank; rank 0's holds the tensors
+    if not isinstance(model, DDP):  # an fsdp trial's ShardedModel: gathered by every rank; rank 0's holds the tensors
+        from service.train import fsdp  # FSDP2's modules: imported by a trial that shards alone (train/loop.py)
+
         model_state, optimizer_state = fsdp.full_state(model, optimizer)
         trainer = TrainerState(model_state, optimizer_state, step, batches.position(step + 1)) if rank == 0 else None
         return RankCheckpoint(rank, hook_state.state_dict() if own else None, trainer)
@@ -90,6 +91,8 @@ def restore_sharded(checkpoint: Optional[RankCheckpoint], model, optimizer, hook
     has no buckets to prime: its residuals are keyed by sharded module."""
     if not checkpoint:
         return 0
+    from service.train import fsdp  # FSDP2's modules: imported by a trial that shards alone (train/loop.py)
+
     trainer = checkpoint.trainer
     fsdp.load_full_state(model, optimizer, trainer.model, trainer.optimizer)
     if isinstance(hook_state, HookState) and checkpoint.hook_state is not None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+from typing import Any, Callable, Optional
 
-from service.train.fsdp import grad_hook
+import torch
+import torch.nn as nn
+
+from service.train.dtensors import is_dtensor
 
 CRASH_EXIT_CODE = 17  # what a crash fault's process exits with (Ray Train sees a dead worker)
 
@@ -65,3 +68,35 @@ def _scaler(factor: float):
     def scale(grad: torch.Tensor) -> torch.Tensor:
         return grad * factor
     return scale
+
+
+# ----------------------------------------------------------------------------- gradient hooks, fsdp or not
+
+
+class ForwardGradHook:
+    """A gradient hook on the parameter FSDP's forward uses (its unsharded copy, which exists
+    only once the block was gathered): registered from a forward pre-hook on the parameter's
+    module, once per arming; :meth:`remove` takes both away."""
+
+    def __init__(self, root: nn.Module, name: str, fn: Callable[[torch.Tensor], torch.Tensor]):
+        path, _, attr = name.rpartition(".")
+        owner = root.get_submodule(path) if path else root
+        self._tensor_hook: Optional[Any] = None
+
+        def register(module, args):
+            if self._tensor_hook is None:  # once: the unsharded parameter persists across micro-batches
+                self._tensor_hook = getattr(module, attr).register_hook(fn)
+
+        self._pre_hook = owner.register_forward_pre_hook(register)
+
+    def remove(self) -> None:
+        self._pre_hook.remove()
+        if self._tensor_hook is not None:
+            self._tensor_hook.remove()
+
+
+def grad_hook(module: nn.Module, name: str, param: torch.Tensor, fn: Callable) -> Any:
+    """``fn`` on the gradient of parameter ``name`` as the backward computes it (before any
+    reduction): on the parameter itself, or, for an FSDP shard, on what the forward gathered."""
+    return ForwardGradHook(module, name, fn) if is_dtensor(param) else param.register_hook(fn)
+

@@ -8,8 +8,8 @@ the optimizer, the NaN checks and the faults see), ``no_sync()`` (gradient accum
 reduce-scattered once, after the last micro-batch), and a forward. What differs is here too:
 the module an eval runs on (an unsharded copy given the full parameters: every rank's eval
 share is its own, and FSDP's forward would all-gather a different number of times per rank),
-the trainer's state as a full state dict (gathered, every rank taking part), a fault's gradient
-hook on the parameter the forward actually uses, the memory a rank holds, and a paired
+the trainer's state as a full state dict (gathered, every rank taking part), the memory a rank
+holds (a fault's gradient hook: service/train/faults.py), and a paired
 window's baseline comms (``baseline_comms``: FSDP's fp32 reduce-scatter and all-gather on the
 same sharded model for the window, the trial's own back after; service/train/paired_timing.py).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -162,35 +162,3 @@ def load_full_state(model: ShardedModel, optimizer, model_state: dict, optimizer
     set_model_state_dict(model.module, model_state, options=options)
     if optimizer_state.get("state"):
         set_optimizer_state_dict(model.module, optimizer, optimizer_state, options=options)
-
-
-# ----------------------------------------------------------------------------- faults
-
-
-class ForwardGradHook:
-    """A gradient hook on the parameter FSDP's forward uses (its unsharded copy, which exists
-    only once the block was gathered): registered from a forward pre-hook on the parameter's
-    module, once per arming; :meth:`remove` takes both away."""
-
-    def __init__(self, root: nn.Module, name: str, fn: Callable[[torch.Tensor], torch.Tensor]):
-        path, _, attr = name.rpartition(".")
-        owner = root.get_submodule(path) if path else root
-        self._tensor_hook: Optional[Any] = None
-
-        def register(module, args):
-            if self._tensor_hook is None:  # once: the unsharded parameter persists across micro-batches
-                self._tensor_hook = getattr(module, attr).register_hook(fn)
-
-        self._pre_hook = owner.register_forward_pre_hook(register)
-
-    def remove(self) -> None:
-        self._pre_hook.remove()
-        if self._tensor_hook is not None:
-            self._tensor_hook.remove()
-
-
-def grad_hook(module: nn.Module, name: str, param: torch.Tensor, fn: Callable) -> Any:
-    """``fn`` on the gradient of parameter ``name`` as the backward computes it (before any
-    reduction): on the parameter itself, or, for an FSDP shard, on what the forward gathered."""
-    return ForwardGradHook(module, name, fn) if isinstance(param, DTensor) else param.register_hook(fn)
-

@@ -51,10 +51,8 @@ from service.train.context import TrainingContext
 from service.train.faults import CRASH_EXIT_CODE
 from service.train.metrics import trial_summary
 from service.train.nan import NanMonitor, NanReport
-from service.train.fsdp import ShardedModel
 from service.train.metrics import memory_per_rank_mb
 from service.train.setup import TrialParts, set_up
-from service.train.setup_fsdp import set_up_sharded
 from service.train.training_options import Precision, clip_gradients, lr_at, set_lr
 from service.workloads import Workload, eval_share, evaluate_workload, metrics_from_sums, to_device
 
@@ -78,7 +76,7 @@ def run_training(trial, cfg, ctx: TrainingContext) -> TrialResult:
     """Train one trial on this rank (its process group initialised; ``ctx``: the module doc). Each side
     effect that crosses ranks, touches the network or ends the process is a statement or a commented call."""
     wl_cfg, device, checkpoint_fn = cfg.workload, ctx.device, ctx.checkpoint_fn
-    t = (set_up_sharded if trial.parallelism == "fsdp" else set_up)(trial, cfg, ctx)  # FSDP2 or DDP
+    t = set_up_trial(trial, cfg, ctx)  # FSDP2 or DDP
     monitor, reporter, model, eval_metrics = t.monitor, t.reporter, t.model, None  # None: no eval yet
     for step in range(t.first_step, wl_cfg.steps + 1):
         batches = t.batches.micro_batches(step)  # this rank's samples of the step (a function of the step)
@@ -199,6 +197,16 @@ def typical_step_ms(t: TrialParts, summary: dict) -> float:
     return summary["step_time_ms_mean" if t.periodic is not None else "step_time_ms_median"]
 
 
+def set_up_trial(trial, cfg, ctx: TrainingContext) -> TrialParts:
+    """The trial's parts under FSDP2 or DDP. FSDP2's modules are imported by a trial that shards
+    alone: they cost each rank ~0.5 CPU-s to import (DTensor, sympy)."""
+    if trial.parallelism != "fsdp":
+        return set_up(trial, cfg, ctx)
+    from service.train.setup_fsdp import set_up_sharded
+
+    return set_up_sharded(trial, cfg, ctx)
+
+
 def agreed(t: TrialParts):
     """The module holding the parameters every rank agrees on for an eval: a periodic hook's
     anchor (the last exchange's), never one rank's drifting copy; any other trial's own."""
@@ -208,7 +216,7 @@ def agreed(t: TrialParts):
 def eval_module(model) -> torch.nn.Module:
     """The bare module an eval runs on: DDP's, or an fsdp trial's unsharded copy given the full
     parameters (a collective: every rank)."""
-    return model.eval_module() if isinstance(model, ShardedModel) else model.module
+    return model.module if isinstance(model, DDP) else model.eval_module()
 
 
 def sample_window(t: TrialParts, step: int, batches) -> None:

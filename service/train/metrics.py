@@ -8,10 +8,10 @@ import statistics
 import time
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from hooks.state import HookState
 from hooks.wire import SHARDED_KINDS, wire_bytes
+from service.train.dtensors import local as _local
 
 
 class StepMeter:
@@ -122,8 +122,6 @@ def memory_per_rank_mb(module: torch.nn.Module, optimizer, held=()) -> float:
     return sum(_local(t).numel() * t.element_size() for t in tensors) / 2**20
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 _PER_STEP = {"calls": "hook_calls_per_step", "raw_bytes": "raw_bytes_per_step",

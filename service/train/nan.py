@@ -37,10 +37,10 @@ from typing import Any, Iterable, Optional
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
 from hooks.finite import nonfinite  # the exact NaN/inf test the hooks flag their inputs with
 from hooks.state import HookState, NonfiniteBucket
+from service.train.dtensors import local as _local  # each rank checks its shard; the agreement combines them
 
 # Provenance order: the earliest place a non-finite value can appear in a step.
 SOURCES = ("loss", "model_grad", "hook", "params")
@@ -80,10 +80,6 @@ def nonfinite_names(named: Iterable[tuple[str, Optional[torch.Tensor]]]) -> list
     return [n for n, t in named if t is not None and not bool(torch.isfinite(_local(t).detach()).all())]
 
 
-def _local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """This rank's shard of an fsdp trial's DTensor, read without a collective (else the tensor):
-    each rank checks its own, the agreement all-reduce combines them."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 @dataclass
