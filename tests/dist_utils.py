@@ -1,4 +1,4 @@
-"""Run a function on W real gloo processes (torch.multiprocessing spawn, 127.0.0.1).
+"""Run a function on W real gloo processes (fresh processes forked from a forkserver, 127.0.0.1).
 
 Usage::
 
@@ -12,7 +12,15 @@ Usage::
 
 Exceptions in any rank are re-raised in the caller with the rank's traceback. Each process
 uses one thread (the test machine is shared and small). The function must be importable by
-name (a module-level function), as spawn pickles it.
+name (a module-level function), as it is pickled.
+
+The ranks fork from a multiprocessing forkserver that imported torch, DDP's torch._dynamo and
+this project's packages once per test process: a spawned rank imported them itself (~2 CPU-s
+per rank before its function ran, some hundreds of rank processes a suite). The server is a
+fresh interpreter, never a fork of pytest's process, whose state it does not share; it runs one
+thread (nothing it imports starts one: no pandas, whose pyarrow does; BLAS and OpenMP pools of
+one thread), so a fork copies no other thread's locks. Each rank still gets the caller's
+sys.path and working directory and, below, its environment as it is at the call, as spawn did.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from multiprocessing import forkserver
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from _common import Rendezvous, join_group  # noqa: E402  (the benches' rendezvous: one home)
@@ -49,7 +58,29 @@ def init_single_rank_group(backend: str = "gloo", timeout_s: float = 60.0) -> No
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s):
+# Imported once by the forkserver; a rank imports anything else its function needs.
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "torch.nn.parallel", "hooks", "service.config",
+           "service.train", "service.workloads", "tests.dist_utils"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the server's thread pools, made as it imports: one thread
+    try:
+        forkserver.ensure_running()  # once per test process; then a no-op
+    finally:
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+    return ctx
+
+
+def _entry(rank, world_size, port, fn, args, queue, backend, timeout_s, environ):
+    os.environ.clear()
+    os.environ.update(environ)  # the caller's, at the call: the server's is from when it started
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     import faulthandler
@@ -72,14 +103,15 @@ def run_distributed(fn, world_size: int, args: tuple = (), backend: str = "gloo"
 
     Raises RuntimeError naming the failing rank(s) with their tracebacks.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     queue = ctx.SimpleQueue()
     # listening in this process from before the ranks start to after they end: no port is
     # chosen free and bound later, when another process may hold it
     meet = Rendezvous(world_size, timeout_s)
     port = meet.port
     procs = [
-        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, backend, timeout_s), daemon=True)
+        ctx.Process(target=_entry, args=(r, world_size, port, fn, args, queue, backend, timeout_s, dict(os.environ)),
+                    daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
