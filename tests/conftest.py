@@ -133,15 +133,15 @@ def pytest_terminal_summary(terminalreporter) -> None:
                                 "(the workers' time added up: wall x workers, roughly)")
 
 
-# The longest files first (their seconds in `make test` on 2026-12-04, an AVX2-only AMD EPYC, most
-# first; test_workload_contract's and test_cluster_hosts' after that day's changes): xdist's
-# loadfile hands files out in collection order, so a long file collected last ran alone at the
-# end while the other worker idled (2.5 min of a 29.7-min run). Files not named keep their order after these.
-LONGEST_FILES = ("test_bench_smoke.py", "test_cluster.py", "test_resume.py", "test_cluster_hosts.py",
-                 "test_netem.py", "test_workload_contract.py", "test_adaptive_sweep.py", "test_sweep_e2e.py",
-                 "test_plan_round.py", "test_refusals.py", "test_compose.py", "test_compile_sweep.py",
-                 "test_hooks_dist.py", "test_hf_sweep.py", "test_netem_docker.py", "test_faults.py",
-                 "test_paired_timing.py", "test_cli.py")
+# The longest files first (their seconds in a fresh clone's `make test` on 2026-12-06, a 2-core
+# AMD EPYC, most first; test_compose's includes building its image): xdist's loadfile hands files
+# out in collection order, so a long file collected last ran alone at the end while the other
+# worker idled (2.5 min of a 29.7-min run). Files not named keep their order after these.
+LONGEST_FILES = ("test_bench_smoke.py", "test_compose.py", "test_cluster_hosts.py", "test_resume.py",
+                 "test_adaptive_sweep.py", "test_netem.py", "test_sweep_e2e.py", "test_cluster.py",
+                 "test_plan_round.py", "test_refusals.py", "test_fsdp_sweep.py", "test_compile_sweep.py",
+                 "test_local_sgd_sweep.py", "test_hf_sweep.py", "test_cli.py", "test_workload_contract.py",
+                 "test_hooks_dist.py", "test_netem_docker.py", "test_faults.py", "test_paired_timing.py")
 
 
 def _file_rank(item) -> int:
