@@ -86,13 +86,6 @@ class ShardState(HookState):
         self.module_residuals: dict[int, torch.Tensor] = {}
         self._gather_error = [0.0, 0.0]  # sum of squared errors, sum of squared values
 
-    def begin(self, shard: GradShard, check_input: bool = True) -> float:
-        """HookState's begin (count, flag, stamp the call), the stamp marked a reduce-scatter's."""
-        t0 = super().begin(shard, check_input)
-        if self.sampling is not None:
-            self.sampling.calls[-1].kind = REDUCE_SCATTER
-        return t0
-
     def begin_gather(self, output: torch.Tensor) -> float:
         """An all-gather call: counted on its unsharded output, stamped on a sampled step."""
         t0 = time.perf_counter()
@@ -158,7 +151,7 @@ def state_factory(**fixed) -> Callable[..., ShardState]:
 
 def fp32_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tensor) -> None:
     """FSDP's own reduce-scatter (the mean, float32), counted and NaN-flagged: exact."""
-    t0 = state.begin(shard)
+    t0 = state.begin(shard, kind=REDUCE_SCATTER)
     x = shard.buffer()
     state.account(REDUCE_SCATTER, x.numel() * x.element_size())
     dist.reduce_scatter_single(output, x, op=_MEAN, group=state.group)
@@ -169,7 +162,7 @@ def fp32_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tenso
 def cast_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tensor) -> None:
     """The mean in ``state.wire_dtype`` (fp16/bf16): divide by W before the sum (fp16's range, as
     the DDP cast hooks), reduce-scatter in 16 bits, widen into ``output``."""
-    t0 = state.begin(shard)
+    t0 = state.begin(shard, kind=REDUCE_SCATTER)
     w = state.world_size()
     x = state.add_module_residual(shard, shard.buffer())
     compressed = x.to(state.wire_dtype, copy=True).div_(w)
@@ -186,7 +179,7 @@ def cast_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tenso
 def quantized_reduce_scatter(state: ShardState, shard: GradShard, output: torch.Tensor) -> None:
     """uint8 per chunk: each of the W rows (row r goes to rank r) quantized on its own, one
     all_to_all, the W rows received dequantized and averaged into ``output`` in float32."""
-    t0 = state.begin(shard, check_input=state.error_feedback)  # without: the chunks' min/max flag it
+    t0 = state.begin(shard, check_input=state.error_feedback, kind=REDUCE_SCATTER)  # without: the chunks' min/max flag it
     w, chunk, m = state.world_size(), state.chunk_size, output.numel()
     x = state.add_module_residual(shard, shard.buffer()).view(w, m)
     codes = torch.empty((w, m), dtype=torch.uint8, device=x.device)

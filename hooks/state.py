@@ -305,16 +305,17 @@ class HookState:
         return dist.get_world_size(self.group)
 
     # ---------------------------------------------------------------- per call
-    def begin(self, bucket, check_input: bool = True) -> float:
+    def begin(self, bucket, check_input: bool = True, kind: str = "") -> float:
         """Count the call and its raw bytes; flag a non-finite input without a host sync.
 
         ``check_input=False``: the hook flags its input itself with :meth:`flag_input`, from
-        work it does anyway (it must, on every call)."""
+        work it does anyway (it must, on every call). ``kind``: the call's collective kind on a
+        sampled step's stamp (hooks/wire.py; "" for a DDP bucket's)."""
         t0 = time.perf_counter()
         buf = bucket.buffer()
         self.accounting.call(buf.numel() * buf.element_size())
         if self.sampling is not None:
-            self.sampling.called(buf, t0)
+            self.sampling.called(buf, t0, kind)
         if check_input:
             # One exact read of the bucket (hooks.finite.nonfinite). On a GPU the flag stays a
             # tensor, read once in pop_nonfinite_buckets()/stats(), not here.
