@@ -91,3 +91,37 @@ def test_the_report_shows_fsdp_beside_ddp_and_projects_it_to_the_cluster(sweep):
     answer = json.loads((out / "answer.json").read_text())
     assert answer["cluster"]["answer"] in cluster
     assert {r["cell_winner"] for r in cluster.values()} == {answer["cluster"]["answer"]}
+
+
+# ----------------------------------------------------------------------------- fsdp alone
+# A model one rank cannot hold is swept under fsdp only: no DDP allreduce to judge quality by.
+FSDP_ONLY = """
+name: fsdp_only
+workload: {name: mlp_digits, steps: 16, global_batch_size: 64, lr: 0.05, eval_every: 4, warmup_steps: 2}
+search:
+  parallelism: [fsdp]
+  hooks: [allreduce, {name: quantized_allreduce, all_gather: uint8}]
+  world_size: [2]
+  seed: [0, 1]
+resources: {cpus_per_worker: 0.5}
+tracking: {flush_seconds: 1.0, transport_probe: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def fsdp_only(tmp_path_factory):
+    return sweep_of(tmp_path_factory, "fsdp_only", FSDP_ONLY)
+
+
+@pytest.mark.ray
+def test_a_sweep_of_fsdp_alone_is_judged_against_allreduce_under_fsdp(fsdp_only):
+    out = fsdp_only["report"]
+    rows = {r["configuration"]: r for r in csv.DictReader(open(out / "summary.csv"))}
+    assert set(rows) == {"allreduce-fsdp", UINT8.rsplit("-w2", 1)[0]}
+    base, uint8 = rows["allreduce-fsdp"], rows[UINT8.rsplit("-w2", 1)[0]]
+    assert base["verdict"] == "baseline" and float(base["loss_gap_mean"]) == 0.0
+    # uint8 parameters and gradients: the same loss to a few 1e-4, decided at two seeds
+    assert uint8["verdict"] == "matches" and abs(float(uint8["loss_gap_mean"])) < 1e-2
+    assert float(base["time_to_target_s_mean"]) > 0 and float(uint8["time_to_target_s_mean"]) > 0
+    answer = json.loads((out / "answer.json").read_text())
+    assert answer["measured"]["2"]["answer"] in rows and answer["open"] == []

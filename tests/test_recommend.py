@@ -7,7 +7,7 @@ import math
 import pytest
 
 from service.answer import recommend
-from service.answer.recommend import Candidate, TimeToTarget, paired_gap, time_to_target
+from service.answer.recommend import Candidate, TimeToTarget, Verdict, paired_gap, time_to_target
 
 
 def test_time_to_target_interpolates_between_evals():
@@ -215,6 +215,28 @@ def test_an_fsdp_configurations_paired_ratio_is_read_in_fsdps_own_allreduces_sec
     alone.parallelism = "fsdp"
     recommend.recommend(2, "loopback", [at_step(candidate("allreduce", [10, 10], [1.0, 1.0])), alone])
     assert alone.paired_seconds is None
+
+
+def test_a_cell_of_fsdp_alone_judges_quality_against_allreduce_under_fsdp():
+    """A model one rank cannot hold sweeps fsdp only: its verdicts are against allreduce-fsdp
+    (DDP allreduce's losses to float rounding), where DDP's allreduce, when the cell has it, stays
+    the baseline."""
+    def fsdp(config, seconds, losses, hook=None):
+        c = candidate(config, seconds, losses, hook=hook)
+        c.parallelism = "fsdp"
+        return c
+
+    base = fsdp("allreduce-fsdp", [30, 30, 30], [1.0, 1.0, 1.0])
+    good = fsdp("quantized_allreduce-c512-fsdp", [20, 20, 20], [1.001, 1.0, 1.002], hook="quantized_allreduce")
+    bad = fsdp("bf16_compress-fsdp", [10, 10, 10], [1.2, 1.21, 1.19], hook="bf16_compress")
+    rec = recommend.recommend(2, "1 Gbit/s", [base, good, bad])
+    assert rec.baseline is base and base.verdict is Verdict.BASELINE
+    assert good.verdict is Verdict.MATCHES and bad.verdict is Verdict.WORSE
+    assert rec.choice is good and "bf16_compress-fsdp" in dict(rec.avoid)
+    # with DDP's allreduce in the cell, it is the baseline and allreduce-fsdp a candidate like any other
+    ddp = candidate("allreduce", [25, 25, 25], [1.0, 1.0, 1.0])
+    rec = recommend.recommend(2, "1 Gbit/s", [fsdp("allreduce-fsdp", [30, 30, 30], [1.0, 1.0, 1.0]), ddp])
+    assert rec.baseline is ddp and rec.candidates[0].verdict is Verdict.MATCHES
 
 
 def test_the_basis_says_how_many_trials_adaptive_seeds_saved():

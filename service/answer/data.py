@@ -182,11 +182,22 @@ def sequential_rule(tags: dict[str, str]) -> Rule:
         return Rule()
 
 
+def baselines(trials: list[Trial]) -> dict[tuple, Trial]:
+    """(world size, link, compiled, seed) -> the finished trial that cell's figures are against:
+    plain allreduce, or where none ran (a sweep of fsdp alone) allreduce under fsdp, as
+    recommend.cell_baseline takes it."""
+    out: dict[tuple, Trial] = {}
+    for t in trials:
+        key = (t.world_size, t.link, t.compiled, t.seed)
+        if t.state == "ok" and (t.is_baseline or (t.config == recommend.FSDP_BASELINE and key not in out)):
+            out[key] = t
+    return out
+
+
 def _time_to_target(sweep: Sweep) -> None:
     """Each trial's time to the target eval loss: the baseline's final eval loss at the same
     world size, link, seed (and compiled or not), plus the sweep's tolerance (service/answer/recommend.py)."""
-    targets = {(t.world_size, t.link, t.compiled, t.seed): t.metric("final_eval_loss") * (1 + sweep.tolerance)
-               for t in sweep.trials if t.is_baseline and t.state == "ok"}
+    targets = {key: t.metric("final_eval_loss") * (1 + sweep.tolerance) for key, t in baselines(sweep.trials).items()}
     for t in sweep.trials:
         target = targets.get((t.world_size, t.link, t.compiled, t.seed))
         if target is None or t.state != "ok" or not len(t.eval_loss[0]):
@@ -268,8 +279,7 @@ def summary_rows(sweep: Sweep) -> list[SummaryRow]:
     final loss minus allreduce's (compiled allreduce's, for compiled trials) at the same world
     size, link and seed (paired per seed, then averaged) and `time_to_target_s` (over the seeds
     that reached the target)."""
-    baseline = {(t.world_size, t.link, t.compiled, t.seed): t.metric("final_loss") for t in sweep.trials
-                if t.is_baseline and t.state == "ok"}
+    baseline = {key: t.metric("final_loss") for key, t in baselines(sweep.trials).items()}
     groups: dict[tuple[int, str, str], list[Trial]] = defaultdict(list)
     for t in sweep.trials:
         groups[(t.world_size, t.link, t.config)].append(t)

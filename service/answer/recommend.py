@@ -200,6 +200,14 @@ def pair_with_baseline(c: Candidate, baseline: Candidate) -> None:
         c.paired_seconds = {s: c.time_to_target[s].step * c.step_ratio[s] * per_step[s] for s in seeds}
 
 
+def cell_baseline(candidates: list[Candidate]) -> Candidate | None:
+    """What a cell's verdicts are against: plain allreduce (compiled in a compiled cell); in a cell
+    without it (a sweep of fsdp alone, for a model one rank cannot hold), allreduce under fsdp,
+    which takes DDP allreduce's losses to float rounding (tests/test_fsdp_training.py)."""
+    return (next((c for c in candidates if c.is_baseline), None)
+            or next((c for c in candidates if c.config == FSDP_BASELINE), None))
+
+
 def timing_baseline(c: Candidate, baseline: Candidate | None, candidates: list[Candidate]) -> Candidate | None:
     """The configuration ``c``'s paired windows ran beside it: the cell's baseline for a ddp
     trial, FSDP's own fp32 comms (allreduce under fsdp) for an fsdp trial, like with like (None:
@@ -273,7 +281,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     """Rank the candidates of one (world size, link, compiled or not) as the module doc says;
     ``rule`` sets the gaps' interval (service/answer/sequential.py)."""
     candidates = list(candidates)
-    baseline = next((c for c in candidates if c.is_baseline), None)
+    baseline = cell_baseline(candidates)
     for c in candidates:
         timed_against = timing_baseline(c, baseline, candidates)
         if timed_against is not None:
@@ -283,7 +291,7 @@ def recommend(world_size: int, link: str, candidates: Iterable[Candidate],
     for c in candidates:
         c.gap = paired_gap(c.final_eval_loss, baseline.final_eval_loss, rule) if baseline else None
         c.gap_16bit = paired_gap(c.final_eval_loss, best_16bit.final_eval_loss, rule) if best_16bit else None
-        c.verdict = quality_verdict(c, tolerance)
+        c.verdict = quality_verdict(c, tolerance, baseline)
     eligible, avoid, open_, deciding = [], [], [], {}
     for c in candidates:
         if c.verdict in (Verdict.NAN, Verdict.FAILED):
@@ -328,15 +336,15 @@ def measured_call(a: Candidate, b: Candidate) -> PairCall:
     return PairCall(theirs / mine - 1.0, max(a.spread_on(seeds), b.spread_on(seeds)) / mine)
 
 
-def quality_verdict(c: Candidate, tolerance: float) -> Verdict:
-    """The candidate's verdict from its trials' states and its gap to the baseline."""
+def quality_verdict(c: Candidate, tolerance: float, baseline: Candidate | None = None) -> Verdict:
+    """The candidate's verdict from its trials' states and its gap to ``baseline`` (the cell's)."""
     if c.state_counts.get("nan"):
         return Verdict.NAN
     if c.state_counts.get("failed") or (not c.ok and not c.state_counts):
         return Verdict.FAILED
     if not c.ok:  # trials still running or killed: not decided yet
         return Verdict.UNDECIDED
-    if c.is_baseline:
+    if c is baseline:
         return Verdict.BASELINE
     return c.gap.verdict(tolerance) if c.gap is not None else Verdict.UNDECIDED
 
@@ -413,7 +421,7 @@ def _reason(rec: Recommendation, tolerance: float) -> str:
         return (f"no trial logged an eval loss to time the target by; {c.config} has the highest "
                 f"throughput {where}")
     parts = []
-    if c.is_baseline:
+    if c is base:
         parts.append(f"nothing reached the target faster at equal quality {where}")
         if runner is not None:
             same = not faster(runner, c) and not faster(c, runner)
