@@ -146,6 +146,20 @@ def test_the_minus_allreduce_panel_compares_the_seeds_both_ran(tmp_path: Path, m
     assert np.allclose(line.get_ydata(), 0.003)
 
 
+def test_a_sweep_of_fsdp_alone_draws_its_panel_minus_allreduce_under_fsdp(tmp_path: Path, monkeypatch):
+    """No DDP allreduce ran: the panel is against allreduce-fsdp, as the verdicts are."""
+    base = np.linspace(2.0, 1.0, 20)
+    figures = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (figures.append(fig), real_save(fig, path))[1])
+    plots.plot_loss_curves({2: [_curve("allreduce-fsdp", {0: base}),
+                                _curve("quantized_allreduce-c512-all_gatheruint8-fsdp", {0: base + 0.002})]},
+                           tmp_path / "loss.png")
+    ax = next(a for a in figures[0].axes if a.get_title() == "minus allreduce-fsdp on the same seeds, world size 2")
+    (line,) = [l for l in ax.lines if len(l.get_xdata()) == 20]
+    assert np.allclose(line.get_ydata(), 0.002)
+
+
 def test_the_cluster_star_leaves_its_cells_label_readable(tmp_path: Path, monkeypatch):
     """A close call names its two candidates in the cell; the star marking report.cluster's cell
     used to sit on the cell's centre, on top of those names. Drawn, the two must not overlap."""

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
 import hooks  # noqa: E402
+from service.answer.recommend import FSDP_BASELINE  # noqa: E402
 from service.report.loss_curves import paired_loss_delta  # noqa: E402
 from service.report.hook_styles import hook_style  # noqa: E402
 from service.text import byte_unit  # noqa: E402
@@ -60,7 +61,9 @@ BASELINE = hooks.BASELINE
 
 
 def _baseline_curve(curves_at_w: list):
-    return next((c for c in curves_at_w if c.config == BASELINE), None)
+    """allreduce's curve; in a sweep of fsdp alone, allreduce-fsdp's (recommend.cell_baseline)."""
+    return (next((c for c in curves_at_w if c.config == BASELINE), None)
+            or next((c for c in curves_at_w if c.config == FSDP_BASELINE), None))
 
 
 def plot_loss_curves(curves: dict, path: Path, title: str = "") -> Path:
@@ -161,7 +164,7 @@ def _plot_delta(ax, curves_at_w: list, world_size, chunk_style) -> None:
         (colour, marker), ls = hook_style(c.hook), chunk_style(c.chunk_size)
         ax.plot(common, delta, color=colour, linestyle=ls, lw=1.3,
                 marker=marker, markevery=max(1, len(common) // 8), ms=4)
-    ax.set_title(f"minus {BASELINE} on the same seeds, world size {world_size}", fontsize=10)
+    ax.set_title(f"minus {base.config} on the same seeds, world size {world_size}", fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
 
