@@ -2,8 +2,9 @@
 
 ``torch.distributed.tensor`` pulls in sympy and torch's symbolic shapes (~0.5 CPU-s in each
 process). A tensor can be a DTensor only once that module is imported (FSDP2 imports it), so
-the checks below look it up in ``sys.modules`` rather than import it: a DDP trial's ranks never
-pay for it.
+the checks below look it up in ``sys.modules`` rather than import it: a process that imports the
+training code without sharding (the sweep's driver, a Tune trial) never pays for it. (A DDP rank
+does anyway: DDP's constructor imports torch._dynamo, which imports it.)
 """
 from __future__ import annotations
 

@@ -198,8 +198,10 @@ def typical_step_ms(t: TrialParts, summary: dict) -> float:
 
 
 def set_up_trial(trial, cfg, ctx: TrainingContext) -> TrialParts:
-    """The trial's parts under FSDP2 or DDP. FSDP2's modules are imported by a trial that shards
-    alone: they cost each rank ~0.5 CPU-s to import (DTensor, sympy)."""
+    """The trial's parts under FSDP2 or DDP. FSDP2's set-up is imported here, not with this module:
+    the sweep's processes that import the training code without training (its driver, the Tune
+    trial that builds the trainer) then never import FSDP2 (~0.5 CPU-s: DTensor, sympy). A DDP
+    rank imports it anyway, through DDP's own constructor (torch._dynamo)."""
     if trial.parallelism != "fsdp":
         return set_up(trial, cfg, ctx)
     from service.train.setup_fsdp import set_up_sharded
